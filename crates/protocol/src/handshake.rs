@@ -1,0 +1,76 @@
+//! The opening exchange and the server summary for `gpuplex info`.
+
+use crate::codec::Seq;
+use crate::wire_struct;
+
+wire_struct! {
+    /// First frame of every connection (opcode `Hello`).
+    pub struct Hello {
+        pub pid: u32,
+        /// The client program's name, for `gpuplex info` and logs.
+        pub program: String,
+    }
+}
+
+wire_struct! {
+    /// One device attribute as the driver answered it: `status` is the
+    /// CUresult of `cuDeviceGetAttribute`, `value` valid when it is 0.
+    pub struct Attribute {
+        pub status: u32,
+        pub value: i32,
+    }
+}
+
+wire_struct! {
+    /// Everything the client answers locally about one device, fetched once.
+    pub struct DeviceInfo {
+        pub name: String,
+        pub uuid: [u8; 16],
+        pub total_mem: u64,
+        pub pci_bus_id: String,
+        /// Indexed by `CUdevice_attribute`, from 0 to `CU_DEVICE_ATTRIBUTE_MAX - 1`.
+        pub attributes: Seq<Attribute>,
+    }
+}
+
+wire_struct! {
+    /// The server's answer to `Hello`.
+    pub struct Welcome {
+        pub session: u64,
+        /// `cuda` or `emulated`.
+        pub backend: String,
+        pub driver_version: i32,
+        pub devices: Seq<DeviceInfo>,
+    }
+}
+
+wire_struct! {
+    /// One live session, as `gpuplex info` lists it.
+    pub struct SessionSummary {
+        pub id: u64,
+        pub pid: u32,
+        pub uid: u32,
+        pub program: String,
+        pub contexts: u32,
+        pub device_bytes: u64,
+        pub calls: u64,
+        pub seconds: u64,
+    }
+}
+
+wire_struct! {
+    /// The reply to `ServerInfo`.
+    pub struct ServerSummary {
+        pub backend: String,
+        pub driver_version: i32,
+        pub devices: Seq<DeviceInfo>,
+        pub sessions: Seq<SessionSummary>,
+    }
+}
+
+wire_struct! {
+    /// The payload of a failed reply.
+    pub struct ErrorDetail {
+        pub detail: String,
+    }
+}

@@ -1,0 +1,122 @@
+//! The fixed frame header every message starts with.
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::{HeaderError, Opcode};
+
+/// `"GPX\x01"` read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"GPX\x01");
+/// The protocol version this build speaks.
+pub const VERSION: u16 = 1;
+/// The oldest version this build still accepts (N-1 policy; equal to
+/// `VERSION` until a second version exists).
+pub const MIN_VERSION: u16 = 1;
+/// The largest payload either side accepts. Bulk copies larger than this are
+/// split into several calls by the client.
+pub const MAX_PAYLOAD: usize = 64 << 20;
+
+/// 32 bytes, little-endian on the wire.
+///
+/// Requests carry the caller's current context handle in `context` (the
+/// context stack lives in the client, per thread); replies carry the CUDA
+/// status in `status` and echo `opcode` and `request_id`.
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Header {
+    pub magic: U32,
+    pub version: U16,
+    pub opcode: U16,
+    pub length: U32,
+    pub status: U32,
+    pub request_id: U64,
+    pub context: U64,
+}
+
+pub const HEADER_SIZE: usize = std::mem::size_of::<Header>();
+const _: () = assert!(HEADER_SIZE == 32);
+
+impl Header {
+    pub fn request(opcode: Opcode, request_id: u64, context: u64, length: usize) -> Header {
+        Header {
+            magic: MAGIC.into(),
+            version: VERSION.into(),
+            opcode: (opcode as u16).into(),
+            length: (length as u32).into(),
+            status: 0.into(),
+            request_id: request_id.into(),
+            context: context.into(),
+        }
+    }
+
+    pub fn reply(to: &Header, status: u32, length: usize) -> Header {
+        Header { status: status.into(), length: (length as u32).into(), context: 0.into(), ..*to }
+    }
+
+    /// Parses and validates a header: magic, a version we accept and a
+    /// payload length under the maximum. Opcodes are checked by the reader of
+    /// the payload (`Opcode::try_from`), so that an unknown opcode can be
+    /// answered with an error rather than tearing down the stream.
+    pub fn parse(bytes: &[u8; HEADER_SIZE]) -> Result<Header, HeaderError> {
+        let h = Header::read_from_bytes(bytes).expect("size checked by the array type");
+        if h.magic.get() != MAGIC {
+            return Err(HeaderError::BadMagic(h.magic.get()));
+        }
+        if !(MIN_VERSION..=VERSION).contains(&h.version.get()) {
+            return Err(HeaderError::Version(h.version.get()));
+        }
+        if h.length.get() as usize > MAX_PAYLOAD {
+            return Err(HeaderError::TooLong(h.length.get() as usize));
+        }
+        Ok(h)
+    }
+
+    pub fn opcode(&self) -> Result<Opcode, HeaderError> {
+        Opcode::try_from(self.opcode.get()).map_err(|_| HeaderError::UnknownOpcode(self.opcode.get()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.length.get() as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn roundtrip() {
+        let h = Header::request(Opcode::Hello, 7, 0x1234, 99);
+        let parsed = Header::parse(h.as_bytes().try_into().unwrap()).unwrap();
+        assert_eq!(parsed, h);
+        assert_eq!(parsed.opcode().unwrap(), Opcode::Hello);
+    }
+
+    #[test]
+    fn refuses_bad_fields() {
+        let good = Header::request(Opcode::Hello, 1, 0, 0);
+        let mut h = good;
+        h.magic = 0.into();
+        assert!(matches!(Header::parse(h.as_bytes().try_into().unwrap()), Err(HeaderError::BadMagic(0))));
+        let mut h = good;
+        h.version = (VERSION + 1).into();
+        assert!(matches!(Header::parse(h.as_bytes().try_into().unwrap()), Err(HeaderError::Version(_))));
+        let mut h = good;
+        h.length = (MAX_PAYLOAD as u32 + 1).into();
+        assert!(matches!(Header::parse(h.as_bytes().try_into().unwrap()), Err(HeaderError::TooLong(_))));
+        let mut h = good;
+        h.opcode = 0.into();
+        assert!(matches!(h.opcode(), Err(HeaderError::UnknownOpcode(0))));
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::array::uniform32(any::<u8>())) {
+            if let Ok(h) = Header::parse(&bytes) {
+                prop_assert!(h.len() <= MAX_PAYLOAD);
+                let _ = h.opcode();
+            }
+        }
+    }
+}

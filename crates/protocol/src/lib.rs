@@ -1,0 +1,75 @@
+//! The gpuplex wire protocol, shared by the front-end and the server.
+//!
+//! # Frames
+//!
+//! Every message is a 32-byte [`Header`] followed by `length` payload bytes.
+//! The header is validated (magic, version, length under [`MAX_PAYLOAD`])
+//! before a payload buffer is allocated; the payload is then decoded with
+//! [`codec`], which checks every inner length against the bytes present.
+//!
+//! ```text
+//! client (front-end)                          server (session thread)
+//!   | Hello {pid, program}             ---->    |  checks version, opens session
+//!   |                                  <----    | Welcome {session, driver version, devices}
+//!   | call: header{opcode, id, context} + Request
+//!   |                                  ---->    | look up handles, run on backend
+//!   |                                  <----    | header{status, id} + Reply | ErrorDetail
+//!   | ...                                       |
+//!   | (close / crash)                           | frees everything the session held
+//! ```
+//!
+//! A reply with `status == 0` carries the call's `Reply`; any other status
+//! is the CUDA error the caller sees, with an [`ErrorDetail`] for logs.
+//! A frame that fails validation, an unknown opcode, or a payload that does
+//! not decode ends that session only.
+//!
+//! # Versioning
+//!
+//! [`VERSION`] is bumped whenever a message's layout or meaning changes. A
+//! server accepts versions `MIN_VERSION..=VERSION` (the current and the
+//! previous one once there is a previous one); the handshake reply tells the
+//! client which it speaks. Opcodes are never reused: a retired call keeps its
+//! number reserved in `calls.api`.
+//!
+//! # The call table
+//!
+//! `calls.api` lists every remoted CUDA call once. `build.rs` turns it into
+//! [`Opcode`], the [`calls`] messages, the server's [`Api`] trait and
+//! [`dispatch`]; the front-end's build script turns the same rows into C
+//! exports.
+
+pub mod codec;
+mod error;
+mod handles;
+mod handshake;
+mod header;
+
+pub use codec::{Seq, Wire};
+pub use error::{CallError, CuError, DecodeError, HeaderError, CUDA_ERRORS, MAX_DETAIL};
+pub use handles::*;
+pub use handshake::*;
+pub use header::{Header, HEADER_SIZE, MAGIC, MAX_PAYLOAD, MIN_VERSION, VERSION};
+
+/// A request message and the reply it expects.
+pub trait Call: Wire {
+    const OPCODE: Opcode;
+    type Reply: Wire;
+}
+
+/// `CU_DEVICE_ATTRIBUTE_MAX` in CUDA 13.0: attributes are `0..DEVICE_ATTRIBUTE_COUNT`.
+pub const DEVICE_ATTRIBUTE_COUNT: u32 = 148;
+
+include!(concat!(env!("OUT_DIR"), "/calls.rs"));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opcodes_round_trip_and_zero_is_invalid() {
+        assert_eq!(Opcode::try_from(Opcode::cuMemAlloc_v2 as u16), Ok(Opcode::cuMemAlloc_v2));
+        assert_eq!(Opcode::try_from(0), Err(0));
+        assert_eq!(Opcode::cuMemAlloc_v2.name(), "cuMemAlloc_v2");
+    }
+
+}

@@ -1,0 +1,1 @@
+//! Real GPUs through the CUDA driver API, loaded at run time.

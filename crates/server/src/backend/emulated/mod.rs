@@ -1,0 +1,1 @@
+//! A host-memory test device.

@@ -1,0 +1,156 @@
+//! The GPU a server drives, behind one trait.
+//!
+//! [`Backend`] is the driver API reduced to what sessions need, in terms of
+//! backend objects ([`Obj`]) rather than client handles: the session layer
+//! has already looked every client handle up in its own tables and checked
+//! every device range before a backend method runs. Two implementations:
+//! [`cuda`] drives real GPUs through the CUDA driver loaded at run time;
+//! [`emulated`] is a host-memory test device for machines without a GPU.
+//!
+//! Methods that take a `ctx` run with that context current on the calling
+//! thread. Streams are passed as [`Obj`]s too, with the special values of
+//! [`gpuplex_protocol::Stream`] (0 NULL, 1 legacy, 2 per-thread) kept as is.
+
+pub mod cuda;
+pub mod emulated;
+
+use gpuplex_protocol::{CallError, DeviceInfo};
+
+pub type BResult<T> = Result<T, CallError>;
+
+/// A backend object: the real driver's pointer, or an emulated id. Never
+/// shown to a client.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct Obj(pub u64);
+
+/// Where one kernel parameter sits in the packed parameter buffer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ParamSlot {
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// A launch as the backend receives it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: Obj,
+    /// Launch attributes, each `(CUlaunchAttributeID, 64-byte value)`,
+    /// already checked by the session to carry no handles.
+    pub attrs: Vec<(u32, [u8; 64])>,
+}
+
+/// A memset of `height` rows of `width` elements of `element_size` bytes,
+/// rows `pitch` bytes apart (1-D memsets have height 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memset {
+    pub dst: u64,
+    pub pitch: u64,
+    pub value: u32,
+    pub element_size: u32,
+    pub width: u64,
+    pub height: u64,
+}
+
+impl Memset {
+    /// The bytes from `dst` the memset may touch.
+    pub fn extent(&self) -> Option<u64> {
+        if self.height == 0 || self.width == 0 {
+            return Some(0);
+        }
+        let row = self.width.checked_mul(self.element_size as u64)?;
+        self.pitch.checked_mul(self.height - 1)?.checked_add(row)
+    }
+}
+
+/// What a server needs from a GPU driver. All methods are callable from any
+/// session thread at once.
+pub trait Backend: Send + Sync {
+    /// `cuda` or `emulated`.
+    fn kind(&self) -> &'static str;
+    fn driver_version(&self) -> i32;
+    /// Fetched once at start-up.
+    fn devices(&self) -> &[DeviceInfo];
+    fn can_access_peer(&self, dev: i32, peer: i32) -> BResult<i32>;
+
+    // Contexts.
+    fn ctx_create(&self, dev: i32, flags: u32) -> BResult<Obj>;
+    fn ctx_destroy(&self, ctx: Obj) -> BResult<()>;
+    fn ctx_synchronize(&self, ctx: Obj) -> BResult<()>;
+    fn ctx_api_version(&self, ctx: Obj) -> BResult<u32>;
+    fn ctx_get_flags(&self, ctx: Obj) -> BResult<u32>;
+    fn ctx_set_flags(&self, ctx: Obj, flags: u32) -> BResult<()>;
+    fn ctx_get_limit(&self, ctx: Obj, limit: i32) -> BResult<u64>;
+    fn ctx_set_limit(&self, ctx: Obj, limit: i32, value: u64) -> BResult<()>;
+    fn ctx_get_cache_config(&self, ctx: Obj) -> BResult<i32>;
+    fn ctx_set_cache_config(&self, ctx: Obj, config: i32) -> BResult<()>;
+    /// `(least, greatest)`.
+    fn ctx_stream_priority_range(&self, ctx: Obj) -> BResult<(i32, i32)>;
+    fn ctx_id(&self, ctx: Obj) -> BResult<u64>;
+
+    // Memory.
+    /// `(free, total)` bytes of the context's device.
+    fn mem_get_info(&self, ctx: Obj) -> BResult<(u64, u64)>;
+    fn mem_alloc(&self, ctx: Obj, size: u64) -> BResult<u64>;
+    /// `(pointer, pitch)`.
+    fn mem_alloc_pitch(&self, ctx: Obj, width: u64, height: u64, element_size: u32) -> BResult<(u64, u64)>;
+    fn mem_free(&self, ctx: Obj, ptr: u64) -> BResult<()>;
+    /// Copies `src` to device address `dst` in `stream`'s order. Returns once
+    /// `src` may be reused; `sync` asks for completion as well.
+    fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, sync: bool) -> BResult<()>;
+    /// Copies to `dst` in `stream`'s order; always complete on return.
+    fn memcpy_dtoh(&self, ctx: Obj, dst: &mut [u8], src: u64, stream: Obj) -> BResult<()>;
+    fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, sync: bool) -> BResult<()>;
+    fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, sync: bool) -> BResult<()>;
+
+    // Modules, libraries, functions, kernels.
+    fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj>;
+    fn module_unload(&self, ctx: Obj, module: Obj) -> BResult<()>;
+    fn module_get_function(&self, ctx: Obj, module: Obj, name: &str) -> BResult<Obj>;
+    /// `(address, size)` of a `__device__` variable.
+    fn module_get_global(&self, ctx: Obj, module: Obj, name: &str) -> BResult<(u64, u64)>;
+    fn module_function_count(&self, ctx: Obj, module: Obj) -> BResult<u32>;
+    fn module_loading_mode(&self) -> BResult<i32>;
+    /// Libraries belong to no context.
+    fn library_load(&self, image: &[u8]) -> BResult<Obj>;
+    fn library_unload(&self, library: Obj) -> BResult<()>;
+    fn library_get_kernel(&self, library: Obj, name: &str) -> BResult<Obj>;
+    fn library_get_module(&self, ctx: Obj, library: Obj) -> BResult<Obj>;
+    fn library_get_global(&self, ctx: Obj, library: Obj, name: &str) -> BResult<(u64, u64)>;
+    fn library_kernel_count(&self, library: Obj) -> BResult<u32>;
+    /// The kernel's function in `ctx`.
+    fn kernel_get_function(&self, ctx: Obj, kernel: Obj) -> BResult<Obj>;
+    fn param_layout(&self, ctx: Obj, func: Obj) -> BResult<Vec<ParamSlot>>;
+    fn func_get_attribute(&self, ctx: Obj, func: Obj, attr: i32) -> BResult<i32>;
+    fn func_set_attribute(&self, ctx: Obj, func: Obj, attr: i32, value: i32) -> BResult<()>;
+    fn func_set_cache_config(&self, ctx: Obj, func: Obj, config: i32) -> BResult<()>;
+    fn func_is_loaded(&self, ctx: Obj, func: Obj) -> BResult<i32>;
+    fn func_load(&self, ctx: Obj, func: Obj) -> BResult<()>;
+    fn kernel_get_attribute(&self, kernel: Obj, attr: i32, dev: i32) -> BResult<i32>;
+    fn kernel_set_attribute(&self, kernel: Obj, attr: i32, value: i32, dev: i32) -> BResult<()>;
+    fn kernel_set_cache_config(&self, kernel: Obj, config: i32, dev: i32) -> BResult<()>;
+    fn occupancy_max_active_blocks(&self, ctx: Obj, func: Obj, block: i32, smem: u64, flags: u32) -> BResult<i32>;
+    fn occupancy_available_smem(&self, ctx: Obj, func: Obj, blocks: i32, block: i32) -> BResult<u64>;
+    /// `(min_grid, block)`.
+    fn occupancy_max_potential_block_size(&self, ctx: Obj, func: Obj, smem: u64, limit: i32, flags: u32) -> BResult<(i32, i32)>;
+    /// `params` is packed by the function's layout.
+    fn launch(&self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()>;
+
+    // Streams and events.
+    fn stream_create(&self, ctx: Obj, flags: u32, priority: i32) -> BResult<Obj>;
+    fn stream_destroy(&self, ctx: Obj, stream: Obj) -> BResult<()>;
+    fn stream_synchronize(&self, ctx: Obj, stream: Obj) -> BResult<()>;
+    fn stream_query(&self, ctx: Obj, stream: Obj) -> BResult<()>;
+    fn stream_wait_event(&self, ctx: Obj, stream: Obj, event: Obj, flags: u32) -> BResult<()>;
+    fn stream_priority(&self, ctx: Obj, stream: Obj) -> BResult<i32>;
+    fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32>;
+    fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64>;
+    fn event_create(&self, ctx: Obj, flags: u32) -> BResult<Obj>;
+    fn event_destroy(&self, ctx: Obj, event: Obj) -> BResult<()>;
+    fn event_record(&self, ctx: Obj, event: Obj, stream: Obj, flags: u32) -> BResult<()>;
+    fn event_synchronize(&self, ctx: Obj, event: Obj) -> BResult<()>;
+    fn event_query(&self, ctx: Obj, event: Obj) -> BResult<()>;
+    fn event_elapsed(&self, ctx: Obj, start: Obj, end: Obj) -> BResult<f32>;
+}

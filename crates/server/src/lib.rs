@@ -1,0 +1,3 @@
+//! The gpuplex server.
+
+pub mod backend;

@@ -1,0 +1,178 @@
+//! The Unix-domain-socket carrier: the way in for local guests, and the
+//! fallback when no faster carrier is set up.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net;
+use std::path::{Path, PathBuf};
+
+use gpuplex_protocol::Header;
+
+use crate::{stream, Address, Carrier, Listener, Peer, TransportError};
+
+pub struct UnixCarrier {
+    socket: net::UnixStream,
+    peer: Peer,
+}
+
+impl UnixCarrier {
+    pub fn connect(path: &Path) -> Result<UnixCarrier, TransportError> {
+        UnixCarrier::new(net::UnixStream::connect(path)?)
+    }
+
+    fn new(socket: net::UnixStream) -> Result<UnixCarrier, TransportError> {
+        let peer = peer_credentials(&socket)?;
+        Ok(UnixCarrier { socket, peer })
+    }
+
+    /// A connected pair, for tests.
+    pub fn pair() -> Result<(UnixCarrier, UnixCarrier), TransportError> {
+        let (a, b) = net::UnixStream::pair()?;
+        Ok((UnixCarrier::new(a)?, UnixCarrier::new(b)?))
+    }
+
+    /// The underlying socket, for tests that must misbehave on the wire.
+    pub fn socket(&self) -> &net::UnixStream {
+        &self.socket
+    }
+}
+
+impl Carrier for UnixCarrier {
+    fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
+        stream::send(&mut self.socket, header, payload)
+    }
+
+    fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
+        stream::recv(&mut self.socket, payload)
+    }
+
+    fn peer(&self) -> Peer {
+        self.peer
+    }
+}
+
+/// SO_PEERCRED: the identity the kernel recorded when the peer connected.
+fn peer_credentials(socket: &net::UnixStream) -> Result<Peer, TransportError> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` holds the size
+    // of `cred`, as getsockopt(SO_PEERCRED) requires.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(Peer { pid: cred.pid as u32, uid: cred.uid, gid: cred.gid })
+}
+
+pub struct UnixListener {
+    listener: net::UnixListener,
+    path: PathBuf,
+}
+
+impl UnixListener {
+    /// Binds `path`, replacing a stale socket file left by a server that
+    /// died, but never one a live server still answers on.
+    pub fn bind(path: &Path) -> Result<UnixListener, TransportError> {
+        if path.exists() {
+            if net::UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("a server is already listening on {}", path.display()),
+                )
+                .into());
+            }
+            std::fs::remove_file(path)?;
+        }
+        Ok(UnixListener { listener: net::UnixListener::bind(path)?, path: path.to_owned() })
+    }
+}
+
+impl Listener for UnixListener {
+    fn accept(&self) -> Result<Box<dyn Carrier>, TransportError> {
+        let (socket, _) = self.listener.accept()?;
+        Ok(Box::new(UnixCarrier::new(socket)?))
+    }
+
+    fn address(&self) -> Address {
+        Address::Unix(self.path.clone())
+    }
+}
+
+impl Drop for UnixListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuplex_protocol::{Opcode, MAX_PAYLOAD};
+    use std::io::Write;
+    use zerocopy::IntoBytes;
+
+    #[test]
+    fn frames_cross_and_peer_is_us() {
+        let (mut a, mut b) = UnixCarrier::pair().unwrap();
+        let h = Header::request(Opcode::Hello, 3, 0, 5);
+        a.send(&h, b"hello").unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(b.recv(&mut buf).unwrap(), h);
+        assert_eq!(buf, b"hello");
+        assert_eq!(b.peer().pid, std::process::id());
+    }
+
+    #[test]
+    fn close_is_reported_as_closed() {
+        let (a, mut b) = UnixCarrier::pair().unwrap();
+        drop(a);
+        assert!(matches!(b.recv(&mut Vec::new()), Err(TransportError::Closed)));
+    }
+
+    #[test]
+    fn oversized_length_is_refused_before_reading() {
+        let (a, mut b) = UnixCarrier::pair().unwrap();
+        let mut h = Header::request(Opcode::Hello, 1, 0, 0);
+        h.length = (MAX_PAYLOAD as u32 + 1).into();
+        a.socket().write_all(h.as_bytes()).unwrap();
+        let mut buf = Vec::new();
+        assert!(matches!(b.recv(&mut buf), Err(TransportError::Header(_))));
+        assert_eq!(buf.capacity(), 0);
+    }
+
+    #[test]
+    fn garbage_is_a_header_error() {
+        let (a, mut b) = UnixCarrier::pair().unwrap();
+        a.socket().write_all(&[0xAB; 64]).unwrap();
+        assert!(matches!(b.recv(&mut Vec::new()), Err(TransportError::Header(_))));
+    }
+
+    #[test]
+    fn listener_refuses_a_live_socket_and_replaces_a_stale_one() {
+        let dir = std::env::temp_dir().join(format!("gpuplex-transport-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let live = UnixListener::bind(&path).unwrap();
+        assert!(UnixListener::bind(&path).is_err());
+        drop(live);
+        // A leftover file with nobody listening is replaced.
+        let stale = net::UnixListener::bind(&path).unwrap();
+        drop(stale);
+        assert!(path.exists());
+        let l = UnixListener::bind(&path).unwrap();
+        let mut c = crate::connect(&l.address()).unwrap();
+        let mut s = l.accept().unwrap();
+        c.send(&Header::request(Opcode::Hello, 1, 0, 0), &[]).unwrap();
+        assert_eq!(s.recv(&mut Vec::new()).unwrap().request_id.get(), 1);
+        drop(l);
+        assert!(!path.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

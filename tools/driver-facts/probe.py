@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Asks the real libcuda.so.1 (on the GPU machine) for facts gpuplex must
+reproduce exactly, and writes them as data files for the front-end:
+
+  error_strings.tsv   code, cuGetErrorName, cuGetErrorString for every code
+  proc_address.tsv    for every exported base name and flag (0 default,
+                      1 legacy stream, 2 per-thread stream): each CUDA version
+                      at which cuGetProcAddress_v2's answer changes, and the
+                      exported symbol (or status) it answers with
+
+Usage: probe.py EXPORTS_TXT CUDA_TYPEDEFS_H OUT_DIR
+"""
+import ctypes, re, sys, os
+
+exports_path, typedefs_path, out_dir = sys.argv[1:4]
+cuda = ctypes.CDLL("libcuda.so.1")
+libdl = ctypes.CDLL("libdl.so.2")
+
+
+def error_strings():
+    rows = []
+    get_name, get_str = cuda.cuGetErrorName, cuda.cuGetErrorString
+    for code in range(0, 1100):
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        if get_name(code, ctypes.byref(name)) != 0:
+            continue
+        assert get_str(code, ctypes.byref(text)) == 0
+        rows.append(f"{code}\t{name.value.decode()}\t{text.value.decode()}")
+    return rows
+
+
+class DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def symbol_of(ptr):
+    info = DlInfo()
+    if libdl.dladdr(ctypes.c_void_p(ptr), ctypes.byref(info)) == 0 or not info.dli_sname:
+        return f"?{ptr:#x}"
+    if info.dli_saddr != ptr:
+        return f"?{info.dli_sname.decode()}+{ptr - info.dli_saddr:#x}"
+    return info.dli_sname.decode()
+
+
+def proc_addresses():
+    names = [l.strip() for l in open(exports_path) if l.strip()]
+    bases = sorted({re.sub(r"(_v\d+)?(_ptsz|_ptds)?$", "", n) for n in names})
+    versions = sorted({int(v) for v in re.findall(r"PFN_cu\w+?_v(\d+)\b", open(typedefs_path).read())})
+    versions = sorted(set(versions) | {13010, 13020, 14000})
+    fn = cuda.cuGetProcAddress_v2
+    fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                   ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+    rows = []
+    for base in bases:
+        for flags in (0, 1, 2):
+            last = None
+            for v in versions:
+                p, status = ctypes.c_void_p(), ctypes.c_int(-1)
+                rc = fn(base.encode(), ctypes.byref(p), v, flags, ctypes.byref(status))
+                answer = symbol_of(p.value) if rc == 0 and p.value else f"rc={rc},status={status.value}"
+                if answer != last:
+                    rows.append(f"{base}\t{flags}\t{v}\t{answer}")
+                    last = answer
+    return rows
+
+
+os.makedirs(out_dir, exist_ok=True)
+for name, rows in (("error_strings.tsv", error_strings()), ("proc_address.tsv", proc_addresses())):
+    with open(os.path.join(out_dir, name), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    print(name, len(rows), "rows")
