@@ -104,7 +104,8 @@ pub fn parse(text: &str) -> Result<Table, String> {
         let mut tail = rest[close + 1..].trim();
         if kind == Kind::Wire {
             let results = tail.strip_prefix("->").ok_or_else(|| fail("a wire row needs '-> (...)'"))?.trim();
-            let inner = results.strip_prefix('(').and_then(|r| r.strip_suffix(')')).ok_or_else(|| fail("bad results"))?;
+            let inner =
+                results.strip_prefix('(').and_then(|r| r.strip_suffix(')')).ok_or_else(|| fail("bad results"))?;
             params.extend(parse_params(inner, Dir::Out).map_err(|e| fail(&e))?);
             tail = "";
         }
@@ -202,7 +203,13 @@ const TYPES: &[Type] = &[
     Type { name: "Func", wire: "Func", c: "*mut c_void", from_c: "Func({} as u64)", to_c: "{}.0 as *mut c_void" },
     Type { name: "Stream", wire: "Stream", c: "*mut c_void", from_c: "Stream({} as u64)", to_c: "{}.0 as *mut c_void" },
     Type { name: "Event", wire: "Event", c: "*mut c_void", from_c: "Event({} as u64)", to_c: "{}.0 as *mut c_void" },
-    Type { name: "Library", wire: "Library", c: "*mut c_void", from_c: "Library({} as u64)", to_c: "{}.0 as *mut c_void" },
+    Type {
+        name: "Library",
+        wire: "Library",
+        c: "*mut c_void",
+        from_c: "Library({} as u64)",
+        to_c: "{}.0 as *mut c_void",
+    },
     Type { name: "Kernel", wire: "Kernel", c: "*mut c_void", from_c: "Kernel({} as u64)", to_c: "{}.0 as *mut c_void" },
     Type { name: "Name", wire: "String", c: "*const c_char", from_c: "crate::ffi::c_name({})?", to_c: "" },
     Type { name: "Bytes", wire: "Vec<u8>", c: "", from_c: "", to_c: "" },
@@ -256,7 +263,12 @@ pub fn protocol_code(table: &Table) -> String {
 
     s += "/// The server side of every call, one method per table row.\n#[allow(non_snake_case)]\npub trait Api {\n";
     for row in &calls {
-        writeln!(s, "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError>;", row.name).unwrap();
+        writeln!(
+            s,
+            "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError>;",
+            row.name
+        )
+        .unwrap();
     }
     s += "}\n\n";
     s += "/// Decodes a request payload, runs it on `api` and encodes the reply.\n";
@@ -264,10 +276,20 @@ pub fn protocol_code(table: &Table) -> String {
     s += "/// the inner one is the call's own CUDA error (the session goes on).\n";
     s += "pub fn dispatch<A: Api + ?Sized>(api: &mut A, opcode: Opcode, payload: &[u8]) -> Result<Result<Vec<u8>, CallError>, DecodeError> {\n    match opcode {\n";
     for row in &calls {
-        writeln!(s, "        Opcode::{0} => Ok(api.{0}(codec::decode(payload)?).map(|r| codec::encode(&r))),", row.name).unwrap();
+        writeln!(
+            s,
+            "        Opcode::{0} => Ok(api.{0}(codec::decode(payload)?).map(|r| codec::encode(&r))),",
+            row.name
+        )
+        .unwrap();
     }
     for row in table.rows.iter().filter(|r| r.kind == Kind::Control) {
-        writeln!(s, "        Opcode::{} => Err(DecodeError::Invalid(\"a control frame is not a call\".into())),", row.name).unwrap();
+        writeln!(
+            s,
+            "        Opcode::{} => Err(DecodeError::Invalid(\"a control frame is not a call\".into())),",
+            row.name
+        )
+        .unwrap();
     }
     s += "    }\n}\n";
     s
@@ -332,7 +354,11 @@ fn export_fn(s: &mut String, row: &Row, export: &str, ptsz: bool) {
         } else {
             ty(&p.ty).from_c.replace("{}", &p.name)
         };
-        writeln!(s, "            {}: {value},", p.name).unwrap();
+        if value == p.name {
+            writeln!(s, "            {value},").unwrap();
+        } else {
+            writeln!(s, "            {}: {value},", p.name).unwrap();
+        }
     }
     *s += "        };\n";
     let outs: Vec<&Param> = row.params.iter().filter(|p| p.dir != Dir::In).collect();
@@ -340,7 +366,8 @@ fn export_fn(s: &mut String, row: &Row, export: &str, ptsz: bool) {
     writeln!(s, "        let {binding} = crate::client::call(req)?;").unwrap();
     for p in outs {
         let value = ty(&p.ty).to_c.replace("{}", &format!("reply.{}", p.name));
-        writeln!(s, "        // SAFETY: NULL was refused or skipped; otherwise the caller vouches for the pointer.").unwrap();
+        writeln!(s, "        // SAFETY: NULL was refused or skipped; otherwise the caller vouches for the pointer.")
+            .unwrap();
         writeln!(s, "        unsafe {{ crate::ffi::write_out({}, {value}) }};", p.name).unwrap();
     }
     *s += "        Ok(())\n    })\n}\n";
@@ -383,9 +410,10 @@ handwritten cuInit
     #[test]
     fn frontend_stubs_everything_else() {
         let t = parse(SAMPLE).unwrap();
-        let all: Vec<String> = ["cuInit", "cuMemAlloc_v2", "cuStreamQuery", "cuStreamQuery_ptsz", "cuStreamQueryAlias", "cuOther"]
-            .map(String::from)
-            .to_vec();
+        let all: Vec<String> =
+            ["cuInit", "cuMemAlloc_v2", "cuStreamQuery", "cuStreamQuery_ptsz", "cuStreamQueryAlias", "cuOther"]
+                .map(String::from)
+                .to_vec();
         let code = frontend_code(&t, &all).unwrap();
         assert!(code.contains("pub unsafe extern \"C\" fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize)"));
         assert!(code.contains("crate::ffi::ptsz_stream(hStream)"));

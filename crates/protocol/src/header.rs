@@ -75,7 +75,7 @@ impl Header {
         Opcode::try_from(self.opcode.get()).map_err(|_| HeaderError::UnknownOpcode(self.opcode.get()))
     }
 
-    pub fn len(&self) -> usize {
+    pub fn payload_len(&self) -> usize {
         self.length.get() as usize
     }
 }
@@ -114,7 +114,7 @@ mod tests {
         #[test]
         fn garbage_never_panics(bytes in proptest::array::uniform32(any::<u8>())) {
             if let Ok(h) = Header::parse(&bytes) {
-                prop_assert!(h.len() <= MAX_PAYLOAD);
+                prop_assert!(h.payload_len() <= MAX_PAYLOAD);
                 let _ = h.opcode();
             }
         }

@@ -71,5 +71,4 @@ mod tests {
         assert_eq!(Opcode::try_from(0), Err(0));
         assert_eq!(Opcode::cuMemAlloc_v2.name(), "cuMemAlloc_v2");
     }
-
 }

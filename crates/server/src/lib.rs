@@ -1,3 +1,101 @@
-//! The gpuplex server.
+//! The gpuplex server: owns the GPUs and runs guests' driver calls on them.
+//!
+//! A [`Server`] accepts connections on a [`Listener`] and runs each one as a
+//! [`session::Session`] on its own thread; sessions share only the
+//! [`Backend`](backend::Backend) and the [`Registry`] of live sessions.
 
 pub mod backend;
+mod registry;
+pub mod session;
+
+use std::sync::Arc;
+
+use gpuplex_transport::{Listener, TransportError};
+use tracing::{error, info, warn};
+
+pub use registry::Registry;
+
+use backend::Backend;
+
+/// Which GPU backend a server drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Real GPUs through the CUDA driver.
+    Cuda,
+    /// The host-memory test device.
+    Emulated,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<BackendKind, String> {
+        match s {
+            "cuda" => Ok(BackendKind::Cuda),
+            "emulated" => Ok(BackendKind::Emulated),
+            _ => Err(format!("unknown backend {s:?}: expected cuda or emulated")),
+        }
+    }
+}
+
+/// Opens the backend of the given kind.
+pub fn open_backend(kind: BackendKind) -> Result<Arc<dyn Backend>, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(match kind {
+        BackendKind::Cuda => Arc::new(backend::cuda::Cuda::open()?),
+        BackendKind::Emulated => Arc::new(backend::emulated::Emulated::new()),
+    })
+}
+
+/// The most sessions served at once; more connections are refused.
+pub const MAX_SESSIONS: usize = 1024;
+/// Consecutive accept failures after which the listener is given up.
+const MAX_ACCEPT_FAILURES: u32 = 100;
+
+pub struct Server {
+    backend: Arc<dyn Backend>,
+    registry: Arc<Registry>,
+}
+
+impl Server {
+    pub fn new(backend: Arc<dyn Backend>) -> Server {
+        Server { backend, registry: Arc::new(Registry::default()) }
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Accepts connections until the listener fails.
+    pub fn serve(&self, listener: &dyn Listener) -> Result<(), TransportError> {
+        info!(address = %listener.address(), backend = self.backend.kind(), "serving");
+        let mut failures = 0;
+        loop {
+            let carrier = match listener.accept() {
+                Ok(c) => {
+                    failures = 0;
+                    c
+                }
+                // A peer that vanished mid-accept, or a passing shortage of
+                // descriptors, concerns nobody else; a listener that keeps
+                // failing is broken.
+                Err(e) if failures < MAX_ACCEPT_FAILURES => {
+                    failures += 1;
+                    warn!("accept failed: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if self.registry.len() >= MAX_SESSIONS {
+                warn!(pid = carrier.peer().pid, "refusing a connection: {MAX_SESSIONS} sessions already");
+                continue;
+            }
+            let (backend, registry) = (self.backend.clone(), self.registry.clone());
+            let spawned = std::thread::Builder::new()
+                .name("gpuplex-session".into())
+                .spawn(move || session::Session::run(carrier, backend, registry));
+            if let Err(e) = spawned {
+                error!("cannot start a session thread: {e}");
+            }
+        }
+    }
+}

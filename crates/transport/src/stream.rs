@@ -8,7 +8,7 @@ use zerocopy::IntoBytes;
 use crate::TransportError;
 
 pub(crate) fn send<W: Write>(w: &mut W, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
-    debug_assert_eq!(header.len(), payload.len());
+    debug_assert_eq!(header.payload_len(), payload.len());
     let mut bufs = [IoSlice::new(header.as_bytes()), IoSlice::new(payload)];
     let mut bufs = &mut bufs[..];
     while !bufs.is_empty() {
@@ -28,7 +28,7 @@ pub(crate) fn recv<R: Read>(r: &mut R, payload: &mut Vec<u8>) -> Result<Header, 
     read_exact(r, &mut raw, true)?;
     let header = Header::parse(&raw)?;
     payload.clear();
-    payload.resize(header.len(), 0);
+    payload.resize(header.payload_len(), 0);
     read_exact(r, payload, false)?;
     Ok(header)
 }

@@ -134,7 +134,14 @@ pub trait Backend: Send + Sync {
     fn occupancy_max_active_blocks(&self, ctx: Obj, func: Obj, block: i32, smem: u64, flags: u32) -> BResult<i32>;
     fn occupancy_available_smem(&self, ctx: Obj, func: Obj, blocks: i32, block: i32) -> BResult<u64>;
     /// `(min_grid, block)`.
-    fn occupancy_max_potential_block_size(&self, ctx: Obj, func: Obj, smem: u64, limit: i32, flags: u32) -> BResult<(i32, i32)>;
+    fn occupancy_max_potential_block_size(
+        &self,
+        ctx: Obj,
+        func: Obj,
+        smem: u64,
+        limit: i32,
+        flags: u32,
+    ) -> BResult<(i32, i32)>;
     /// `params` is packed by the function's layout.
     fn launch(&self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()>;
 

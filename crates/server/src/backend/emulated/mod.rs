@@ -1,1 +1,799 @@
-//! A host-memory test device.
+//! A host-memory test device, for machines without a GPU.
+//!
+//! It keeps the driver's bookkeeping exactly — contexts, allocations and
+//! their bounds, modules parsed from real fatbins and cubins (parameter
+//! layouts from `.nv.info`), libraries, streams, events — so that the whole
+//! remoting path is tested in CI. It is honest about kernels: a launch runs
+//! only if [`kernels`] holds a reference implementation for that kernel's
+//! name; anything else fails with `CUDA_ERROR_NOT_SUPPORTED`. Work runs
+//! synchronously at call time, which is one valid ordering of every stream.
+//! A kernel fault becomes the context's sticky error, as on a GPU.
+
+mod device;
+pub mod image;
+pub mod kernels;
+mod memory;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use gpuplex_protocol::{CallError, CuError, DeviceInfo};
+
+use super::{BResult, Backend, Launch, Memset, Obj, ParamSlot};
+use image::{Image, KernelInfo};
+use kernels::KernelLaunch;
+use memory::{Memory, Owner};
+
+pub struct Emulated {
+    devices: Vec<DeviceInfo>,
+    state: Mutex<State>,
+}
+
+struct State {
+    next: u64,
+    memory: Memory,
+    contexts: HashMap<u64, Context>,
+    modules: HashMap<u64, Module>,
+    functions: HashMap<u64, Function>,
+    libraries: HashMap<u64, Library>,
+    kernels: HashMap<u64, KernelRef>,
+    streams: HashMap<u64, StreamState>,
+    events: HashMap<u64, EventState>,
+}
+
+struct Context {
+    flags: u32,
+    cache_config: i32,
+    limits: [u64; 7],
+    /// Set by a kernel fault; every later call in the context fails with it.
+    sticky: Option<CuError>,
+}
+
+struct Module {
+    ctx: u64,
+    image: Arc<Image>,
+    globals: HashMap<String, (u64, u64)>,
+    functions: HashMap<String, u64>,
+}
+
+struct Function {
+    ctx: u64,
+    kernel: KernelInfo,
+    max_dynamic_shared: i32,
+    carveout: i32,
+}
+
+struct Library {
+    image: Arc<Image>,
+    kernels: HashMap<String, u64>,
+    /// The library's module in each context that used it.
+    modules: HashMap<u64, u64>,
+}
+
+struct KernelRef {
+    library: u64,
+    name: String,
+}
+
+struct StreamState {
+    ctx: u64,
+    flags: u32,
+    priority: i32,
+}
+
+struct EventState {
+    ctx: u64,
+    flags: u32,
+    recorded: Option<Instant>,
+}
+
+const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+const DEFAULT_LIMITS: [u64; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
+const FUNC_ATTRIBUTE_COUNT: i32 = 16;
+
+fn err(code: CuError, detail: impl Into<String>) -> CallError {
+    CallError::new(code, detail)
+}
+
+impl Emulated {
+    pub fn new() -> Emulated {
+        Emulated {
+            devices: vec![device::info()],
+            state: Mutex::new(State {
+                next: 0x1_0000,
+                memory: Memory::new(device::TOTAL_MEMORY),
+                contexts: HashMap::new(),
+                modules: HashMap::new(),
+                functions: HashMap::new(),
+                libraries: HashMap::new(),
+                kernels: HashMap::new(),
+                streams: HashMap::new(),
+                events: HashMap::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Default for Emulated {
+    fn default() -> Self {
+        Emulated::new()
+    }
+}
+
+impl State {
+    fn id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// A live context without a sticky error.
+    fn ctx(&mut self, ctx: Obj) -> BResult<&mut Context> {
+        let c = self.contexts.get_mut(&ctx.0).ok_or_else(|| err(CuError::INVALID_CONTEXT, "unknown context"))?;
+        match c.sticky {
+            Some(e) => Err(err(e, "the context has a sticky error from an earlier kernel")),
+            None => Ok(c),
+        }
+    }
+
+    fn stream(&mut self, ctx: Obj, stream: Obj) -> BResult<()> {
+        self.ctx(ctx)?;
+        if stream.0 > 2 && !self.streams.contains_key(&stream.0) {
+            return Err(err(CuError::INVALID_HANDLE, "unknown stream"));
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, event: Obj) -> BResult<&mut EventState> {
+        self.events.get_mut(&event.0).ok_or_else(|| err(CuError::INVALID_HANDLE, "unknown event"))
+    }
+
+    fn function(&self, func: Obj) -> BResult<&Function> {
+        self.functions.get(&func.0).ok_or_else(|| err(CuError::INVALID_HANDLE, "unknown function"))
+    }
+
+    fn load_module(&mut self, ctx: u64, image: Arc<Image>) -> BResult<u64> {
+        let id = self.id();
+        let mut globals = HashMap::new();
+        for g in &image.globals {
+            match self.memory.alloc(g.size.max(1), Owner::Global { module: id }, &g.init) {
+                Ok(addr) => {
+                    globals.insert(g.name.clone(), (addr, g.size));
+                }
+                Err(e) => {
+                    self.memory.free_where(|o| o == Owner::Global { module: id });
+                    return Err(e.into());
+                }
+            }
+        }
+        self.modules.insert(id, Module { ctx, image, globals, functions: HashMap::new() });
+        Ok(id)
+    }
+
+    fn unload_module(&mut self, id: u64) {
+        if let Some(m) = self.modules.remove(&id) {
+            for f in m.functions.values() {
+                self.functions.remove(f);
+            }
+            self.memory.free_where(|o| o == Owner::Global { module: id });
+        }
+    }
+
+    fn module_function(&mut self, module: u64, name: &str) -> BResult<u64> {
+        let m = self.modules.get(&module).ok_or_else(|| err(CuError::INVALID_HANDLE, "unknown module"))?;
+        if let Some(&f) = m.functions.get(name) {
+            return Ok(f);
+        }
+        let kernel = m
+            .image
+            .kernels
+            .iter()
+            .find(|k| k.name == name)
+            .cloned()
+            .ok_or_else(|| err(CuError::NOT_FOUND, format!("no kernel {name:?} in the module")))?;
+        let ctx = m.ctx;
+        let id = self.id();
+        let max_dynamic_shared = (device::SHARED_PER_BLOCK - kernel.shared_bytes.min(device::SHARED_PER_BLOCK)) as i32;
+        self.functions.insert(id, Function { ctx, kernel, max_dynamic_shared, carveout: -1 });
+        if let Some(m) = self.modules.get_mut(&module) {
+            m.functions.insert(name.to_owned(), id);
+        }
+        Ok(id)
+    }
+
+    /// The library's module in `ctx`, loaded on first use as the driver's
+    /// lazy loading does.
+    fn library_module(&mut self, ctx: u64, library: Obj) -> BResult<u64> {
+        let lib = self.libraries.get(&library.0).ok_or_else(|| err(CuError::INVALID_HANDLE, "unknown library"))?;
+        if let Some(&m) = lib.modules.get(&ctx) {
+            return Ok(m);
+        }
+        let image = lib.image.clone();
+        let m = self.load_module(ctx, image)?;
+        if let Some(lib) = self.libraries.get_mut(&library.0) {
+            lib.modules.insert(ctx, m);
+        }
+        Ok(m)
+    }
+
+    fn global(&self, module: u64, name: &str) -> BResult<(u64, u64)> {
+        let m = self.modules.get(&module).ok_or_else(|| err(CuError::INVALID_HANDLE, "unknown module"))?;
+        m.globals.get(name).copied().ok_or_else(|| err(CuError::NOT_FOUND, format!("no global {name:?} in the module")))
+    }
+
+    /// Checks a launch as the driver does before it queues one.
+    fn check_launch(&self, f: &Function, launch: &Launch, params: &[u8]) -> BResult<()> {
+        let bad = |what: String| Err(err(CuError::INVALID_VALUE, what));
+        let threads: u64 = launch.block.iter().map(|&d| d as u64).product();
+        let limit =
+            f.kernel.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK).min(device::MAX_THREADS_PER_BLOCK);
+        if launch.block.iter().zip(device::MAX_BLOCK).any(|(&d, max)| d == 0 || d > max) || threads > limit as u64 {
+            return bad(format!("block {:?} exceeds the device's limits", launch.block));
+        }
+        if launch.grid.iter().zip(device::MAX_GRID).any(|(&d, max)| d == 0 || d > max) {
+            return bad(format!("grid {:?} exceeds the device's limits", launch.grid));
+        }
+        if launch.shared_mem as i64 > f.max_dynamic_shared as i64 {
+            return bad(format!("{} bytes of dynamic shared memory", launch.shared_mem));
+        }
+        let expected = f.kernel.params.iter().map(|p| p.offset + p.size).max().unwrap_or(0) as usize;
+        if params.len() != expected {
+            return bad(format!("{} parameter bytes for a kernel that takes {expected}", params.len()));
+        }
+        Ok(())
+    }
+
+    fn destroy_context(&mut self, ctx: u64) {
+        self.contexts.remove(&ctx);
+        let modules: Vec<u64> = self.modules.iter().filter(|(_, m)| m.ctx == ctx).map(|(id, _)| *id).collect();
+        for m in modules {
+            self.unload_module(m);
+        }
+        for lib in self.libraries.values_mut() {
+            lib.modules.remove(&ctx);
+        }
+        self.streams.retain(|_, s| s.ctx != ctx);
+        self.events.retain(|_, e| e.ctx != ctx);
+        self.memory.free_where(|o| o == Owner::Alloc { ctx });
+    }
+}
+
+fn occupancy(f: &Function, block: i32, smem: u64) -> i32 {
+    if block <= 0 {
+        return 0;
+    }
+    let warps_per_block = (block as u32).div_ceil(32);
+    let by_threads = device::THREADS_PER_SM / (warps_per_block * 32);
+    let shared = f.kernel.shared_bytes as u64 + smem;
+    let by_shared = (device::SHARED_PER_SM as u64).checked_div(shared).map_or(u32::MAX, |n| n as u32);
+    let regs = f.kernel.registers.max(1) * warps_per_block * 32;
+    let by_regs = device::REGISTERS_PER_SM / regs;
+    device::BLOCKS_PER_SM.min(by_threads).min(by_shared).min(by_regs) as i32
+}
+
+impl Backend for Emulated {
+    fn kind(&self) -> &'static str {
+        "emulated"
+    }
+
+    fn driver_version(&self) -> i32 {
+        13000
+    }
+
+    fn devices(&self) -> &[DeviceInfo] {
+        &self.devices
+    }
+
+    fn can_access_peer(&self, _dev: i32, _peer: i32) -> BResult<i32> {
+        Ok(0)
+    }
+
+    fn ctx_create(&self, _dev: i32, flags: u32) -> BResult<Obj> {
+        let mut s = self.state();
+        let id = s.id();
+        s.contexts.insert(id, Context { flags, cache_config: 0, limits: DEFAULT_LIMITS, sticky: None });
+        Ok(Obj(id))
+    }
+
+    fn ctx_destroy(&self, ctx: Obj) -> BResult<()> {
+        let mut s = self.state();
+        if !s.contexts.contains_key(&ctx.0) {
+            return Err(err(CuError::INVALID_CONTEXT, "unknown context"));
+        }
+        s.destroy_context(ctx.0);
+        Ok(())
+    }
+
+    fn ctx_synchronize(&self, ctx: Obj) -> BResult<()> {
+        self.state().ctx(ctx).map(|_| ())
+    }
+
+    fn ctx_api_version(&self, ctx: Obj) -> BResult<u32> {
+        self.state().ctx(ctx).map(|_| 3020)
+    }
+
+    fn ctx_get_flags(&self, ctx: Obj) -> BResult<u32> {
+        self.state().ctx(ctx).map(|c| c.flags)
+    }
+
+    fn ctx_set_flags(&self, ctx: Obj, flags: u32) -> BResult<()> {
+        self.state().ctx(ctx)?.flags = flags;
+        Ok(())
+    }
+
+    fn ctx_get_limit(&self, ctx: Obj, limit: i32) -> BResult<u64> {
+        let mut s = self.state();
+        let c = s.ctx(ctx)?;
+        usize::try_from(limit)
+            .ok()
+            .and_then(|i| c.limits.get(i).copied())
+            .ok_or_else(|| CuError::UNSUPPORTED_LIMIT.into())
+    }
+
+    fn ctx_set_limit(&self, ctx: Obj, limit: i32, value: u64) -> BResult<()> {
+        let mut s = self.state();
+        let c = s.ctx(ctx)?;
+        let slot = usize::try_from(limit).ok().and_then(|i| c.limits.get_mut(i)).ok_or(CuError::UNSUPPORTED_LIMIT)?;
+        *slot = value;
+        Ok(())
+    }
+
+    fn ctx_get_cache_config(&self, ctx: Obj) -> BResult<i32> {
+        self.state().ctx(ctx).map(|c| c.cache_config)
+    }
+
+    fn ctx_set_cache_config(&self, ctx: Obj, config: i32) -> BResult<()> {
+        if !(0..=3).contains(&config) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        self.state().ctx(ctx)?.cache_config = config;
+        Ok(())
+    }
+
+    fn ctx_stream_priority_range(&self, ctx: Obj) -> BResult<(i32, i32)> {
+        self.state().ctx(ctx).map(|_| device::PRIORITY_RANGE)
+    }
+
+    fn ctx_id(&self, ctx: Obj) -> BResult<u64> {
+        self.state().ctx(ctx).map(|_| ctx.0)
+    }
+
+    fn mem_get_info(&self, ctx: Obj) -> BResult<(u64, u64)> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        Ok((s.memory.capacity() - s.memory.used(), s.memory.capacity()))
+    }
+
+    fn mem_alloc(&self, ctx: Obj, size: u64) -> BResult<u64> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        Ok(s.memory.alloc(size, Owner::Alloc { ctx: ctx.0 }, &[])?)
+    }
+
+    fn mem_alloc_pitch(&self, ctx: Obj, width: u64, height: u64, element_size: u32) -> BResult<(u64, u64)> {
+        if width == 0 || height == 0 || ![4, 8, 16].contains(&element_size) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let pitch = width.next_multiple_of(512);
+        let size = pitch.checked_mul(height).ok_or(CuError::INVALID_VALUE)?;
+        Ok((self.mem_alloc(ctx, size)?, pitch))
+    }
+
+    fn mem_free(&self, ctx: Obj, ptr: u64) -> BResult<()> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        Ok(s.memory.free(ptr)?)
+    }
+
+    fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, _sync: bool) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.memory.slice_mut(dst, src.len() as u64).ok_or(CuError::INVALID_VALUE)?.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn memcpy_dtoh(&self, ctx: Obj, dst: &mut [u8], src: u64, stream: Obj) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        dst.copy_from_slice(s.memory.slice(src, dst.len() as u64).ok_or(CuError::INVALID_VALUE)?);
+        Ok(())
+    }
+
+    fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, _sync: bool) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        let bytes = s.memory.slice(src, size).ok_or(CuError::INVALID_VALUE)?.to_vec();
+        s.memory.slice_mut(dst, size).ok_or(CuError::INVALID_VALUE)?.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, _sync: bool) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        let element = op.value.to_le_bytes();
+        let element = &element[..op.element_size as usize];
+        let row_bytes = op.width * op.element_size as u64;
+        for row in 0..op.height {
+            let start = op.dst + row * op.pitch;
+            let bytes = s.memory.slice_mut(start, row_bytes).ok_or(CuError::INVALID_VALUE)?;
+            for chunk in bytes.chunks_exact_mut(element.len()) {
+                chunk.copy_from_slice(element);
+            }
+        }
+        Ok(())
+    }
+
+    fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj> {
+        let parsed = image::parse(image).map_err(|e| err(CuError::INVALID_IMAGE, e.to_string()))?;
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.load_module(ctx.0, Arc::new(parsed)).map(Obj)
+    }
+
+    fn module_unload(&self, ctx: Obj, module: Obj) -> BResult<()> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        if !s.modules.contains_key(&module.0) {
+            return Err(CuError::INVALID_HANDLE.into());
+        }
+        s.unload_module(module.0);
+        Ok(())
+    }
+
+    fn module_get_function(&self, ctx: Obj, module: Obj, name: &str) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.module_function(module.0, name).map(Obj)
+    }
+
+    fn module_get_global(&self, ctx: Obj, module: Obj, name: &str) -> BResult<(u64, u64)> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.global(module.0, name)
+    }
+
+    fn module_function_count(&self, ctx: Obj, module: Obj) -> BResult<u32> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        let m = s.modules.get(&module.0).ok_or(CuError::INVALID_HANDLE)?;
+        Ok(m.image.kernels.len() as u32)
+    }
+
+    fn module_loading_mode(&self) -> BResult<i32> {
+        // CU_MODULE_LAZY_LOADING: libraries load into a context on first use.
+        Ok(2)
+    }
+
+    fn library_load(&self, image: &[u8]) -> BResult<Obj> {
+        let parsed = image::parse(image).map_err(|e| err(CuError::INVALID_IMAGE, e.to_string()))?;
+        let mut s = self.state();
+        let id = s.id();
+        s.libraries.insert(id, Library { image: Arc::new(parsed), kernels: HashMap::new(), modules: HashMap::new() });
+        Ok(Obj(id))
+    }
+
+    fn library_unload(&self, library: Obj) -> BResult<()> {
+        let mut s = self.state();
+        let lib = s.libraries.remove(&library.0).ok_or(CuError::INVALID_HANDLE)?;
+        for m in lib.modules.values() {
+            s.unload_module(*m);
+        }
+        for k in lib.kernels.values() {
+            s.kernels.remove(k);
+        }
+        Ok(())
+    }
+
+    fn library_get_kernel(&self, library: Obj, name: &str) -> BResult<Obj> {
+        let mut s = self.state();
+        let lib = s.libraries.get(&library.0).ok_or(CuError::INVALID_HANDLE)?;
+        if let Some(&k) = lib.kernels.get(name) {
+            return Ok(Obj(k));
+        }
+        if !lib.image.kernels.iter().any(|k| k.name == name) {
+            return Err(err(CuError::NOT_FOUND, format!("no kernel {name:?} in the library")));
+        }
+        let id = s.id();
+        s.kernels.insert(id, KernelRef { library: library.0, name: name.to_owned() });
+        if let Some(lib) = s.libraries.get_mut(&library.0) {
+            lib.kernels.insert(name.to_owned(), id);
+        }
+        Ok(Obj(id))
+    }
+
+    fn library_get_module(&self, ctx: Obj, library: Obj) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.library_module(ctx.0, library).map(Obj)
+    }
+
+    fn library_get_global(&self, ctx: Obj, library: Obj, name: &str) -> BResult<(u64, u64)> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        let m = s.library_module(ctx.0, library)?;
+        s.global(m, name)
+    }
+
+    fn library_kernel_count(&self, library: Obj) -> BResult<u32> {
+        let s = self.state();
+        let lib = s.libraries.get(&library.0).ok_or(CuError::INVALID_HANDLE)?;
+        Ok(lib.image.kernels.len() as u32)
+    }
+
+    fn kernel_get_function(&self, ctx: Obj, kernel: Obj) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        let k = s.kernels.get(&kernel.0).ok_or(CuError::INVALID_HANDLE)?;
+        let (library, name) = (Obj(k.library), k.name.clone());
+        let m = s.library_module(ctx.0, library)?;
+        s.module_function(m, &name).map(Obj)
+    }
+
+    fn param_layout(&self, _ctx: Obj, func: Obj) -> BResult<Vec<ParamSlot>> {
+        Ok(self.state().function(func)?.kernel.params.clone())
+    }
+
+    fn func_get_attribute(&self, _ctx: Obj, func: Obj, attr: i32) -> BResult<i32> {
+        let s = self.state();
+        let f = s.function(func)?;
+        let k = &f.kernel;
+        Ok(match attr {
+            0 => k.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK).min(device::MAX_THREADS_PER_BLOCK)
+                as i32,
+            1 => k.shared_bytes as i32,
+            4 => k.registers as i32,
+            5 | 6 => 90,
+            8 => f.max_dynamic_shared,
+            9 => f.carveout,
+            2 | 3 | 7 | 10..=15 => 0,
+            _ => return Err(CuError::INVALID_VALUE.into()),
+        })
+    }
+
+    fn func_set_attribute(&self, _ctx: Obj, func: Obj, attr: i32, value: i32) -> BResult<()> {
+        let mut s = self.state();
+        let f = s.functions.get_mut(&func.0).ok_or(CuError::INVALID_HANDLE)?;
+        match attr {
+            8 if value >= 0 && value as u32 + f.kernel.shared_bytes <= device::SHARED_PER_BLOCK_OPTIN => {
+                f.max_dynamic_shared = value
+            }
+            9 if (-1..=100).contains(&value) => f.carveout = value,
+            _ if (0..FUNC_ATTRIBUTE_COUNT).contains(&attr) && attr != 8 && attr != 9 => {
+                return Err(err(CuError::INVALID_VALUE, format!("function attribute {attr} is read-only")))
+            }
+            _ => return Err(CuError::INVALID_VALUE.into()),
+        }
+        Ok(())
+    }
+
+    fn func_set_cache_config(&self, _ctx: Obj, func: Obj, config: i32) -> BResult<()> {
+        self.state().function(func)?;
+        if !(0..=3).contains(&config) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        Ok(())
+    }
+
+    fn func_is_loaded(&self, _ctx: Obj, func: Obj) -> BResult<i32> {
+        // CU_FUNCTION_LOADING_STATE_LOADED: emulated modules load eagerly.
+        self.state().function(func).map(|_| 1)
+    }
+
+    fn func_load(&self, _ctx: Obj, func: Obj) -> BResult<()> {
+        self.state().function(func).map(|_| ())
+    }
+
+    fn kernel_get_attribute(&self, kernel: Obj, attr: i32, _dev: i32) -> BResult<i32> {
+        let s = self.state();
+        let k = s.kernels.get(&kernel.0).ok_or(CuError::INVALID_HANDLE)?;
+        let lib = s.libraries.get(&k.library).ok_or(CuError::INVALID_HANDLE)?;
+        let info = lib.image.kernels.iter().find(|i| i.name == k.name).ok_or(CuError::INVALID_HANDLE)?;
+        Ok(match attr {
+            0 => info.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK) as i32,
+            1 => info.shared_bytes as i32,
+            4 => info.registers as i32,
+            5 | 6 => 90,
+            8 => (device::SHARED_PER_BLOCK - info.shared_bytes.min(device::SHARED_PER_BLOCK)) as i32,
+            9 => -1,
+            2 | 3 | 7 | 10..=15 => 0,
+            _ => return Err(CuError::INVALID_VALUE.into()),
+        })
+    }
+
+    fn kernel_set_attribute(&self, kernel: Obj, attr: i32, value: i32, _dev: i32) -> BResult<()> {
+        let s = self.state();
+        let k = s.kernels.get(&kernel.0).ok_or(CuError::INVALID_HANDLE)?;
+        let name = k.name.clone();
+        let targets: Vec<u64> = s.functions.iter().filter(|(_, f)| f.kernel.name == name).map(|(id, _)| *id).collect();
+        drop(s);
+        for f in targets {
+            self.func_set_attribute(Obj(0), Obj(f), attr, value)?;
+        }
+        Ok(())
+    }
+
+    fn kernel_set_cache_config(&self, kernel: Obj, config: i32, _dev: i32) -> BResult<()> {
+        if !self.state().kernels.contains_key(&kernel.0) {
+            return Err(CuError::INVALID_HANDLE.into());
+        }
+        if !(0..=3).contains(&config) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        Ok(())
+    }
+
+    fn occupancy_max_active_blocks(&self, _ctx: Obj, func: Obj, block: i32, smem: u64, _flags: u32) -> BResult<i32> {
+        let s = self.state();
+        Ok(occupancy(s.function(func)?, block, smem))
+    }
+
+    fn occupancy_available_smem(&self, _ctx: Obj, func: Obj, blocks: i32, _block: i32) -> BResult<u64> {
+        let s = self.state();
+        let f = s.function(func)?;
+        if blocks <= 0 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let per_block = device::SHARED_PER_SM / blocks as u32;
+        Ok(per_block.min(f.max_dynamic_shared as u32 + f.kernel.shared_bytes).saturating_sub(f.kernel.shared_bytes)
+            as u64)
+    }
+
+    fn occupancy_max_potential_block_size(
+        &self,
+        _ctx: Obj,
+        func: Obj,
+        smem: u64,
+        limit: i32,
+        _flags: u32,
+    ) -> BResult<(i32, i32)> {
+        let s = self.state();
+        let f = s.function(func)?;
+        let max = f.kernel.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK) as i32;
+        let max = if limit > 0 { max.min(limit) } else { max };
+        let mut best = (0, 0);
+        for block in (32..=max).step_by(32) {
+            let threads = occupancy(f, block, smem) * block;
+            if threads >= best.0 {
+                best = (threads, block);
+            }
+        }
+        let blocks_per_sm = occupancy(f, best.1, smem);
+        Ok((blocks_per_sm * device::MULTIPROCESSORS as i32, best.1))
+    }
+
+    fn launch(&self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, launch.stream)?;
+        let f = s.function(func)?;
+        if f.ctx != ctx.0 {
+            return Err(err(CuError::INVALID_HANDLE, "function belongs to another context"));
+        }
+        s.check_launch(f, launch, params)?;
+        let name = f.kernel.name.clone();
+        let layout = f.kernel.params.clone();
+        let run = kernels::lookup(&name).ok_or_else(|| {
+            err(
+                CuError::NOT_SUPPORTED,
+                format!("kernel {name:?} has no reference implementation on the emulated device"),
+            )
+        })?;
+        let k = KernelLaunch {
+            grid: launch.grid,
+            block: launch.block,
+            shared_mem: launch.shared_mem,
+            params,
+            layout: &layout,
+        };
+        match run(&k, &mut s.memory) {
+            Ok(()) => Ok(()),
+            // Faults surface later, as the GPU reports them: the launch
+            // itself succeeded.
+            Err(fault) if fault == CuError::ILLEGAL_ADDRESS => {
+                s.ctx(ctx)?.sticky = Some(fault);
+                Ok(())
+            }
+            Err(e) => Err(err(e, format!("reference kernel {name:?} refused its arguments"))),
+        }
+    }
+
+    fn stream_create(&self, ctx: Obj, flags: u32, priority: i32) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        if flags > 1 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let (least, greatest) = device::PRIORITY_RANGE;
+        let priority = priority.clamp(greatest, least);
+        let id = s.id();
+        s.streams.insert(id, StreamState { ctx: ctx.0, flags, priority });
+        Ok(Obj(id))
+    }
+
+    fn stream_destroy(&self, ctx: Obj, stream: Obj) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.streams.remove(&stream.0).map(|_| ()).ok_or_else(|| CuError::INVALID_HANDLE.into())
+    }
+
+    fn stream_synchronize(&self, ctx: Obj, stream: Obj) -> BResult<()> {
+        self.state().stream(ctx, stream)
+    }
+
+    fn stream_query(&self, ctx: Obj, stream: Obj) -> BResult<()> {
+        self.state().stream(ctx, stream)
+    }
+
+    fn stream_wait_event(&self, ctx: Obj, stream: Obj, event: Obj, _flags: u32) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.event(event).map(|_| ())
+    }
+
+    fn stream_priority(&self, ctx: Obj, stream: Obj) -> BResult<i32> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        Ok(s.streams.get(&stream.0).map_or(0, |st| st.priority))
+    }
+
+    fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        Ok(s.streams.get(&stream.0).map_or(0, |st| st.flags))
+    }
+
+    fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64> {
+        self.state().stream(ctx, stream).map(|_| stream.0)
+    }
+
+    fn event_create(&self, ctx: Obj, flags: u32) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        if flags & !0xf != 0 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let id = s.id();
+        s.events.insert(id, EventState { ctx: ctx.0, flags, recorded: None });
+        Ok(Obj(id))
+    }
+
+    fn event_destroy(&self, _ctx: Obj, event: Obj) -> BResult<()> {
+        self.state().events.remove(&event.0).map(|_| ()).ok_or_else(|| CuError::INVALID_HANDLE.into())
+    }
+
+    fn event_record(&self, ctx: Obj, event: Obj, stream: Obj, _flags: u32) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.event(event)?.recorded = Some(Instant::now());
+        Ok(())
+    }
+
+    fn event_synchronize(&self, ctx: Obj, event: Obj) -> BResult<()> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.event(event).map(|_| ())
+    }
+
+    fn event_query(&self, ctx: Obj, event: Obj) -> BResult<()> {
+        self.event_synchronize(ctx, event)
+    }
+
+    fn event_elapsed(&self, ctx: Obj, start: Obj, end: Obj) -> BResult<f32> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        let timed = |e: &EventState| match e.recorded {
+            Some(t) if e.flags & CU_EVENT_DISABLE_TIMING == 0 => Ok(t),
+            _ => Err(err(CuError::INVALID_HANDLE, "event was not recorded with timing")),
+        };
+        let a = timed(s.event(start)?)?;
+        let b = timed(s.event(end)?)?;
+        let ms = if b >= a { (b - a).as_secs_f64() * 1e3 } else { -((a - b).as_secs_f64() * 1e3) };
+        Ok(ms as f32)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,96 @@
+//! `gpuplex`: serve GPUs to guests, run programs against a server, inspect one.
+
+mod info;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use gpuplex_server::BackendKind;
+use gpuplex_transport::Address;
+
+/// Share GPUs between isolated guests: unmodified CUDA programs run against
+/// gpuplex's libcuda.so.1, which sends their driver calls to a gpuplex server
+/// that owns the GPUs.
+#[derive(Parser)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server: own the GPUs and serve guests' CUDA calls.
+    Serve {
+        /// Where to listen: unix:PATH. Default: $XDG_RUNTIME_DIR/gpuplex.sock,
+        /// or /tmp/gpuplex-UID.sock.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<Address>,
+        /// cuda drives the machine's GPUs; emulated is a host-memory test
+        /// device for machines without one (it runs only registered test kernels).
+        #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
+        backend: BackendKind,
+    },
+    /// Run a program with its CUDA calls served by gpuplex.
+    ///
+    /// The program finds gpuplex's libcuda.so.1 first on its library path.
+    /// Without --server it uses the server named by GPUPLEX_SERVER or listening
+    /// on the default socket, and if there is none it starts one inside this
+    /// command for the program's lifetime.
+    Run {
+        /// The server to use (unix:PATH); it must be reachable.
+        #[arg(long, value_name = "ADDR")]
+        server: Option<Address>,
+        /// The backend of the server started here when none is reachable.
+        #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
+        backend: BackendKind,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// Show a server's backend, devices and live sessions.
+    Info {
+        /// The server to ask (unix:PATH). Default: GPUPLEX_SERVER, else the default socket.
+        #[arg(long, value_name = "ADDR")]
+        server: Option<Address>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = if matches!(cli.command, Command::Serve { .. }) { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUPLEX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let result = match cli.command {
+        Command::Serve { listen, backend } => serve(listen.unwrap_or_else(Address::default_local), backend),
+        Command::Run { server, backend, command } => run::run(server, backend, &command),
+        Command::Info { server } => info::info(server),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpuplex: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn serve(address: Address, kind: BackendKind) -> Result<ExitCode, Error> {
+    let backend = gpuplex_server::open_backend(kind)?;
+    let listener = gpuplex_transport::listen(&address).map_err(|e| format!("cannot listen on {address}: {e}"))?;
+    gpuplex_server::Server::new(backend).serve(listener.as_ref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The server a client would use: GPUPLEX_SERVER, else the default socket.
+pub fn default_server() -> Result<Address, Error> {
+    match std::env::var("GPUPLEX_SERVER") {
+        Ok(a) if !a.is_empty() => Ok(a.parse().map_err(|e| format!("GPUPLEX_SERVER: {e}"))?),
+        _ => Ok(Address::default_local()),
+    }
+}

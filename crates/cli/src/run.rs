@@ -1,0 +1,108 @@
+//! `gpuplex run`: a program with gpuplex's libcuda.so.1 in front of it.
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use gpuplex_server::BackendKind;
+use gpuplex_transport::Address;
+use tracing::info;
+
+use crate::Error;
+
+/// A private directory holding `libcuda.so.1` (a link to the front-end),
+/// removed when dropped.
+struct LibDir(PathBuf);
+
+impl LibDir {
+    fn create(frontend: &Path) -> Result<LibDir, Error> {
+        let dir = std::env::temp_dir().join(format!("gpuplex-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let dir = LibDir(dir);
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            std::os::unix::fs::symlink(frontend, dir.0.join(name))?;
+        }
+        Ok(dir)
+    }
+}
+
+impl Drop for LibDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The front-end library built next to this binary.
+fn frontend() -> Result<PathBuf, Error> {
+    let exe = std::env::current_exe()?;
+    let path = exe.with_file_name("libcuda.so");
+    if !path.exists() {
+        return Err(format!(
+            "gpuplex's front-end {} is missing; build the whole workspace (cargo build --release)",
+            path.display()
+        )
+        .into());
+    }
+    Ok(path)
+}
+
+pub fn run(server: Option<Address>, backend: BackendKind, command: &[OsString]) -> Result<ExitCode, Error> {
+    let libdir = LibDir::create(&frontend()?)?;
+    // Kept alive until the program ends.
+    let mut embedded = None;
+    let address = match server {
+        Some(a) => {
+            crate::info::query(&a).map_err(|e| format!("no gpuplex server at {a}: {e}"))?;
+            a
+        }
+        None => {
+            let a = crate::default_server()?;
+            match crate::info::query(&a) {
+                Ok(s) => {
+                    info!(address = %a, backend = %s.backend, "using the running server");
+                    a
+                }
+                Err(_) => {
+                    let (a, thread) = start_embedded(&libdir.0, backend)?;
+                    embedded = Some(thread);
+                    a
+                }
+            }
+        }
+    };
+
+    let mut library_path = OsString::from(&libdir.0);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        library_path.push(":");
+        library_path.push(old);
+    }
+    let status = Command::new(&command[0])
+        .args(&command[1..])
+        .env("LD_LIBRARY_PATH", library_path)
+        .env("GPUPLEX_SERVER", address.to_string())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", command[0].to_string_lossy()))?;
+    drop(embedded);
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => ExitCode::from(code as u8),
+        (None, Some(signal)) => ExitCode::from(128 + signal as u8),
+        _ => ExitCode::FAILURE,
+    })
+}
+
+/// Starts a server inside this process, listening in `dir`.
+fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, std::thread::JoinHandle<()>), Error> {
+    let backend = gpuplex_server::open_backend(kind)?;
+    let address = Address::Unix(dir.join("server.sock"));
+    let listener = gpuplex_transport::listen(&address)?;
+    info!(address = %address, backend = backend.kind(), "started an embedded server");
+    let server = gpuplex_server::Server::new(backend);
+    let thread = std::thread::Builder::new().name("gpuplex-server".into()).spawn(move || {
+        if let Err(e) = server.serve(listener.as_ref()) {
+            tracing::error!("embedded server stopped: {e}");
+        }
+    })?;
+    Ok((address, thread))
+}

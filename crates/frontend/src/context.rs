@@ -1,0 +1,157 @@
+//! The context stack, kept per thread in the client.
+//!
+//! The real driver's current context is per thread, and so is ours: each
+//! thread's stack lives here, and every call carries the top of it to the
+//! server, which makes that context current for the call. So threads never
+//! see each other's contexts, and push/pop/set cost no round trip.
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+
+use gpuplex_protocol::{calls, Ctx, CuError};
+
+use crate::client;
+use crate::ffi::{check_out, entry, write_out, CUresult};
+
+thread_local! {
+    static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's current context handle, 0 for none.
+pub fn current() -> u64 {
+    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+}
+
+fn push(ctx: u64) {
+    STACK.with(|s| s.borrow_mut().push(ctx));
+}
+
+fn pop() -> Option<u64> {
+    STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// # Safety
+/// `pctx` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut *mut c_void) -> CUresult {
+    entry("cuCtxGetCurrent", || {
+        client::client()?;
+        check_out(pctx)?;
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(pctx, current() as *mut c_void) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CUresult {
+    entry("cuCtxSetCurrent", || {
+        client::client()?;
+        // Replace the top, or pop it for NULL, as the driver documents.
+        pop();
+        if !ctx.is_null() {
+            push(ctx as u64);
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: *mut c_void) -> CUresult {
+    entry("cuCtxPushCurrent_v2", || {
+        client::client()?;
+        if ctx.is_null() {
+            return Err(CuError::INVALID_CONTEXT);
+        }
+        push(ctx as u64);
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `pctx` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut *mut c_void) -> CUresult {
+    entry("cuCtxPopCurrent_v2", || {
+        client::client()?;
+        let ctx = pop().ok_or(CuError::INVALID_CONTEXT)?;
+        // SAFETY: NULL is skipped; otherwise the caller vouches for it.
+        unsafe { write_out(pctx, ctx as *mut c_void) };
+        Ok(())
+    })
+}
+
+fn create(pctx: *mut *mut c_void, flags: u32, dev: i32) -> Result<(), CuError> {
+    check_out(pctx)?;
+    let reply = client::call(calls::CtxCreate::Request { flags, dev })?;
+    // A new context is pushed onto the creating thread's stack.
+    push(reply.ctx.0);
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(pctx, reply.ctx.0 as *mut c_void) };
+    Ok(())
+}
+
+/// # Safety
+/// `pctx` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut *mut c_void, flags: u32, dev: i32) -> CUresult {
+    entry("cuCtxCreate_v2", || create(pctx, flags, dev))
+}
+
+/// `CUctxCreateParams`: execution affinity and CIG are not supported.
+#[repr(C)]
+pub struct CtxCreateParams {
+    exec_affinity_params: *mut c_void,
+    num_exec_affinity_params: i32,
+    cig_params: *mut c_void,
+}
+
+/// # Safety
+/// `pctx` is valid for a write; `params` is NULL or valid for a read.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut *mut c_void,
+    params: *const CtxCreateParams,
+    flags: u32,
+    dev: i32,
+) -> CUresult {
+    entry("cuCtxCreate_v4", || {
+        // SAFETY: NULL or valid per the contract.
+        if let Some(p) = unsafe { params.as_ref() } {
+            if p.num_exec_affinity_params != 0 || !p.cig_params.is_null() {
+                crate::log::warn("cuCtxCreate_v4: execution affinity and CIG parameters are not supported");
+                return Err(CuError::NOT_SUPPORTED);
+            }
+        }
+        create(pctx, flags, dev)
+    })
+}
+
+fn destroy(ctx: *mut c_void) -> Result<(), CuError> {
+    if ctx.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    client::call(calls::CtxDestroy::Request { ctx: Ctx(ctx as u64) })?;
+    if current() == ctx as u64 {
+        pop();
+    }
+    Ok(())
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CUresult {
+    entry("cuCtxDestroy_v2", || destroy(ctx))
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> CUresult {
+    entry("cuCtxDestroy", || destroy(ctx))
+}

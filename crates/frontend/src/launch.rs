@@ -1,0 +1,381 @@
+//! Kernel launches.
+//!
+//! `cuLaunchKernel` receives `void **kernelParams` with no sizes. The
+//! layout (offset and size of each parameter) is asked of the server once
+//! per function and cached here; the client then packs the parameters into
+//! one buffer exactly as the driver would, and the server launches with
+//! that buffer. Nothing assumes 8 bytes per argument or a NULL-terminated
+//! list.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use gpuplex_protocol::{calls, CuError, Func, Stream};
+
+use crate::client;
+use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
+
+/// `(offset, size)` of each parameter.
+type Layout = Arc<Vec<(u32, u32)>>;
+
+/// Handles are never reused within a session, so entries never go stale.
+static LAYOUTS: Mutex<Option<HashMap<u64, Layout>>> = Mutex::new(None);
+
+fn layout(func: u64) -> Result<Layout, CuError> {
+    let cached = LAYOUTS.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(&func).cloned());
+    if let Some(layout) = cached {
+        return Ok(layout);
+    }
+    let reply = client::call(calls::ParamLayout::Request { func: Func(func) })?;
+    if reply.offsets.0.len() != reply.sizes.0.len() {
+        return Err(CuError::UNKNOWN);
+    }
+    let layout: Layout = Arc::new(reply.offsets.0.into_iter().zip(reply.sizes.0).collect());
+    LAYOUTS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get_or_insert_with(HashMap::new)
+        .insert(func, layout.clone());
+    Ok(layout)
+}
+
+/// Packs `kernelParams` by the function's layout.
+///
+/// # Safety
+/// `params` holds one valid pointer per parameter of the function, each to
+/// a value of that parameter's size, as the CUDA API requires.
+unsafe fn pack(func: u64, params: *mut *mut c_void) -> Result<Vec<u8>, CuError> {
+    let layout = layout(func)?;
+    let size = layout.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0);
+    let mut buf = vec![0u8; size];
+    if layout.is_empty() {
+        return Ok(buf);
+    }
+    if params.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    for (i, &(offset, len)) in layout.iter().enumerate() {
+        // SAFETY: one pointer per parameter, per the contract.
+        let arg = unsafe { *params.add(i) };
+        if arg.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        // SAFETY: `arg` points at `len` bytes, per the contract.
+        let bytes = unsafe { std::slice::from_raw_parts(arg.cast::<u8>(), len as usize) };
+        buf[offset as usize..(offset + len) as usize].copy_from_slice(bytes);
+    }
+    Ok(buf)
+}
+
+/// The `extra` form: `{CU_LAUNCH_PARAM_BUFFER_POINTER, p, CU_LAUNCH_PARAM_BUFFER_SIZE, &n, CU_LAUNCH_PARAM_END}`.
+///
+/// # Safety
+/// `extra` is a valid option list ending in `CU_LAUNCH_PARAM_END`.
+unsafe fn extra_buffer(extra: *mut *mut c_void) -> Result<Vec<u8>, CuError> {
+    const END: usize = 0;
+    const BUFFER_POINTER: usize = 1;
+    const BUFFER_SIZE: usize = 2;
+    let (mut ptr, mut size) = (None, None);
+    let mut i = 0;
+    loop {
+        // SAFETY: the list is terminated, per the contract.
+        let key = unsafe { *extra.add(i) } as usize;
+        match key {
+            END => break,
+            // SAFETY: every key but END is followed by its value.
+            BUFFER_POINTER => ptr = Some(unsafe { *extra.add(i + 1) }),
+            // SAFETY: as above; the value points at a size_t.
+            BUFFER_SIZE => size = Some(unsafe { *(*extra.add(i + 1)).cast::<usize>() }),
+            _ => return Err(CuError::INVALID_VALUE),
+        }
+        i += 2;
+    }
+    match (ptr, size) {
+        (Some(p), Some(n)) if !p.is_null() || n == 0 => {
+            // SAFETY: the caller's buffer holds `n` bytes.
+            Ok(if n == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) }.to_vec() })
+        }
+        _ => Err(CuError::INVALID_VALUE),
+    }
+}
+
+/// A launch as every entry point describes it.
+struct Grid {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    stream: Stream,
+}
+
+/// # Safety
+/// `params`/`extra` as the CUDA API requires.
+unsafe fn launch(
+    func: *mut c_void,
+    g: Grid,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    attrs: Vec<u8>,
+) -> Result<(), CuError> {
+    if func.is_null() {
+        return Err(CuError::INVALID_HANDLE);
+    }
+    let packed = match (params.is_null(), extra.is_null()) {
+        (false, false) => return Err(CuError::INVALID_VALUE),
+        // SAFETY: per this function's contract.
+        (true, false) => unsafe { extra_buffer(extra)? },
+        // SAFETY: per this function's contract.
+        _ => unsafe { pack(func as u64, params)? },
+    };
+    client::call(calls::Launch::Request {
+        func: Func(func as u64),
+        gridX: g.grid[0],
+        gridY: g.grid[1],
+        gridZ: g.grid[2],
+        blockX: g.block[0],
+        blockY: g.block[1],
+        blockZ: g.block[2],
+        sharedMem: g.shared_mem,
+        stream: g.stream,
+        params: packed,
+        attrs,
+    })?;
+    Ok(())
+}
+
+macro_rules! launch_kernel {
+    ($name:ident, $stream:path, $attrs:expr) => {
+        /// # Safety
+        /// `params`/`extra` as the CUDA API requires.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: *mut c_void,
+            gx: u32,
+            gy: u32,
+            gz: u32,
+            bx: u32,
+            by: u32,
+            bz: u32,
+            shared_mem: u32,
+            s: *mut c_void,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            let g = Grid { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem, stream: $stream(s) };
+            // SAFETY: per this function's contract.
+            entry(stringify!($name), || unsafe { launch(f, g, params, extra, $attrs) })
+        }
+    };
+}
+
+launch_kernel!(cuLaunchKernel, stream, Vec::new());
+launch_kernel!(cuLaunchKernel_ptsz, ptsz_stream, Vec::new());
+
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` with value 1, as a wire record.
+fn cooperative() -> Vec<u8> {
+    let mut record = vec![0u8; 68];
+    record[..4].copy_from_slice(&2u32.to_le_bytes());
+    record[4..8].copy_from_slice(&1i32.to_le_bytes());
+    record
+}
+
+macro_rules! launch_cooperative {
+    ($name:ident, $stream:path) => {
+        /// # Safety
+        /// `params` as the CUDA API requires.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: *mut c_void,
+            gx: u32,
+            gy: u32,
+            gz: u32,
+            bx: u32,
+            by: u32,
+            bz: u32,
+            shared_mem: u32,
+            s: *mut c_void,
+            params: *mut *mut c_void,
+        ) -> CUresult {
+            let g = Grid { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem, stream: $stream(s) };
+            // SAFETY: per this function's contract.
+            entry(stringify!($name), || unsafe { launch(f, g, params, std::ptr::null_mut(), cooperative()) })
+        }
+    };
+}
+
+launch_cooperative!(cuLaunchCooperativeKernel, stream);
+launch_cooperative!(cuLaunchCooperativeKernel_ptsz, ptsz_stream);
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+pub struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    stream: *mut c_void,
+    attrs: *const LaunchAttribute,
+    num_attrs: u32,
+}
+
+/// `CUlaunchAttribute`: an id, padding to 8, a 64-byte value union.
+#[repr(C)]
+pub struct LaunchAttribute {
+    id: u32,
+    pad: u32,
+    value: [u8; 64],
+}
+
+/// # Safety
+/// `config` is valid; `params`/`extra` as the CUDA API requires.
+unsafe fn launch_ex(
+    config: *const LaunchConfig,
+    f: *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    ptsz: bool,
+) -> Result<(), CuError> {
+    // SAFETY: NULL or valid, per the contract.
+    let c = unsafe { config.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    let mut attrs = Vec::with_capacity(c.num_attrs as usize * 68);
+    if c.num_attrs > 0 {
+        if c.attrs.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        // SAFETY: `num_attrs` entries, per the contract.
+        for a in unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs as usize) } {
+            attrs.extend_from_slice(&a.id.to_le_bytes());
+            attrs.extend_from_slice(&a.value);
+        }
+    }
+    let s = if ptsz { ptsz_stream(c.stream) } else { stream(c.stream) };
+    let g = Grid { grid: c.grid, block: c.block, shared_mem: c.shared_mem, stream: s };
+    // SAFETY: per this function's contract.
+    unsafe { launch(f, g, params, extra, attrs) }
+}
+
+/// # Safety
+/// `config` is valid; `params`/`extra` as the CUDA API requires.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const LaunchConfig,
+    f: *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: per this function's contract.
+    entry("cuLaunchKernelEx", || unsafe { launch_ex(config, f, params, extra, false) })
+}
+
+/// # Safety
+/// `config` is valid; `params`/`extra` as the CUDA API requires.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const LaunchConfig,
+    f: *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: per this function's contract.
+    entry("cuLaunchKernelEx_ptsz", || unsafe { launch_ex(config, f, params, extra, true) })
+}
+
+fn param_info(func: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) -> Result<(), CuError> {
+    if func.is_null() {
+        return Err(CuError::INVALID_HANDLE);
+    }
+    let &(o, s) = layout(func as u64)?.get(index).ok_or(CuError::INVALID_VALUE)?;
+    // SAFETY: NULL is skipped; otherwise the caller vouches for the pointers.
+    unsafe {
+        write_out(offset, o as usize);
+        write_out(size, s as usize);
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `offset` and `size` are NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    func: *mut c_void,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    entry("cuFuncGetParamInfo", || param_info(func, index, offset, size))
+}
+
+/// # Safety
+/// `offset` and `size` are NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    kernel: *mut c_void,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    // The server takes a kernel handle wherever a function is expected.
+    entry("cuKernelGetParamInfo", || param_info(kernel, index, offset, size))
+}
+
+fn max_potential_block_size(
+    min_grid: *mut i32,
+    block: *mut i32,
+    func: *mut c_void,
+    callback: *const c_void,
+    smem: usize,
+    limit: i32,
+    flags: u32,
+) -> Result<(), CuError> {
+    check_out(min_grid)?;
+    check_out(block)?;
+    if !callback.is_null() {
+        // The callback lives in this process; the server cannot call it.
+        crate::log::warn("cuOccupancyMaxPotentialBlockSize with a shared-memory callback is not supported");
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let reply = client::call(calls::OccupancyMaxPotentialBlockSize::Request {
+        func: Func(func as u64),
+        dynamicSMemSize: smem as u64,
+        blockSizeLimit: limit,
+        flags,
+    })?;
+    // SAFETY: checked non-NULL; the caller vouches for them.
+    unsafe {
+        write_out(min_grid, reply.minGridSize);
+        write_out(block, reply.blockSize);
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `min_grid` and `block` are valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
+    min_grid: *mut i32,
+    block: *mut i32,
+    func: *mut c_void,
+    callback: *const c_void,
+    smem: usize,
+    limit: i32,
+) -> CUresult {
+    entry("cuOccupancyMaxPotentialBlockSize", || {
+        max_potential_block_size(min_grid, block, func, callback, smem, limit, 0)
+    })
+}
+
+/// # Safety
+/// `min_grid` and `block` are valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+    min_grid: *mut i32,
+    block: *mut i32,
+    func: *mut c_void,
+    callback: *const c_void,
+    smem: usize,
+    limit: i32,
+    flags: u32,
+) -> CUresult {
+    entry("cuOccupancyMaxPotentialBlockSizeWithFlags", || {
+        max_potential_block_size(min_grid, block, func, callback, smem, limit, flags)
+    })
+}

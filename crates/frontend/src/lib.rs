@@ -1,0 +1,36 @@
+//! gpuplex's `libcuda.so.1`: the CUDA driver API, remoted.
+//!
+//! An unmodified program (or the CUDA runtime, cuBLAS, PyTorch inside it)
+//! loads this library instead of NVIDIA's. Every driver symbol NVIDIA's
+//! library exports is here too: the remoted calls and their exports are
+//! generated from the API table (`crates/protocol/calls.api`), the rest are
+//! written by hand in the modules below, and whatever is not implemented
+//! yet answers `CUDA_ERROR_NOT_SUPPORTED` and logs its name once.
+//!
+//! What can be answered without the server is answered here: device
+//! queries (from the table the handshake brought), error strings, the
+//! per-thread context stack, kernel parameter layouts once fetched. The
+//! library never links or loads the real driver.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+mod client;
+mod context;
+mod device;
+mod ffi;
+mod launch;
+mod log;
+mod memory;
+mod module;
+
+mod generated {
+    //! Exports generated from the API table.
+    use std::ffi::{c_char, c_void};
+
+    #[allow(unused_imports)]
+    use gpuplex_protocol::{calls, Ctx, DevPtr, Event, Func, Kernel, Library, Module, Stream};
+
+    use crate::ffi::CUresult;
+
+    include!(concat!(env!("OUT_DIR"), "/exports.rs"));
+}

@@ -1,0 +1,299 @@
+//! Module and library loading.
+//!
+//! The driver takes images by pointer with no length, so the client works
+//! the length out from the image's own headers (fatbin, ELF cubin, or
+//! NUL-terminated PTX) and sends the whole image; the server never reads
+//! client memory.
+
+use std::ffi::{c_char, c_void};
+
+use gpuplex_protocol::{calls, CuError, MAX_PAYLOAD};
+
+use crate::client;
+use crate::ffi::{c_name, check_out, entry, write_out, CUresult};
+
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+/// The wrapper nvcc emits around a fatbin (`__fatBinC_Wrapper_t`).
+const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
+/// The largest image sent (it must fit one frame with room to spare).
+const MAX_IMAGE: usize = MAX_PAYLOAD - 4096;
+
+/// Reads a little-endian integer at `p + offset`.
+///
+/// # Safety
+/// `p + offset .. + N` is readable.
+unsafe fn read<const N: usize>(p: *const u8, offset: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    // SAFETY: readable per the contract.
+    unsafe { std::ptr::copy_nonoverlapping(p.add(offset), out.as_mut_ptr(), N) };
+    out
+}
+
+/// The bytes of an image handed to a load function.
+///
+/// # Safety
+/// `image` points at a complete image of one of the kinds the driver
+/// accepts, as the CUDA API requires.
+pub unsafe fn image_bytes<'a>(image: *const c_void) -> Result<&'a [u8], CuError> {
+    if image.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let p = image.cast::<u8>();
+    // SAFETY: every image kind starts with at least 4 readable bytes.
+    let magic = u32::from_le_bytes(unsafe { read(p, 0) });
+    let len = match magic {
+        FATBIN_WRAPPER_MAGIC => {
+            // { u32 magic, u32 version, const u64 *data, void *filename }
+            // SAFETY: a wrapper is 24 bytes.
+            let data = u64::from_le_bytes(unsafe { read(p, 8) });
+            // SAFETY: the wrapper points at its fatbin.
+            return unsafe { image_bytes(data as *const c_void) };
+        }
+        FATBIN_MAGIC => {
+            // { u32 magic, u16 version, u16 header_size, u64 fat_size }
+            // SAFETY: a fatbin header is 16 bytes.
+            let header = u16::from_le_bytes(unsafe { read(p, 6) }) as usize;
+            // SAFETY: as above.
+            let body = u64::from_le_bytes(unsafe { read(p, 8) });
+            header.saturating_add(usize::try_from(body).unwrap_or(usize::MAX))
+        }
+        // SAFETY: an ELF file begins with its 64-byte header.
+        0x464C_457F => unsafe { elf_len(p)? },
+        // SAFETY: anything else must be NUL-terminated PTX text.
+        _ => unsafe { std::ffi::CStr::from_ptr(p.cast::<c_char>()) }.to_bytes().len() + 1,
+    };
+    if len > MAX_IMAGE {
+        crate::log::warn(&format!("a {len}-byte module image exceeds gpuplex's {MAX_IMAGE}-byte limit"));
+        return Err(CuError::INVALID_IMAGE);
+    }
+    // SAFETY: the image's own headers say it spans `len` bytes.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// The extent of a 64-bit ELF image: the furthest of its section header
+/// table, program header table and section contents.
+///
+/// # Safety
+/// `p` points at a complete ELF image.
+unsafe fn elf_len(p: *const u8) -> Result<usize, CuError> {
+    const ELFCLASS64: u8 = 2;
+    const SHT_NOBITS: u32 = 8;
+    // SAFETY: within the 64-byte ELF header.
+    let (class, phoff, shoff, phentsize, phnum, shentsize, shnum) = unsafe {
+        (
+            read::<1>(p, 4)[0],
+            u64::from_le_bytes(read(p, 0x20)),
+            u64::from_le_bytes(read(p, 0x28)),
+            u16::from_le_bytes(read(p, 0x36)) as u64,
+            u16::from_le_bytes(read(p, 0x38)) as u64,
+            u16::from_le_bytes(read(p, 0x3A)) as u64,
+            u16::from_le_bytes(read(p, 0x3C)) as u64,
+        )
+    };
+    if class != ELFCLASS64 || (shnum > 0 && shentsize < 64) {
+        return Err(CuError::INVALID_IMAGE);
+    }
+    let mut end = (shoff + shnum * shentsize).max(phoff + phnum * phentsize).max(64);
+    for i in 0..shnum {
+        let sh = shoff + i * shentsize;
+        // SAFETY: section headers lie within the image.
+        let (kind, offset, size) = unsafe {
+            (
+                u32::from_le_bytes(read(p, sh as usize + 4)),
+                u64::from_le_bytes(read(p, sh as usize + 0x18)),
+                u64::from_le_bytes(read(p, sh as usize + 0x20)),
+            )
+        };
+        if kind != SHT_NOBITS {
+            end = end.max(offset.saturating_add(size));
+        }
+    }
+    usize::try_from(end).map_err(|_| CuError::INVALID_IMAGE)
+}
+
+fn load_module(module: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> {
+    check_out(module)?;
+    let reply = client::call(calls::ModuleLoad::Request { image: image.to_vec() })?;
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(module, reply.module.0 as *mut c_void) };
+    Ok(())
+}
+
+fn load_library(library: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> {
+    check_out(library)?;
+    let reply = client::call(calls::LibraryLoad::Request { image: image.to_vec() })?;
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(library, reply.library.0 as *mut c_void) };
+    Ok(())
+}
+
+fn read_file(name: *const c_char) -> Result<Vec<u8>, CuError> {
+    let path = c_name(name)?;
+    std::fs::read(&path).map_err(|e| {
+        crate::log::debug(&format!("cannot read module file {path}: {e}"));
+        CuError::FILE_NOT_FOUND
+    })
+}
+
+/// `CUjit_option`s that write results back to the caller.
+const CU_JIT_WALL_TIME: i32 = 2;
+const CU_JIT_INFO_LOG_BUFFER: i32 = 3;
+const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: i32 = 4;
+const CU_JIT_ERROR_LOG_BUFFER: i32 = 5;
+const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: i32 = 6;
+
+/// Answers JIT options locally: logs come back empty and the wall time as
+/// zero. The server compiles with its defaults; the other options are
+/// optimization hints that do not change what a correct program computes.
+///
+/// # Safety
+/// `options` and `values` hold `n` entries each, as the CUDA API requires.
+unsafe fn answer_jit_options(n: u32, options: *const i32, values: *mut *mut c_void) {
+    if n == 0 || options.is_null() || values.is_null() {
+        return;
+    }
+    for i in 0..n as usize {
+        // SAFETY: `n` entries each, per the contract.
+        let (option, value) = unsafe { (*options.add(i), values.add(i)) };
+        // SAFETY: as above; buffers and sizes are the caller's.
+        unsafe {
+            match option {
+                CU_JIT_INFO_LOG_BUFFER | CU_JIT_ERROR_LOG_BUFFER if !(*value).is_null() => {
+                    (*value).cast::<u8>().write(0)
+                }
+                CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES | CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES => *value = std::ptr::null_mut(),
+                CU_JIT_WALL_TIME => value.cast::<f32>().write(0.0),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// # Safety
+/// `image` is a complete image; `module` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> CUresult {
+    // SAFETY: per this function's contract.
+    entry("cuModuleLoadData", || load_module(module, unsafe { image_bytes(image)? }))
+}
+
+/// # Safety
+/// As `cuModuleLoadData`; `options`/`values` hold `n` entries.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut *mut c_void,
+    image: *const c_void,
+    n: u32,
+    options: *const i32,
+    values: *mut *mut c_void,
+) -> CUresult {
+    entry("cuModuleLoadDataEx", || {
+        // SAFETY: per this function's contract.
+        load_module(module, unsafe { image_bytes(image)? })?;
+        // SAFETY: per this function's contract.
+        unsafe { answer_jit_options(n, options, values) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// As `cuModuleLoadData`.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(module: *mut *mut c_void, fat_cubin: *const c_void) -> CUresult {
+    // SAFETY: per this function's contract.
+    entry("cuModuleLoadFatBinary", || load_module(module, unsafe { image_bytes(fat_cubin)? }))
+}
+
+/// # Safety
+/// `fname` is a NUL-terminated path; `module` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoad(module: *mut *mut c_void, fname: *const c_char) -> CUresult {
+    entry("cuModuleLoad", || load_module(module, &read_file(fname)?))
+}
+
+/// # Safety
+/// `code` is a complete image; option arrays hold their counts.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    library: *mut *mut c_void,
+    code: *const c_void,
+    jit_options: *const i32,
+    jit_values: *mut *mut c_void,
+    num_jit: u32,
+    _library_options: *const i32,
+    _library_values: *mut *mut c_void,
+    _num_library: u32,
+) -> CUresult {
+    entry("cuLibraryLoadData", || {
+        // Library options (e.g. BINARY_IS_PRESERVED) only say how long the
+        // caller keeps its copy; the server keeps its own.
+        // SAFETY: per this function's contract.
+        load_library(library, unsafe { image_bytes(code)? })?;
+        // SAFETY: per this function's contract.
+        unsafe { answer_jit_options(num_jit, jit_options, jit_values) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `file_name` is a NUL-terminated path; option arrays hold their counts.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadFromFile(
+    library: *mut *mut c_void,
+    file_name: *const c_char,
+    jit_options: *const i32,
+    jit_values: *mut *mut c_void,
+    num_jit: u32,
+    _library_options: *const i32,
+    _library_values: *mut *mut c_void,
+    _num_library: u32,
+) -> CUresult {
+    entry("cuLibraryLoadFromFile", || {
+        load_library(library, &read_file(file_name)?)?;
+        // SAFETY: per this function's contract.
+        unsafe { answer_jit_options(num_jit, jit_options, jit_values) };
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fatbin_length_comes_from_its_header() {
+        let mut image = [0u8; 64];
+        image[..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        image[6..8].copy_from_slice(&16u16.to_le_bytes());
+        image[8..16].copy_from_slice(&40u64.to_le_bytes());
+        // SAFETY: the buffer holds the whole (56-byte) image.
+        assert_eq!(unsafe { image_bytes(image.as_ptr().cast()) }.unwrap().len(), 56);
+        let wrapper: [u64; 3] = [(FATBIN_WRAPPER_MAGIC as u64) | (1 << 32), image.as_ptr() as u64, 0];
+        // SAFETY: the wrapper points at the image above.
+        assert_eq!(unsafe { image_bytes(wrapper.as_ptr().cast()) }.unwrap().len(), 56);
+    }
+
+    #[test]
+    fn ptx_length_includes_its_nul() {
+        let ptx = b".version 8.0\n.target sm_90\0";
+        // SAFETY: NUL-terminated.
+        assert_eq!(unsafe { image_bytes(ptx.as_ptr().cast()) }.unwrap().len(), ptx.len());
+    }
+
+    #[test]
+    fn elf_length_covers_headers_and_sections() {
+        let mut elf = vec![0u8; 0x200];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[4] = 2;
+        elf[0x28..0x30].copy_from_slice(&0x100u64.to_le_bytes()); // shoff
+        elf[0x3A..0x3C].copy_from_slice(&64u16.to_le_bytes());
+        elf[0x3C..0x3E].copy_from_slice(&2u16.to_le_bytes());
+        // Section 1: PROGBITS at 0x180, 0x80 bytes: ends at 0x200.
+        let sh = 0x140;
+        elf[sh + 4..sh + 8].copy_from_slice(&1u32.to_le_bytes());
+        elf[sh + 0x18..sh + 0x20].copy_from_slice(&0x180u64.to_le_bytes());
+        elf[sh + 0x20..sh + 0x28].copy_from_slice(&0x80u64.to_le_bytes());
+        // SAFETY: the buffer holds all 0x200 bytes.
+        assert_eq!(unsafe { image_bytes(elf.as_ptr().cast()) }.unwrap().len(), 0x200);
+    }
+}

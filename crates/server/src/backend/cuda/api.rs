@@ -1,0 +1,197 @@
+//! The driver entry points the CUDA backend calls.
+//!
+//! Each is declared here with its cuda.h 13.0 prototype, except that C enums
+//! are `c_int` and `CUresult` is `u32`: the values come from clients and
+//! from drivers newer than these bindings, and an unknown value in one of
+//! cudarc's Rust enums would be undefined behaviour. Each symbol is looked
+//! up once, on first use; one an older driver lacks answers [`Missing`]
+//! rather than panicking as cudarc's own wrappers do.
+#![allow(non_snake_case, clippy::too_many_arguments)]
+
+use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{
+    CUcontext, CUctxCreateParams, CUdevice, CUdeviceptr, CUevent, CUfunction, CUkernel, CUlibrary, CUmodule,
+    CUoccupancyB2DSize, CUstream, CUuuid,
+};
+use gpuplex_protocol::{CallError, CuError};
+
+use super::{BResult, LaunchConfig};
+
+/// A driver entry point this `libcuda` does not export (a driver older than
+/// the call).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Missing(pub(super) &'static str);
+
+/// What an entry point answered: its raw `CUresult`, or that it is missing.
+pub(super) type Raw = Result<u32, Missing>;
+
+/// Declares each entry point as an `unsafe fn` of the same name that looks
+/// the symbol up on first use and returns [`Raw`].
+macro_rules! driver_api {
+    ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
+        pub(super) unsafe fn $name($($arg: $ty),*) -> Raw {
+            type F = unsafe extern "C" fn($($ty),*) -> u32;
+            static SYM: OnceLock<Option<F>> = OnceLock::new();
+            // SAFETY: `F` is the entry point's prototype in cuda.h 13.0, with
+            // C enums as `c_int` and `CUresult` as `u32` (same ABI).
+            let f = SYM.get_or_init(|| unsafe { symbol::<F>(concat!(stringify!($name), "\0")) });
+            match f {
+                // SAFETY: the caller upholds the entry point's contract.
+                Some(f) => Ok(unsafe { f($($arg),*) }),
+                None => Err(Missing(stringify!($name))),
+            }
+        }
+    )*};
+}
+
+/// The symbol `name` (NUL-terminated) of the loaded driver.
+///
+/// # Safety
+/// `F` must be the symbol's C type, and the driver must have been found
+/// ([`super::Cuda::open`] checks it first; only `Cuda`'s methods get here).
+unsafe fn symbol<F: Copy>(name: &str) -> Option<F> {
+    // SAFETY: the library is present, so `culib` opens it rather than
+    // panicking; it is never unloaded, so the pointer stays valid; the
+    // caller vouches for `F`.
+    unsafe { cudarc::driver::sys::culib().get::<F>(name.as_bytes()).ok().map(|s| *s) }
+}
+
+driver_api! {
+    cuInit(flags: c_uint);
+    cuDriverGetVersion(version: *mut c_int);
+    cuDeviceGetCount(count: *mut c_int);
+    cuDeviceGet(dev: *mut CUdevice, ordinal: c_int);
+    cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
+    cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
+    cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice);
+    cuDeviceGetPCIBusId(id: *mut c_char, len: c_int, dev: CUdevice);
+    cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice);
+    cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice);
+
+    cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice);
+    cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
+    cuCtxDestroy_v2(ctx: CUcontext);
+    cuCtxSetCurrent(ctx: CUcontext);
+    cuCtxPopCurrent_v2(ctx: *mut CUcontext);
+    cuCtxSynchronize();
+    cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint);
+    cuCtxGetFlags(flags: *mut c_uint);
+    cuCtxSetFlags(flags: c_uint);
+    cuCtxGetLimit(value: *mut usize, limit: c_int);
+    cuCtxSetLimit(limit: c_int, value: usize);
+    cuCtxGetCacheConfig(config: *mut c_int);
+    cuCtxSetCacheConfig(config: c_int);
+    cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int);
+    cuCtxGetId(ctx: CUcontext, id: *mut c_ulonglong);
+
+    cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
+    cuMemAlloc_v2(ptr: *mut CUdeviceptr, size: usize);
+    cuMemAllocPitch_v2(ptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element: c_uint);
+    cuMemFree_v2(ptr: CUdeviceptr);
+    cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, size: usize);
+    cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, size: usize, stream: CUstream);
+    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, size: usize);
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, size: usize, stream: CUstream);
+    cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, size: usize, stream: CUstream);
+    cuMemsetD8Async(dst: CUdeviceptr, value: c_uchar, n: usize, stream: CUstream);
+    cuMemsetD16Async(dst: CUdeviceptr, value: c_ushort, n: usize, stream: CUstream);
+    cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream);
+    cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: c_uchar, w: usize, h: usize, stream: CUstream);
+    cuMemsetD2D16Async(dst: CUdeviceptr, pitch: usize, value: c_ushort, w: usize, h: usize, stream: CUstream);
+    cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, value: c_uint, w: usize, h: usize, stream: CUstream);
+
+    cuModuleLoadData(module: *mut CUmodule, image: *const c_void);
+    cuModuleUnload(module: CUmodule);
+    cuModuleGetFunction(func: *mut CUfunction, module: CUmodule, name: *const c_char);
+    cuModuleGetGlobal_v2(ptr: *mut CUdeviceptr, size: *mut usize, module: CUmodule, name: *const c_char);
+    cuModuleGetFunctionCount(count: *mut c_uint, module: CUmodule);
+    cuModuleGetLoadingMode(mode: *mut c_int);
+    cuLibraryLoadData(
+        library: *mut CUlibrary,
+        image: *const c_void,
+        jit_options: *mut c_int,
+        jit_values: *mut *mut c_void,
+        jit_count: c_uint,
+        library_options: *mut c_int,
+        library_values: *mut *mut c_void,
+        library_count: c_uint,
+    );
+    cuLibraryUnload(library: CUlibrary);
+    cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char);
+    cuLibraryGetModule(module: *mut CUmodule, library: CUlibrary);
+    cuLibraryGetGlobal(ptr: *mut CUdeviceptr, size: *mut usize, library: CUlibrary, name: *const c_char);
+    cuLibraryGetKernelCount(count: *mut c_uint, library: CUlibrary);
+    cuKernelGetFunction(func: *mut CUfunction, kernel: CUkernel);
+    cuKernelGetAttribute(value: *mut c_int, attrib: c_int, kernel: CUkernel, dev: CUdevice);
+    cuKernelSetAttribute(attrib: c_int, value: c_int, kernel: CUkernel, dev: CUdevice);
+    cuKernelSetCacheConfig(kernel: CUkernel, config: c_int, dev: CUdevice);
+
+    cuFuncGetParamInfo(func: CUfunction, index: usize, offset: *mut usize, size: *mut usize);
+    cuFuncGetAttribute(value: *mut c_int, attrib: c_int, func: CUfunction);
+    cuFuncSetAttribute(func: CUfunction, attrib: c_int, value: c_int);
+    cuFuncSetCacheConfig(func: CUfunction, config: c_int);
+    cuFuncIsLoaded(state: *mut c_int, func: CUfunction);
+    cuFuncLoad(func: CUfunction);
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        blocks: *mut c_int,
+        func: CUfunction,
+        block: c_int,
+        smem: usize,
+        flags: c_uint,
+    );
+    cuOccupancyAvailableDynamicSMemPerBlock(smem: *mut usize, func: CUfunction, blocks: c_int, block: c_int);
+    cuOccupancyMaxPotentialBlockSizeWithFlags(
+        min_grid: *mut c_int,
+        block: *mut c_int,
+        func: CUfunction,
+        smem_of_block: CUoccupancyB2DSize,
+        smem: usize,
+        limit: c_int,
+        flags: c_uint,
+    );
+    cuLaunchKernelEx(
+        config: *const LaunchConfig,
+        func: CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    );
+
+    cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int);
+    cuStreamDestroy_v2(stream: CUstream);
+    cuStreamSynchronize(stream: CUstream);
+    cuStreamQuery(stream: CUstream);
+    cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
+    cuStreamGetPriority(stream: CUstream, priority: *mut c_int);
+    cuStreamGetFlags(stream: CUstream, flags: *mut c_uint);
+    cuStreamGetId(stream: CUstream, id: *mut c_ulonglong);
+    cuEventCreate(event: *mut CUevent, flags: c_uint);
+    cuEventDestroy_v2(event: CUevent);
+    cuEventRecord(event: CUevent, stream: CUstream);
+    cuEventRecordWithFlags(event: CUevent, stream: CUstream, flags: c_uint);
+    cuEventSynchronize(event: CUevent);
+    cuEventQuery(event: CUevent);
+    cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent);
+    cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
+}
+
+/// `Ok` for `CUDA_SUCCESS`, else the status as the caller will see it.
+pub(super) fn check(r: Raw) -> BResult<()> {
+    match r {
+        Ok(0) => Ok(()),
+        Ok(code) => Err(CuError(code).into()),
+        Err(Missing(name)) => Err(CallError::new(
+            CuError::NOT_SUPPORTED,
+            format!("the server's CUDA driver has no {name}; it needs a newer driver"),
+        )),
+    }
+}
+
+/// `r`, or `fallback()` where `r`'s entry point is missing (an older driver).
+pub(super) fn or_older(r: Raw, fallback: impl FnOnce() -> Raw) -> Raw {
+    match r {
+        Err(Missing(_)) => fallback(),
+        r => r,
+    }
+}

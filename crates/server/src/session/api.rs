@@ -1,0 +1,749 @@
+//! The session's side of every call in the table: translate client handles
+//! through the session's tables, check device ranges and sizes, then call
+//! the backend. Nothing reaches the backend unchecked.
+
+use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{Api, CallError, Ctx, CuError, DevPtr, Event, Func, Seq, Stream, MAX_PAYLOAD};
+
+use super::tables::{CtxEntry, Entry, Kind, Owner, Region};
+use super::Session;
+use crate::backend::{self, Obj};
+
+type R<T> = Result<T, CallError>;
+
+/// The largest packed parameter buffer CUDA accepts (32764 bytes since 12.1).
+const MAX_PARAM_BYTES: usize = 32764;
+/// One `CUlaunchAttribute` as it travels: id, then the 64-byte value.
+const ATTR_RECORD: usize = 4 + 64;
+/// Launch attributes that carry only plain values. The others (programmatic
+/// and completion events, updatable graph nodes) hold client handles or
+/// write back, and are refused until they are translated.
+const PLAIN_LAUNCH_ATTRS: &[u32] = &[0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 14, 16];
+
+fn invalid(detail: impl Into<String>) -> CallError {
+    CallError::new(CuError::INVALID_VALUE, detail)
+}
+
+impl Session {
+    fn device(&self, dev: i32) -> R<usize> {
+        usize::try_from(dev)
+            .ok()
+            .filter(|&d| d < self.primaries.len())
+            .ok_or_else(|| CallError::new(CuError::INVALID_DEVICE, format!("no device {dev}")))
+    }
+
+    /// A context handle as `(handle, backend context)`; a retained primary
+    /// context that was reset comes back to life here, as the driver's does.
+    fn resolve_ctx(&mut self, h: u64) -> R<(u64, Obj)> {
+        if h == 0 {
+            return Err(CallError::new(CuError::INVALID_CONTEXT, "no current context"));
+        }
+        let entry = self.tables.ctx(h)?;
+        match entry.obj {
+            Some(obj) => Ok((h, obj)),
+            None if entry.primary && self.primaries[entry.device as usize].refcount > 0 => {
+                Ok((h, self.activate_primary(entry.device as usize)?))
+            }
+            None => Err(CallError::new(CuError::INVALID_CONTEXT, "primary context is not retained")),
+        }
+    }
+
+    fn current_ctx(&mut self) -> R<(u64, Obj)> {
+        self.resolve_ctx(self.current.0)
+    }
+
+    /// An explicit context argument, where NULL means the current one.
+    fn ctx_or_current(&mut self, ctx: Ctx) -> R<(u64, Obj)> {
+        if ctx.0 == 0 {
+            self.current_ctx()
+        } else {
+            self.resolve_ctx(ctx.0)
+        }
+    }
+
+    fn activate_primary(&mut self, dev: usize) -> R<Obj> {
+        let p = self.primaries[dev];
+        let obj = self.backend.ctx_create(dev as i32, p.flags)?;
+        self.tables.contexts.insert(p.handle, CtxEntry { obj: Some(obj), device: dev as i32, primary: true });
+        Ok(obj)
+    }
+
+    /// Destroys the primary context's backend context and everything in it;
+    /// the handle stays valid for a later retain.
+    fn deactivate_primary(&mut self, dev: usize) -> R<()> {
+        let h = self.primaries[dev].handle;
+        if let Some(obj) = self.tables.ctx(h)?.obj {
+            self.tables.drop_context_contents(h);
+            self.tables.contexts.insert(h, CtxEntry { obj: None, device: dev as i32, primary: true });
+            self.backend.ctx_destroy(obj)?;
+        }
+        Ok(())
+    }
+
+    /// The backend context an object lives in.
+    fn ctx_of(&self, entry: &Entry) -> R<Obj> {
+        self.tables.ctx(entry.ctx)?.obj.ok_or_else(|| CallError::new(CuError::INVALID_CONTEXT, "context is not active"))
+    }
+
+    /// A stream as `(backend context, backend stream)`. Default streams
+    /// belong to the current context.
+    fn stream(&mut self, s: Stream) -> R<(Obj, Obj)> {
+        if s.is_default() {
+            return Ok((self.current_ctx()?.1, Obj(s.0)));
+        }
+        let entry = self.tables.get(Kind::Stream, s.0)?;
+        Ok((self.ctx_of(&entry)?, entry.obj))
+    }
+
+    fn event(&self, e: Event) -> R<(Obj, Obj)> {
+        let entry = self.tables.get(Kind::Event, e.0)?;
+        Ok((self.ctx_of(&entry)?, entry.obj))
+    }
+
+    /// A function as `(backend context, backend function)`. A kernel handle
+    /// stands for its function in the current context.
+    fn func(&mut self, f: Func) -> R<(Obj, Obj)> {
+        match self.tables.kind_of(f.0) {
+            Some(Kind::Kernel) => {
+                let (ctx_h, ctx) = self.current_ctx()?;
+                let kernel = self.tables.get(Kind::Kernel, f.0)?;
+                let func = self.backend.kernel_get_function(ctx, kernel.obj)?;
+                self.tables.add(Kind::Func, Entry { obj: func, ctx: ctx_h, owner: Owner::Kernel(f.0) });
+                Ok((ctx, func))
+            }
+            _ => {
+                let entry = self.tables.get(Kind::Func, f.0)?;
+                Ok((self.ctx_of(&entry)?, entry.obj))
+            }
+        }
+    }
+
+    fn kernel(&self, h: u64) -> R<Obj> {
+        Ok(self.tables.get(Kind::Kernel, h)?.obj)
+    }
+
+    fn module(&self, h: u64) -> R<(Obj, Entry)> {
+        let entry = self.tables.get(Kind::Module, h)?;
+        Ok((self.ctx_of(&entry)?, entry))
+    }
+
+    fn add_global(&mut self, ctx: u64, owner: Owner, (ptr, size): (u64, u64)) -> (DevPtr, u64) {
+        self.tables.add_region(ptr, Region { size, ctx, owner: Some(owner) });
+        (DevPtr(ptr), size)
+    }
+}
+
+#[allow(non_snake_case)]
+impl Api for Session {
+    fn cuDeviceCanAccessPeer(&mut self, req: cuDeviceCanAccessPeer::Request) -> R<cuDeviceCanAccessPeer::Reply> {
+        self.device(req.dev)?;
+        self.device(req.peerDev)?;
+        Ok(cuDeviceCanAccessPeer::Reply { canAccessPeer: self.backend.can_access_peer(req.dev, req.peerDev)? })
+    }
+
+    fn CtxCreate(&mut self, req: CtxCreate::Request) -> R<CtxCreate::Reply> {
+        let device = self.device(req.dev)? as i32;
+        let obj = self.backend.ctx_create(device, req.flags)?;
+        Ok(CtxCreate::Reply { ctx: Ctx(self.tables.add_ctx(CtxEntry { obj: Some(obj), device, primary: false })) })
+    }
+
+    fn CtxDestroy(&mut self, req: CtxDestroy::Request) -> R<CtxDestroy::Reply> {
+        let entry = self.tables.ctx(req.ctx.0)?;
+        if entry.primary {
+            return Err(CallError::new(CuError::INVALID_CONTEXT, "a primary context is released, not destroyed"));
+        }
+        self.tables.drop_context_contents(req.ctx.0);
+        self.tables.contexts.remove(&req.ctx.0);
+        if let Some(obj) = entry.obj {
+            self.backend.ctx_destroy(obj)?;
+        }
+        Ok(CtxDestroy::Reply {})
+    }
+
+    fn cuDevicePrimaryCtxRetain(
+        &mut self,
+        req: cuDevicePrimaryCtxRetain::Request,
+    ) -> R<cuDevicePrimaryCtxRetain::Reply> {
+        let dev = self.device(req.dev)?;
+        if self.tables.ctx(self.primaries[dev].handle)?.obj.is_none() {
+            self.activate_primary(dev)?;
+        }
+        self.primaries[dev].refcount += 1;
+        Ok(cuDevicePrimaryCtxRetain::Reply { pctx: Ctx(self.primaries[dev].handle) })
+    }
+
+    fn cuDevicePrimaryCtxRelease_v2(
+        &mut self,
+        req: cuDevicePrimaryCtxRelease_v2::Request,
+    ) -> R<cuDevicePrimaryCtxRelease_v2::Reply> {
+        let dev = self.device(req.dev)?;
+        if self.primaries[dev].refcount == 0 {
+            return Err(CallError::new(CuError::INVALID_CONTEXT, "primary context is not retained"));
+        }
+        self.primaries[dev].refcount -= 1;
+        if self.primaries[dev].refcount == 0 {
+            self.deactivate_primary(dev)?;
+        }
+        Ok(cuDevicePrimaryCtxRelease_v2::Reply {})
+    }
+
+    fn cuDevicePrimaryCtxReset_v2(
+        &mut self,
+        req: cuDevicePrimaryCtxReset_v2::Request,
+    ) -> R<cuDevicePrimaryCtxReset_v2::Reply> {
+        let dev = self.device(req.dev)?;
+        self.deactivate_primary(dev)?;
+        self.primaries[dev].flags = 0;
+        Ok(cuDevicePrimaryCtxReset_v2::Reply {})
+    }
+
+    fn cuDevicePrimaryCtxSetFlags_v2(
+        &mut self,
+        req: cuDevicePrimaryCtxSetFlags_v2::Request,
+    ) -> R<cuDevicePrimaryCtxSetFlags_v2::Reply> {
+        let dev = self.device(req.dev)?;
+        if let Some(obj) = self.tables.ctx(self.primaries[dev].handle)?.obj {
+            self.backend.ctx_set_flags(obj, req.flags)?;
+        }
+        self.primaries[dev].flags = req.flags;
+        Ok(cuDevicePrimaryCtxSetFlags_v2::Reply {})
+    }
+
+    fn cuDevicePrimaryCtxGetState(
+        &mut self,
+        req: cuDevicePrimaryCtxGetState::Request,
+    ) -> R<cuDevicePrimaryCtxGetState::Reply> {
+        let dev = self.device(req.dev)?;
+        let active = self.tables.ctx(self.primaries[dev].handle)?.obj.is_some();
+        Ok(cuDevicePrimaryCtxGetState::Reply { flags: self.primaries[dev].flags, active: active as i32 })
+    }
+
+    fn cuCtxSynchronize(&mut self, _: cuCtxSynchronize::Request) -> R<cuCtxSynchronize::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        self.backend.ctx_synchronize(ctx)?;
+        Ok(cuCtxSynchronize::Reply {})
+    }
+
+    fn cuCtxSynchronize_v2(&mut self, req: cuCtxSynchronize_v2::Request) -> R<cuCtxSynchronize_v2::Reply> {
+        let (_, ctx) = self.ctx_or_current(req.ctx)?;
+        self.backend.ctx_synchronize(ctx)?;
+        Ok(cuCtxSynchronize_v2::Reply {})
+    }
+
+    fn cuCtxGetDevice(&mut self, _: cuCtxGetDevice::Request) -> R<cuCtxGetDevice::Reply> {
+        let (h, _) = self.current_ctx()?;
+        Ok(cuCtxGetDevice::Reply { device: self.tables.ctx(h)?.device })
+    }
+
+    fn cuCtxGetDevice_v2(&mut self, req: cuCtxGetDevice_v2::Request) -> R<cuCtxGetDevice_v2::Reply> {
+        let (h, _) = self.ctx_or_current(req.ctx)?;
+        Ok(cuCtxGetDevice_v2::Reply { device: self.tables.ctx(h)?.device })
+    }
+
+    fn cuCtxGetApiVersion(&mut self, req: cuCtxGetApiVersion::Request) -> R<cuCtxGetApiVersion::Reply> {
+        let (_, ctx) = self.ctx_or_current(req.ctx)?;
+        Ok(cuCtxGetApiVersion::Reply { version: self.backend.ctx_api_version(ctx)? })
+    }
+
+    fn cuCtxGetFlags(&mut self, _: cuCtxGetFlags::Request) -> R<cuCtxGetFlags::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        Ok(cuCtxGetFlags::Reply { flags: self.backend.ctx_get_flags(ctx)? })
+    }
+
+    fn cuCtxSetFlags(&mut self, req: cuCtxSetFlags::Request) -> R<cuCtxSetFlags::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        self.backend.ctx_set_flags(ctx, req.flags)?;
+        Ok(cuCtxSetFlags::Reply {})
+    }
+
+    fn cuCtxGetLimit(&mut self, req: cuCtxGetLimit::Request) -> R<cuCtxGetLimit::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        Ok(cuCtxGetLimit::Reply { pvalue: self.backend.ctx_get_limit(ctx, req.limit)? })
+    }
+
+    fn cuCtxSetLimit(&mut self, req: cuCtxSetLimit::Request) -> R<cuCtxSetLimit::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        self.backend.ctx_set_limit(ctx, req.limit, req.value)?;
+        Ok(cuCtxSetLimit::Reply {})
+    }
+
+    fn cuCtxGetCacheConfig(&mut self, _: cuCtxGetCacheConfig::Request) -> R<cuCtxGetCacheConfig::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        Ok(cuCtxGetCacheConfig::Reply { pconfig: self.backend.ctx_get_cache_config(ctx)? })
+    }
+
+    fn cuCtxSetCacheConfig(&mut self, req: cuCtxSetCacheConfig::Request) -> R<cuCtxSetCacheConfig::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        self.backend.ctx_set_cache_config(ctx, req.config)?;
+        Ok(cuCtxSetCacheConfig::Reply {})
+    }
+
+    fn cuCtxGetStreamPriorityRange(
+        &mut self,
+        _: cuCtxGetStreamPriorityRange::Request,
+    ) -> R<cuCtxGetStreamPriorityRange::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        let (least, greatest) = self.backend.ctx_stream_priority_range(ctx)?;
+        Ok(cuCtxGetStreamPriorityRange::Reply { leastPriority: least, greatestPriority: greatest })
+    }
+
+    fn cuCtxGetId(&mut self, req: cuCtxGetId::Request) -> R<cuCtxGetId::Reply> {
+        let (_, ctx) = self.ctx_or_current(req.ctx)?;
+        Ok(cuCtxGetId::Reply { ctxId: self.backend.ctx_id(ctx)? })
+    }
+
+    fn cuMemAlloc_v2(&mut self, req: cuMemAlloc_v2::Request) -> R<cuMemAlloc_v2::Reply> {
+        let (h, ctx) = self.current_ctx()?;
+        if req.bytesize == 0 {
+            return Err(invalid("zero-byte allocation"));
+        }
+        let ptr = self.backend.mem_alloc(ctx, req.bytesize)?;
+        self.tables.add_region(ptr, Region { size: req.bytesize, ctx: h, owner: None });
+        Ok(cuMemAlloc_v2::Reply { dptr: DevPtr(ptr) })
+    }
+
+    fn cuMemFree_v2(&mut self, req: cuMemFree_v2::Request) -> R<cuMemFree_v2::Reply> {
+        let region = self
+            .tables
+            .region_at(req.dptr.0)
+            .filter(|r| r.owner.is_none())
+            .ok_or_else(|| invalid(format!("{:#x} is not an allocation", req.dptr.0)))?;
+        let ctx = self.tables.ctx(region.ctx)?.obj.ok_or_else(|| invalid("allocation's context is gone"))?;
+        self.backend.mem_free(ctx, req.dptr.0)?;
+        self.tables.remove_region(req.dptr.0);
+        Ok(cuMemFree_v2::Reply {})
+    }
+
+    fn cuMemGetInfo_v2(&mut self, _: cuMemGetInfo_v2::Request) -> R<cuMemGetInfo_v2::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        let (free, total) = self.backend.mem_get_info(ctx)?;
+        Ok(cuMemGetInfo_v2::Reply { free, total })
+    }
+
+    fn cuMemAllocPitch_v2(&mut self, req: cuMemAllocPitch_v2::Request) -> R<cuMemAllocPitch_v2::Reply> {
+        let (h, ctx) = self.current_ctx()?;
+        let (ptr, pitch) = self.backend.mem_alloc_pitch(ctx, req.widthInBytes, req.height, req.elementSizeBytes)?;
+        let size = pitch.checked_mul(req.height).ok_or_else(|| invalid("pitched size overflows"))?;
+        self.tables.add_region(ptr, Region { size, ctx: h, owner: None });
+        Ok(cuMemAllocPitch_v2::Reply { dptr: DevPtr(ptr), pitch })
+    }
+
+    fn cuMemGetAddressRange_v2(&mut self, req: cuMemGetAddressRange_v2::Request) -> R<cuMemGetAddressRange_v2::Reply> {
+        let (base, region) = self
+            .tables
+            .region_containing(req.dptr.0)
+            .ok_or_else(|| CallError::new(CuError::NOT_FOUND, format!("{:#x} is not device memory", req.dptr.0)))?;
+        Ok(cuMemGetAddressRange_v2::Reply { pbase: DevPtr(base), psize: region.size })
+    }
+
+    fn MemcpyHtoD(&mut self, req: MemcpyHtoD::Request) -> R<MemcpyHtoD::Reply> {
+        self.tables.check_range(req.dst.0, req.data.len() as u64)?;
+        let (ctx, stream) = self.stream(req.stream)?;
+        self.backend.memcpy_htod(ctx, req.dst.0, &req.data, stream, req.sync)?;
+        Ok(MemcpyHtoD::Reply {})
+    }
+
+    fn MemcpyDtoH(&mut self, req: MemcpyDtoH::Request) -> R<MemcpyDtoH::Reply> {
+        // The client splits large copies; the reply must fit a frame.
+        if req.size > (MAX_PAYLOAD - 64) as u64 {
+            return Err(invalid(format!("a {}-byte read exceeds one frame", req.size)));
+        }
+        self.tables.check_range(req.src.0, req.size)?;
+        let (ctx, stream) = self.stream(req.stream)?;
+        let mut data = vec![0u8; req.size as usize];
+        self.backend.memcpy_dtoh(ctx, &mut data, req.src.0, stream)?;
+        Ok(MemcpyDtoH::Reply { data })
+    }
+
+    fn MemcpyDtoD(&mut self, req: MemcpyDtoD::Request) -> R<MemcpyDtoD::Reply> {
+        self.tables.check_range(req.dst.0, req.size)?;
+        self.tables.check_range(req.src.0, req.size)?;
+        let (ctx, stream) = self.stream(req.stream)?;
+        self.backend.memcpy_dtod(ctx, req.dst.0, req.src.0, req.size, stream, req.sync)?;
+        Ok(MemcpyDtoD::Reply {})
+    }
+
+    fn Memset(&mut self, req: Memset::Request) -> R<Memset::Reply> {
+        if ![1, 2, 4].contains(&req.elementSize) {
+            return Err(invalid("memset element size must be 1, 2 or 4"));
+        }
+        let op = backend::Memset {
+            dst: req.dst.0,
+            pitch: req.pitch,
+            value: req.value,
+            element_size: req.elementSize,
+            width: req.width,
+            height: req.height,
+        };
+        if req.height > 1 && req.pitch < req.width.saturating_mul(req.elementSize as u64) {
+            return Err(invalid("pitch is narrower than a row"));
+        }
+        let extent = op.extent().ok_or_else(|| invalid("memset extent overflows"))?;
+        self.tables.check_range(req.dst.0, extent)?;
+        let (ctx, stream) = self.stream(req.stream)?;
+        self.backend.memset(ctx, &op, stream, req.sync)?;
+        Ok(Memset::Reply {})
+    }
+
+    fn ModuleLoad(&mut self, req: ModuleLoad::Request) -> R<ModuleLoad::Reply> {
+        let (h, ctx) = self.current_ctx()?;
+        let obj = self.backend.module_load(ctx, &req.image)?;
+        Ok(ModuleLoad::Reply {
+            module: gpuplex_protocol::Module(
+                self.tables.add(Kind::Module, Entry { obj, ctx: h, owner: Owner::Ctx(h) }),
+            ),
+        })
+    }
+
+    fn cuModuleUnload(&mut self, req: cuModuleUnload::Request) -> R<cuModuleUnload::Reply> {
+        let (ctx, entry) = self.module(req.hmod.0)?;
+        if let Owner::Library(_) = entry.owner {
+            return Err(CallError::new(CuError::NOT_PERMITTED, "a library's module is unloaded with its library"));
+        }
+        self.backend.module_unload(ctx, entry.obj)?;
+        self.tables.remove(Kind::Module, req.hmod.0)?;
+        Ok(cuModuleUnload::Reply {})
+    }
+
+    fn cuModuleGetFunction(&mut self, req: cuModuleGetFunction::Request) -> R<cuModuleGetFunction::Reply> {
+        let (ctx, entry) = self.module(req.hmod.0)?;
+        let obj = self.backend.module_get_function(ctx, entry.obj, &req.name)?;
+        let h = self.tables.add(Kind::Func, Entry { obj, ctx: entry.ctx, owner: Owner::Module(req.hmod.0) });
+        Ok(cuModuleGetFunction::Reply { hfunc: Func(h) })
+    }
+
+    fn cuModuleGetGlobal_v2(&mut self, req: cuModuleGetGlobal_v2::Request) -> R<cuModuleGetGlobal_v2::Reply> {
+        let (ctx, entry) = self.module(req.hmod.0)?;
+        let global = self.backend.module_get_global(ctx, entry.obj, &req.name)?;
+        let (dptr, bytes) = self.add_global(entry.ctx, Owner::Module(req.hmod.0), global);
+        Ok(cuModuleGetGlobal_v2::Reply { dptr, bytes })
+    }
+
+    fn cuModuleGetLoadingMode(&mut self, _: cuModuleGetLoadingMode::Request) -> R<cuModuleGetLoadingMode::Reply> {
+        Ok(cuModuleGetLoadingMode::Reply { mode: self.backend.module_loading_mode()? })
+    }
+
+    fn cuModuleGetFunctionCount(
+        &mut self,
+        req: cuModuleGetFunctionCount::Request,
+    ) -> R<cuModuleGetFunctionCount::Reply> {
+        let (ctx, entry) = self.module(req.hmod.0)?;
+        Ok(cuModuleGetFunctionCount::Reply { count: self.backend.module_function_count(ctx, entry.obj)? })
+    }
+
+    fn LibraryLoad(&mut self, req: LibraryLoad::Request) -> R<LibraryLoad::Reply> {
+        let obj = self.backend.library_load(&req.image)?;
+        let h = self.tables.add(Kind::Library, Entry { obj, ctx: 0, owner: Owner::Ctx(0) });
+        Ok(LibraryLoad::Reply { library: gpuplex_protocol::Library(h) })
+    }
+
+    fn cuLibraryUnload(&mut self, req: cuLibraryUnload::Request) -> R<cuLibraryUnload::Reply> {
+        let entry = self.tables.get(Kind::Library, req.library.0)?;
+        self.backend.library_unload(entry.obj)?;
+        self.tables.remove(Kind::Library, req.library.0)?;
+        Ok(cuLibraryUnload::Reply {})
+    }
+
+    fn cuLibraryGetKernel(&mut self, req: cuLibraryGetKernel::Request) -> R<cuLibraryGetKernel::Reply> {
+        let lib = self.tables.get(Kind::Library, req.library.0)?;
+        let obj = self.backend.library_get_kernel(lib.obj, &req.name)?;
+        let h = self.tables.add(Kind::Kernel, Entry { obj, ctx: 0, owner: Owner::Library(req.library.0) });
+        Ok(cuLibraryGetKernel::Reply { pKernel: gpuplex_protocol::Kernel(h) })
+    }
+
+    fn cuLibraryGetModule(&mut self, req: cuLibraryGetModule::Request) -> R<cuLibraryGetModule::Reply> {
+        let lib = self.tables.get(Kind::Library, req.library.0)?;
+        let (h, ctx) = self.current_ctx()?;
+        let obj = self.backend.library_get_module(ctx, lib.obj)?;
+        let m = self.tables.add(Kind::Module, Entry { obj, ctx: h, owner: Owner::Library(req.library.0) });
+        Ok(cuLibraryGetModule::Reply { pMod: gpuplex_protocol::Module(m) })
+    }
+
+    fn cuLibraryGetGlobal(&mut self, req: cuLibraryGetGlobal::Request) -> R<cuLibraryGetGlobal::Reply> {
+        let lib = self.tables.get(Kind::Library, req.library.0)?;
+        let (h, ctx) = self.current_ctx()?;
+        let global = self.backend.library_get_global(ctx, lib.obj, &req.name)?;
+        let (dptr, bytes) = self.add_global(h, Owner::Library(req.library.0), global);
+        Ok(cuLibraryGetGlobal::Reply { dptr, bytes })
+    }
+
+    fn cuLibraryGetKernelCount(&mut self, req: cuLibraryGetKernelCount::Request) -> R<cuLibraryGetKernelCount::Reply> {
+        let lib = self.tables.get(Kind::Library, req.lib.0)?;
+        Ok(cuLibraryGetKernelCount::Reply { count: self.backend.library_kernel_count(lib.obj)? })
+    }
+
+    fn cuKernelGetFunction(&mut self, req: cuKernelGetFunction::Request) -> R<cuKernelGetFunction::Reply> {
+        let kernel = self.kernel(req.kernel.0)?;
+        let (h, ctx) = self.current_ctx()?;
+        let obj = self.backend.kernel_get_function(ctx, kernel)?;
+        let f = self.tables.add(Kind::Func, Entry { obj, ctx: h, owner: Owner::Kernel(req.kernel.0) });
+        Ok(cuKernelGetFunction::Reply { pFunc: Func(f) })
+    }
+
+    fn cuKernelGetLibrary(&mut self, req: cuKernelGetLibrary::Request) -> R<cuKernelGetLibrary::Reply> {
+        match self.tables.get(Kind::Kernel, req.kernel.0)?.owner {
+            Owner::Library(lib) => Ok(cuKernelGetLibrary::Reply { pLib: gpuplex_protocol::Library(lib) }),
+            _ => Err(CallError::new(CuError::INVALID_HANDLE, "kernel has no library")),
+        }
+    }
+
+    fn cuFuncGetModule(&mut self, req: cuFuncGetModule::Request) -> R<cuFuncGetModule::Reply> {
+        match self.tables.get(Kind::Func, req.hfunc.0)?.owner {
+            Owner::Module(m) => Ok(cuFuncGetModule::Reply { hmod: gpuplex_protocol::Module(m) }),
+            _ => Err(CallError::new(CuError::NOT_FOUND, "function was not obtained from a module")),
+        }
+    }
+
+    fn ParamLayout(&mut self, req: ParamLayout::Request) -> R<ParamLayout::Reply> {
+        let (ctx, func) = self.func(req.func)?;
+        let layout = self.backend.param_layout(ctx, func)?;
+        Ok(ParamLayout::Reply {
+            offsets: Seq(layout.iter().map(|p| p.offset).collect()),
+            sizes: Seq(layout.iter().map(|p| p.size).collect()),
+        })
+    }
+
+    fn cuFuncGetAttribute(&mut self, req: cuFuncGetAttribute::Request) -> R<cuFuncGetAttribute::Reply> {
+        let (ctx, func) = self.func(req.hfunc)?;
+        Ok(cuFuncGetAttribute::Reply { pi: self.backend.func_get_attribute(ctx, func, req.attrib)? })
+    }
+
+    fn cuFuncSetAttribute(&mut self, req: cuFuncSetAttribute::Request) -> R<cuFuncSetAttribute::Reply> {
+        let (ctx, func) = self.func(req.hfunc)?;
+        self.backend.func_set_attribute(ctx, func, req.attrib, req.value)?;
+        Ok(cuFuncSetAttribute::Reply {})
+    }
+
+    fn cuFuncSetCacheConfig(&mut self, req: cuFuncSetCacheConfig::Request) -> R<cuFuncSetCacheConfig::Reply> {
+        let (ctx, func) = self.func(req.hfunc)?;
+        self.backend.func_set_cache_config(ctx, func, req.config)?;
+        Ok(cuFuncSetCacheConfig::Reply {})
+    }
+
+    fn cuKernelGetAttribute(&mut self, req: cuKernelGetAttribute::Request) -> R<cuKernelGetAttribute::Reply> {
+        let kernel = self.kernel(req.kernel.0)?;
+        self.device(req.dev)?;
+        Ok(cuKernelGetAttribute::Reply { pi: self.backend.kernel_get_attribute(kernel, req.attrib, req.dev)? })
+    }
+
+    fn cuKernelSetAttribute(&mut self, req: cuKernelSetAttribute::Request) -> R<cuKernelSetAttribute::Reply> {
+        let kernel = self.kernel(req.kernel.0)?;
+        self.device(req.dev)?;
+        self.backend.kernel_set_attribute(kernel, req.attrib, req.val, req.dev)?;
+        Ok(cuKernelSetAttribute::Reply {})
+    }
+
+    fn cuKernelSetCacheConfig(&mut self, req: cuKernelSetCacheConfig::Request) -> R<cuKernelSetCacheConfig::Reply> {
+        let kernel = self.kernel(req.kernel.0)?;
+        self.device(req.dev)?;
+        self.backend.kernel_set_cache_config(kernel, req.config, req.dev)?;
+        Ok(cuKernelSetCacheConfig::Reply {})
+    }
+
+    fn cuFuncIsLoaded(&mut self, req: cuFuncIsLoaded::Request) -> R<cuFuncIsLoaded::Reply> {
+        let (ctx, func) = self.func(req.function)?;
+        Ok(cuFuncIsLoaded::Reply { state: self.backend.func_is_loaded(ctx, func)? })
+    }
+
+    fn cuFuncLoad(&mut self, req: cuFuncLoad::Request) -> R<cuFuncLoad::Reply> {
+        let (ctx, func) = self.func(req.function)?;
+        self.backend.func_load(ctx, func)?;
+        Ok(cuFuncLoad::Reply {})
+    }
+
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &mut self,
+        req: cuOccupancyMaxActiveBlocksPerMultiprocessor::Request,
+    ) -> R<cuOccupancyMaxActiveBlocksPerMultiprocessor::Reply> {
+        let (ctx, func) = self.func(req.func)?;
+        let n = self.backend.occupancy_max_active_blocks(ctx, func, req.blockSize, req.dynamicSMemSize, 0)?;
+        Ok(cuOccupancyMaxActiveBlocksPerMultiprocessor::Reply { numBlocks: n })
+    }
+
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        &mut self,
+        req: cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags::Request,
+    ) -> R<cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags::Reply> {
+        let (ctx, func) = self.func(req.func)?;
+        let n = self.backend.occupancy_max_active_blocks(ctx, func, req.blockSize, req.dynamicSMemSize, req.flags)?;
+        Ok(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags::Reply { numBlocks: n })
+    }
+
+    fn cuOccupancyAvailableDynamicSMemPerBlock(
+        &mut self,
+        req: cuOccupancyAvailableDynamicSMemPerBlock::Request,
+    ) -> R<cuOccupancyAvailableDynamicSMemPerBlock::Reply> {
+        let (ctx, func) = self.func(req.func)?;
+        let size = self.backend.occupancy_available_smem(ctx, func, req.numBlocks, req.blockSize)?;
+        Ok(cuOccupancyAvailableDynamicSMemPerBlock::Reply { dynamicSmemSize: size })
+    }
+
+    fn OccupancyMaxPotentialBlockSize(
+        &mut self,
+        req: OccupancyMaxPotentialBlockSize::Request,
+    ) -> R<OccupancyMaxPotentialBlockSize::Reply> {
+        let (ctx, func) = self.func(req.func)?;
+        let (min_grid, block) = self.backend.occupancy_max_potential_block_size(
+            ctx,
+            func,
+            req.dynamicSMemSize,
+            req.blockSizeLimit,
+            req.flags,
+        )?;
+        Ok(OccupancyMaxPotentialBlockSize::Reply { minGridSize: min_grid, blockSize: block })
+    }
+
+    fn Launch(&mut self, req: Launch::Request) -> R<Launch::Reply> {
+        if req.params.len() > MAX_PARAM_BYTES {
+            return Err(invalid(format!("{} bytes of kernel parameters", req.params.len())));
+        }
+        if !req.attrs.len().is_multiple_of(ATTR_RECORD) {
+            return Err(invalid("launch attributes are not whole records"));
+        }
+        let mut attrs = Vec::with_capacity(req.attrs.len() / ATTR_RECORD);
+        for record in req.attrs.chunks_exact(ATTR_RECORD) {
+            let id = u32::from_le_bytes([record[0], record[1], record[2], record[3]]);
+            if !PLAIN_LAUNCH_ATTRS.contains(&id) {
+                return Err(CallError::new(CuError::NOT_SUPPORTED, format!("launch attribute {id} is not supported")));
+            }
+            let mut value = [0u8; 64];
+            value.copy_from_slice(&record[4..]);
+            attrs.push((id, value));
+        }
+        let (_, ctx) = self.current_ctx()?;
+        let (_, func) = self.func(req.func)?;
+        let (_, stream) = self.stream(req.stream)?;
+        let launch = backend::Launch {
+            grid: [req.gridX, req.gridY, req.gridZ],
+            block: [req.blockX, req.blockY, req.blockZ],
+            shared_mem: req.sharedMem,
+            stream,
+            attrs,
+        };
+        self.backend.launch(ctx, func, &launch, &req.params)?;
+        Ok(Launch::Reply {})
+    }
+
+    fn cuStreamCreate(&mut self, req: cuStreamCreate::Request) -> R<cuStreamCreate::Reply> {
+        let (h, ctx) = self.current_ctx()?;
+        let obj = self.backend.stream_create(ctx, req.flags, 0)?;
+        Ok(cuStreamCreate::Reply {
+            phStream: Stream(self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) })),
+        })
+    }
+
+    fn cuStreamCreateWithPriority(
+        &mut self,
+        req: cuStreamCreateWithPriority::Request,
+    ) -> R<cuStreamCreateWithPriority::Reply> {
+        let (h, ctx) = self.current_ctx()?;
+        let obj = self.backend.stream_create(ctx, req.flags, req.priority)?;
+        let s = self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
+        Ok(cuStreamCreateWithPriority::Reply { phStream: Stream(s) })
+    }
+
+    fn cuStreamDestroy_v2(&mut self, req: cuStreamDestroy_v2::Request) -> R<cuStreamDestroy_v2::Reply> {
+        if req.hStream.is_default() {
+            return Err(CallError::new(CuError::INVALID_HANDLE, "a default stream cannot be destroyed"));
+        }
+        let (ctx, stream) = self.stream(req.hStream)?;
+        self.backend.stream_destroy(ctx, stream)?;
+        self.tables.remove(Kind::Stream, req.hStream.0)?;
+        Ok(cuStreamDestroy_v2::Reply {})
+    }
+
+    fn cuStreamSynchronize(&mut self, req: cuStreamSynchronize::Request) -> R<cuStreamSynchronize::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        self.backend.stream_synchronize(ctx, stream)?;
+        Ok(cuStreamSynchronize::Reply {})
+    }
+
+    fn cuStreamQuery(&mut self, req: cuStreamQuery::Request) -> R<cuStreamQuery::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        self.backend.stream_query(ctx, stream)?;
+        Ok(cuStreamQuery::Reply {})
+    }
+
+    fn cuStreamWaitEvent(&mut self, req: cuStreamWaitEvent::Request) -> R<cuStreamWaitEvent::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        let (_, event) = self.event(req.hEvent)?;
+        self.backend.stream_wait_event(ctx, stream, event, req.flags)?;
+        Ok(cuStreamWaitEvent::Reply {})
+    }
+
+    fn cuStreamGetPriority(&mut self, req: cuStreamGetPriority::Request) -> R<cuStreamGetPriority::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        Ok(cuStreamGetPriority::Reply { priority: self.backend.stream_priority(ctx, stream)? })
+    }
+
+    fn cuStreamGetFlags(&mut self, req: cuStreamGetFlags::Request) -> R<cuStreamGetFlags::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        Ok(cuStreamGetFlags::Reply { flags: self.backend.stream_flags(ctx, stream)? })
+    }
+
+    fn cuStreamGetId(&mut self, req: cuStreamGetId::Request) -> R<cuStreamGetId::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        Ok(cuStreamGetId::Reply { streamId: self.backend.stream_id(ctx, stream)? })
+    }
+
+    fn cuStreamGetCtx(&mut self, req: cuStreamGetCtx::Request) -> R<cuStreamGetCtx::Reply> {
+        let h = if req.hStream.is_default() {
+            self.current_ctx()?.0
+        } else {
+            self.tables.get(Kind::Stream, req.hStream.0)?.ctx
+        };
+        Ok(cuStreamGetCtx::Reply { pctx: Ctx(h) })
+    }
+
+    fn cuStreamGetDevice(&mut self, req: cuStreamGetDevice::Request) -> R<cuStreamGetDevice::Reply> {
+        let h = self.cuStreamGetCtx(cuStreamGetCtx::Request { hStream: req.hStream })?.pctx.0;
+        Ok(cuStreamGetDevice::Reply { device: self.tables.ctx(h)?.device })
+    }
+
+    fn cuEventCreate(&mut self, req: cuEventCreate::Request) -> R<cuEventCreate::Reply> {
+        let (h, ctx) = self.current_ctx()?;
+        let obj = self.backend.event_create(ctx, req.flags)?;
+        Ok(cuEventCreate::Reply {
+            phEvent: Event(self.tables.add(Kind::Event, Entry { obj, ctx: h, owner: Owner::Ctx(h) })),
+        })
+    }
+
+    fn cuEventDestroy_v2(&mut self, req: cuEventDestroy_v2::Request) -> R<cuEventDestroy_v2::Reply> {
+        let (ctx, event) = self.event(req.hEvent)?;
+        self.backend.event_destroy(ctx, event)?;
+        self.tables.remove(Kind::Event, req.hEvent.0)?;
+        Ok(cuEventDestroy_v2::Reply {})
+    }
+
+    fn cuEventRecord(&mut self, req: cuEventRecord::Request) -> R<cuEventRecord::Reply> {
+        let (ctx, event) = self.event(req.hEvent)?;
+        let (_, stream) = self.stream(req.hStream)?;
+        self.backend.event_record(ctx, event, stream, 0)?;
+        Ok(cuEventRecord::Reply {})
+    }
+
+    fn cuEventRecordWithFlags(&mut self, req: cuEventRecordWithFlags::Request) -> R<cuEventRecordWithFlags::Reply> {
+        let (ctx, event) = self.event(req.hEvent)?;
+        let (_, stream) = self.stream(req.hStream)?;
+        self.backend.event_record(ctx, event, stream, req.flags)?;
+        Ok(cuEventRecordWithFlags::Reply {})
+    }
+
+    fn cuEventSynchronize(&mut self, req: cuEventSynchronize::Request) -> R<cuEventSynchronize::Reply> {
+        let (ctx, event) = self.event(req.hEvent)?;
+        self.backend.event_synchronize(ctx, event)?;
+        Ok(cuEventSynchronize::Reply {})
+    }
+
+    fn cuEventQuery(&mut self, req: cuEventQuery::Request) -> R<cuEventQuery::Reply> {
+        let (ctx, event) = self.event(req.hEvent)?;
+        self.backend.event_query(ctx, event)?;
+        Ok(cuEventQuery::Reply {})
+    }
+
+    fn cuEventElapsedTime_v2(&mut self, req: cuEventElapsedTime_v2::Request) -> R<cuEventElapsedTime_v2::Reply> {
+        let (ctx, start) = self.event(req.hStart)?;
+        let (_, end) = self.event(req.hEnd)?;
+        Ok(cuEventElapsedTime_v2::Reply { pMilliseconds: self.backend.event_elapsed(ctx, start, end)? })
+    }
+}

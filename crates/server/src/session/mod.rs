@@ -1,0 +1,206 @@
+//! One session per client connection.
+//!
+//! A session runs on its own thread: it answers the handshake, then reads
+//! frames, dispatches each call through the generated [`dispatch`] onto its
+//! [`Api`](gpuplex_protocol::Api) implementation (in `api.rs`), and writes
+//! the reply. Everything the client holds lives in the session's [`Tables`];
+//! when the connection ends, by exit, crash or protocol violation, `Drop`
+//! unloads its libraries and destroys its contexts, which frees every
+//! allocation, module, stream and event they held. Nothing here is shared
+//! with other sessions except the backend, so one client's malformed frames
+//! or CUDA errors never reach another.
+
+mod api;
+pub mod metrics;
+pub mod tables;
+
+use std::sync::Arc;
+
+use gpuplex_protocol::{
+    codec, dispatch, CallError, Ctx, CuError, DecodeError, ErrorDetail, Header, Hello, Opcode, Welcome,
+};
+use gpuplex_transport::{Carrier, TransportError};
+use tracing::{debug, info, warn};
+
+use crate::backend::{Backend, Obj};
+use crate::registry::Registry;
+use metrics::SessionMetrics;
+use tables::{Kind, Tables};
+
+pub struct Session {
+    backend: Arc<dyn Backend>,
+    tables: Tables,
+    /// Primary context state per device.
+    primaries: Vec<Primary>,
+    /// The caller's current context for the call being run (from the header).
+    current: Ctx,
+    metrics: Arc<SessionMetrics>,
+}
+
+/// A device's primary context as this session sees it. The handle stays the
+/// same across release and reset, as the real driver's does.
+#[derive(Debug, Clone, Copy)]
+struct Primary {
+    handle: u64,
+    refcount: u32,
+    flags: u32,
+}
+
+/// Why a session ended other than by the client closing it.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("transport failed")]
+    Transport(#[from] TransportError),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("undecodable payload")]
+    Decode(#[from] DecodeError),
+}
+
+impl Session {
+    fn new(backend: Arc<dyn Backend>, metrics: Arc<SessionMetrics>) -> Session {
+        let mut tables = Tables::new();
+        let primaries = (0..backend.devices().len() as i32)
+            .map(|device| Primary {
+                handle: tables.add_ctx(tables::CtxEntry { obj: None, device, primary: true }),
+                refcount: 0,
+                flags: 0,
+            })
+            .collect();
+        Session { backend, tables, primaries, current: Ctx(0), metrics }
+    }
+
+    /// Serves one connection until it ends. Never panics on peer input.
+    pub fn run(mut carrier: Box<dyn Carrier>, backend: Arc<dyn Backend>, registry: Arc<Registry>) {
+        let peer = carrier.peer();
+        let mut buf = Vec::new();
+        let (header, hello) = match handshake(carrier.as_mut(), &mut buf, &backend, &registry) {
+            Ok(Some(opened)) => opened,
+            Ok(None) => return,
+            Err(e) => {
+                warn!(pid = peer.pid, "handshake failed: {e}");
+                return;
+            }
+        };
+        let metrics = registry.open(peer, hello.program.clone());
+        let id = metrics.id;
+        let span = tracing::info_span!("session", id, pid = peer.pid);
+        let _enter = span.enter();
+        let welcome = Welcome {
+            session: id,
+            backend: backend.kind().to_owned(),
+            driver_version: backend.driver_version(),
+            devices: gpuplex_protocol::Seq(backend.devices().to_vec()),
+        };
+        let mut session = Session::new(backend, metrics);
+        let end = match send_reply(carrier.as_mut(), &header, &codec::encode(&welcome)) {
+            Ok(()) => {
+                info!(uid = peer.uid, program = %hello.program, "session opened");
+                session.serve(carrier.as_mut(), &mut buf, &registry)
+            }
+            Err(e) => Err(e.into()),
+        };
+        match end {
+            Ok(()) => info!("session closed by the client"),
+            Err(e) => warn!("session ended: {e}"),
+        }
+        drop(session);
+        registry.close(id);
+    }
+
+    fn serve(&mut self, carrier: &mut dyn Carrier, buf: &mut Vec<u8>, registry: &Registry) -> Result<(), SessionError> {
+        loop {
+            let header = match carrier.recv(buf) {
+                Ok(h) => h,
+                Err(TransportError::Closed) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            let opcode = match header.opcode() {
+                Ok(op) => op,
+                Err(e) => {
+                    reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
+                    return Err(SessionError::Protocol(e.to_string()));
+                }
+            };
+            self.metrics.count_call();
+            match opcode {
+                Opcode::Hello => return Err(SessionError::Protocol("second Hello".into())),
+                Opcode::ServerInfo => {
+                    let summary = registry.summary(&*self.backend);
+                    send_reply(carrier, &header, &codec::encode(&summary))?;
+                }
+                call => {
+                    self.current = Ctx(header.context.get());
+                    match dispatch(self, call, buf) {
+                        Ok(Ok(reply)) => send_reply(carrier, &header, &reply)?,
+                        Ok(Err(e)) => {
+                            debug!(call = call.name(), code = e.code.0, detail = %e.detail, "call failed");
+                            reply_error(carrier, &header, e)?;
+                        }
+                        Err(e) => {
+                            reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
+                            return Err(e.into());
+                        }
+                    }
+                    self.metrics.set_usage(self.live_contexts(), self.tables.allocated_bytes());
+                }
+            }
+        }
+    }
+
+    fn live_contexts(&self) -> u32 {
+        self.tables.contexts.values().filter(|c| c.obj.is_some()).count() as u32
+    }
+}
+
+impl Drop for Session {
+    /// Frees everything the client held: libraries first (they span
+    /// contexts), then every live context, which takes its memory, modules,
+    /// streams and events with it.
+    fn drop(&mut self) {
+        for (_, lib) in self.tables.all(Kind::Library) {
+            if let Err(e) = self.backend.library_unload(lib.obj) {
+                warn!("teardown: library unload failed: {e}");
+            }
+        }
+        let contexts: Vec<Obj> = self.tables.contexts.values().filter_map(|c| c.obj).collect();
+        for ctx in contexts {
+            if let Err(e) = self.backend.ctx_destroy(ctx) {
+                warn!("teardown: context destroy failed: {e}");
+            }
+        }
+    }
+}
+
+/// Reads the first frame. `Hello` opens a session (the caller answers it
+/// once the session is registered); `ServerInfo` is a one-shot query
+/// (`gpuplex info`) answered without one.
+fn handshake(
+    carrier: &mut dyn Carrier,
+    buf: &mut Vec<u8>,
+    backend: &Arc<dyn Backend>,
+    registry: &Registry,
+) -> Result<Option<(Header, Hello)>, SessionError> {
+    let header = carrier.recv(buf)?;
+    match header.opcode() {
+        Ok(Opcode::Hello) => Ok(Some((header, codec::decode(buf)?))),
+        Ok(Opcode::ServerInfo) => {
+            send_reply(carrier, &header, &codec::encode(&registry.summary(&**backend)))?;
+            Ok(None)
+        }
+        other => {
+            let what = format!("expected Hello, got {other:?}");
+            reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, what.clone()))?;
+            Err(SessionError::Protocol(what))
+        }
+    }
+}
+
+fn send_reply(carrier: &mut dyn Carrier, to: &Header, payload: &[u8]) -> Result<(), TransportError> {
+    carrier.send(&Header::reply(to, 0, payload.len()), payload)
+}
+
+fn reply_error(carrier: &mut dyn Carrier, to: &Header, e: CallError) -> Result<(), TransportError> {
+    let payload = codec::encode(&ErrorDetail { detail: e.detail });
+    carrier.send(&Header::reply(to, e.code.0, payload.len()), &payload)
+}

@@ -1,0 +1,269 @@
+//! A session's view of its objects: which handles it was issued, what each
+//! one is on the backend, who owns it, and which device ranges it may touch.
+//!
+//! Handles are numbers from one counter, unique across object kinds and
+//! never reused within a session, so a stale or forged handle can only miss.
+//! Ownership is recorded so that destroying a context, unloading a module or
+//! a library drops every handle that died with it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use gpuplex_protocol::{CallError, CuError, FIRST_HANDLE};
+
+use crate::backend::Obj;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CtxEntry {
+    /// None for a primary context that is not active (released or reset).
+    pub obj: Option<Obj>,
+    pub device: i32,
+    pub primary: bool,
+}
+
+/// What an object belongs to, for cascading teardown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Ctx(u64),
+    Module(u64),
+    Library(u64),
+    Kernel(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub obj: Obj,
+    /// The context the object lives in (0 for context-free objects).
+    pub ctx: u64,
+    pub owner: Owner,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Module,
+    Func,
+    Stream,
+    Event,
+    Library,
+    Kernel,
+}
+
+/// A device range the session may read and write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub size: u64,
+    pub ctx: u64,
+    /// `None` for a `cuMemAlloc` allocation, else the module or library
+    /// whose global it is.
+    pub owner: Option<Owner>,
+}
+
+#[derive(Default)]
+pub struct Tables {
+    next: u64,
+    pub contexts: HashMap<u64, CtxEntry>,
+    objects: HashMap<u64, (Kind, Entry)>,
+    /// Reverse map so that asking twice for the same function, kernel or
+    /// module yields the same handle, as the real driver does.
+    issued: HashMap<(u8, u64, u64), u64>,
+    regions: BTreeMap<u64, Region>,
+}
+
+impl Tables {
+    pub fn new() -> Tables {
+        Tables { next: FIRST_HANDLE, ..Tables::default() }
+    }
+
+    fn issue(&mut self) -> u64 {
+        let h = self.next;
+        // Step by 16 so handles look like aligned pointers to C code that
+        // checks them that way.
+        self.next += 16;
+        h
+    }
+
+    pub fn add_ctx(&mut self, entry: CtxEntry) -> u64 {
+        let h = self.issue();
+        self.contexts.insert(h, entry);
+        h
+    }
+
+    pub fn ctx(&self, h: u64) -> Result<CtxEntry, CallError> {
+        self.contexts
+            .get(&h)
+            .copied()
+            .ok_or_else(|| CallError::new(CuError::INVALID_CONTEXT, format!("unknown context {h:#x}")))
+    }
+
+    /// Adds an object, or returns the handle already issued for the same
+    /// backend object in the same context.
+    pub fn add(&mut self, kind: Kind, entry: Entry) -> u64 {
+        let key = (kind as u8, entry.ctx, entry.obj.0);
+        if let Some(&h) = self.issued.get(&key) {
+            if self.objects.contains_key(&h) {
+                return h;
+            }
+        }
+        let h = self.issue();
+        self.objects.insert(h, (kind, entry));
+        self.issued.insert(key, h);
+        h
+    }
+
+    pub fn get(&self, kind: Kind, h: u64) -> Result<Entry, CallError> {
+        match self.objects.get(&h) {
+            Some((k, e)) if *k == kind => Ok(*e),
+            _ => Err(CallError::new(CuError::INVALID_HANDLE, format!("unknown {kind:?} handle {h:#x}"))),
+        }
+    }
+
+    /// The kind of a known handle.
+    pub fn kind_of(&self, h: u64) -> Option<Kind> {
+        self.objects.get(&h).map(|(k, _)| *k)
+    }
+
+    pub fn remove(&mut self, kind: Kind, h: u64) -> Result<Entry, CallError> {
+        let entry = self.get(kind, h)?;
+        self.objects.remove(&h);
+        self.issued.remove(&(kind as u8, entry.ctx, entry.obj.0));
+        self.drop_owned_by(match kind {
+            Kind::Module => Owner::Module(h),
+            Kind::Library => Owner::Library(h),
+            Kind::Kernel => Owner::Kernel(h),
+            Kind::Func | Kind::Stream | Kind::Event => return Ok(entry),
+        });
+        Ok(entry)
+    }
+
+    /// Forgets everything that lived in context `ctx` (the backend frees it
+    /// with the context), keeping the context entry itself.
+    pub fn drop_context_contents(&mut self, ctx: u64) {
+        let dead: Vec<(u64, Kind)> =
+            self.objects.iter().filter(|(_, (_, e))| e.ctx == ctx).map(|(h, (k, _))| (*h, *k)).collect();
+        for (h, kind) in dead {
+            // Cascades to functions of dead modules and so on.
+            let _ = self.remove(kind, h);
+        }
+        self.regions.retain(|_, r| r.ctx != ctx);
+    }
+
+    /// All live objects of one kind, for teardown.
+    pub fn all(&self, kind: Kind) -> Vec<(u64, Entry)> {
+        self.objects.iter().filter(|(_, (k, _))| *k == kind).map(|(h, (_, e))| (*h, *e)).collect()
+    }
+
+    fn drop_owned_by(&mut self, owner: Owner) {
+        let dead: Vec<(u64, Kind)> =
+            self.objects.iter().filter(|(_, (_, e))| e.owner == owner).map(|(h, (k, _))| (*h, *k)).collect();
+        for (h, kind) in dead {
+            let _ = self.remove(kind, h);
+        }
+        self.regions.retain(|_, r| r.owner != Some(owner));
+    }
+
+    pub fn add_region(&mut self, base: u64, region: Region) {
+        self.regions.insert(base, region);
+    }
+
+    /// The region starting exactly at `base`.
+    pub fn region_at(&self, base: u64) -> Option<Region> {
+        self.regions.get(&base).copied()
+    }
+
+    pub fn remove_region(&mut self, base: u64) {
+        self.regions.remove(&base);
+    }
+
+    /// The region holding `ptr`, as `(base, region)`.
+    pub fn region_containing(&self, ptr: u64) -> Option<(u64, Region)> {
+        let (&base, &r) = self.regions.range(..=ptr).next_back()?;
+        (ptr - base < r.size).then_some((base, r))
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies inside one region of the session.
+    /// This is what keeps a session's copies away from memory it does not
+    /// own, even though device addresses are real.
+    pub fn check_range(&self, ptr: u64, len: u64) -> Result<(), CallError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let fail =
+            || CallError::new(CuError::INVALID_VALUE, format!("{len} bytes at {ptr:#x} are not inside one allocation"));
+        let (base, r) = self.region_containing(ptr).ok_or_else(fail)?;
+        let end = ptr.checked_add(len).ok_or_else(fail)?;
+        if end > base + r.size {
+            return Err(fail());
+        }
+        Ok(())
+    }
+
+    /// Bytes held by `cuMemAlloc` allocations.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.regions.values().filter(|r| r.owner.is_none()).map(|r| r.size).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(obj: u64, ctx: u64, owner: Owner) -> Entry {
+        Entry { obj: Obj(obj), ctx, owner }
+    }
+
+    #[test]
+    fn handles_are_typed_unique_and_deduplicated() {
+        let mut t = Tables::new();
+        let c = t.add_ctx(CtxEntry { obj: Some(Obj(1)), device: 0, primary: false });
+        let m = t.add(Kind::Module, entry(10, c, Owner::Ctx(c)));
+        let f = t.add(Kind::Func, entry(11, c, Owner::Module(m)));
+        assert_eq!(t.add(Kind::Func, entry(11, c, Owner::Module(m))), f);
+        assert_ne!(m, f);
+        assert!(t.get(Kind::Stream, f).is_err());
+        assert_eq!(t.get(Kind::Func, f).unwrap().obj, Obj(11));
+        assert_eq!(t.get(Kind::Func, 0xdead).unwrap_err().code, CuError::INVALID_HANDLE);
+        assert_eq!(t.ctx(0).unwrap_err().code, CuError::INVALID_CONTEXT);
+    }
+
+    #[test]
+    fn unloading_a_module_drops_its_functions_and_globals() {
+        let mut t = Tables::new();
+        let c = t.add_ctx(CtxEntry { obj: Some(Obj(1)), device: 0, primary: false });
+        let m = t.add(Kind::Module, entry(10, c, Owner::Ctx(c)));
+        let f = t.add(Kind::Func, entry(11, c, Owner::Module(m)));
+        t.add_region(0x5000, Region { size: 64, ctx: c, owner: Some(Owner::Module(m)) });
+        t.add_region(0x9000, Region { size: 64, ctx: c, owner: None });
+        t.remove(Kind::Module, m).unwrap();
+        assert!(t.get(Kind::Func, f).is_err());
+        assert!(t.check_range(0x5000, 1).is_err());
+        assert!(t.check_range(0x9000, 64).is_ok());
+    }
+
+    #[test]
+    fn destroying_a_context_drops_everything_in_it() {
+        let mut t = Tables::new();
+        let c = t.add_ctx(CtxEntry { obj: Some(Obj(1)), device: 0, primary: false });
+        let d = t.add_ctx(CtxEntry { obj: Some(Obj(2)), device: 0, primary: false });
+        let s = t.add(Kind::Stream, entry(20, c, Owner::Ctx(c)));
+        let s2 = t.add(Kind::Stream, entry(21, d, Owner::Ctx(d)));
+        t.add_region(0x9000, Region { size: 64, ctx: c, owner: None });
+        t.drop_context_contents(c);
+        assert!(t.get(Kind::Stream, s).is_err());
+        assert!(t.get(Kind::Stream, s2).is_ok());
+        assert_eq!(t.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn ranges_must_fit_one_region() {
+        let mut t = Tables::new();
+        t.add_region(0x1000, Region { size: 0x100, ctx: 1, owner: None });
+        t.add_region(0x1100, Region { size: 0x100, ctx: 1, owner: None });
+        assert!(t.check_range(0x1000, 0x100).is_ok());
+        assert!(t.check_range(0x10ff, 1).is_ok());
+        assert!(t.check_range(0x10ff, 2).is_err(), "spans two allocations");
+        assert!(t.check_range(0xfff, 1).is_err());
+        assert!(t.check_range(0x1200, 1).is_err());
+        assert!(t.check_range(u64::MAX, 2).is_err());
+        assert!(t.check_range(0x1000, u64::MAX).is_err());
+        assert_eq!(t.region_containing(0x1150).unwrap().0, 0x1100);
+    }
+}
