@@ -1,24 +1,50 @@
 //! Frames over any byte stream: shared by the stream-socket carriers.
 
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{ErrorKind, Read};
+use std::os::fd::AsRawFd;
 
 use gpuplex_protocol::{Header, HEADER_SIZE};
 use zerocopy::IntoBytes;
 
 use crate::TransportError;
 
-pub(crate) fn send<W: Write>(w: &mut W, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
+/// Sends one frame on a socket. `MSG_NOSIGNAL`: a peer that went away must
+/// be an error for this caller, not a SIGPIPE that kills the process the
+/// front-end lives in.
+pub(crate) fn send(socket: &impl AsRawFd, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
     debug_assert_eq!(header.payload_len(), payload.len());
-    let mut bufs = [IoSlice::new(header.as_bytes()), IoSlice::new(payload)];
-    let mut bufs = &mut bufs[..];
-    while !bufs.is_empty() {
-        match w.write_vectored(bufs) {
-            Ok(0) => return Err(TransportError::Closed),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if is_disconnect(&e) => return Err(TransportError::Closed),
-            Err(e) => return Err(e.into()),
+    let parts = [header.as_bytes(), payload];
+    let (mut part, mut offset) = (0, 0);
+    while part < parts.len() {
+        let iov: Vec<libc::iovec> = parts[part..]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let p = if i == 0 { &p[offset..] } else { p };
+                libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() }
+            })
+            .collect();
+        // SAFETY: zeroed msghdr is a valid empty message; we set only the iovec.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len() as _;
+        // SAFETY: `msg` points at iovecs over live buffers for the call.
+        let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                ErrorKind::Interrupted => continue,
+                _ if is_disconnect(&e) => return Err(TransportError::Closed),
+                _ => return Err(e.into()),
+            }
         }
+        let mut n = n as usize;
+        while part < parts.len() && n >= parts[part].len() - offset {
+            n -= parts[part].len() - offset;
+            part += 1;
+            offset = 0;
+        }
+        offset += n;
     }
     Ok(())
 }

@@ -38,7 +38,7 @@ impl UnixCarrier {
 
 impl Carrier for UnixCarrier {
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
-        stream::send(&mut self.socket, header, payload)
+        stream::send(&self.socket, header, payload)
     }
 
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
@@ -134,6 +134,27 @@ mod tests {
         let (a, mut b) = UnixCarrier::pair().unwrap();
         drop(a);
         assert!(matches!(b.recv(&mut Vec::new()), Err(TransportError::Closed)));
+    }
+
+    #[test]
+    fn sending_to_a_vanished_peer_is_an_error_not_a_signal() {
+        let (mut a, b) = UnixCarrier::pair().unwrap();
+        drop(b);
+        let big = vec![0u8; 1 << 20];
+        let h = Header::request(Opcode::Hello, 1, 0, big.len());
+        assert!(matches!(a.send(&h, &big), Err(TransportError::Closed)));
+    }
+
+    #[test]
+    fn large_frames_arrive_whole() {
+        let (mut a, mut b) = UnixCarrier::pair().unwrap();
+        let big: Vec<u8> = (0..(8 << 20)).map(|i| i as u8).collect();
+        let sent = big.clone();
+        let t = std::thread::spawn(move || a.send(&Header::request(Opcode::Hello, 1, 0, sent.len()), &sent).unwrap());
+        let mut buf = Vec::new();
+        b.recv(&mut buf).unwrap();
+        t.join().unwrap();
+        assert_eq!(buf, big);
     }
 
     #[test]

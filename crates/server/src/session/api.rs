@@ -20,6 +20,11 @@ const ATTR_RECORD: usize = 4 + 64;
 /// write back, and are refused until they are translated.
 const PLAIN_LAUNCH_ATTRS: &[u32] = &[0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 14, 16];
 
+/// The bytes a packed parameter buffer spans.
+fn packed_size(layout: &[backend::ParamSlot]) -> usize {
+    layout.iter().map(|p| (p.offset + p.size) as usize).max().unwrap_or(0)
+}
+
 fn invalid(detail: impl Into<String>) -> CallError {
     CallError::new(CuError::INVALID_VALUE, detail)
 }
@@ -125,6 +130,14 @@ impl Session {
     fn module(&self, h: u64) -> R<(Obj, Entry)> {
         let entry = self.tables.get(Kind::Module, h)?;
         Ok((self.ctx_of(&entry)?, entry))
+    }
+
+    /// Asks the backend for a function's parameter layout and remembers
+    /// how many packed bytes it takes.
+    fn learn_param_bytes(&mut self, handle: u64, ctx: Obj, func: Obj) -> R<usize> {
+        let n = packed_size(&self.backend.param_layout(ctx, func)?);
+        self.param_bytes.insert(handle, n);
+        Ok(n)
     }
 
     fn add_global(&mut self, ctx: u64, owner: Owner, (ptr, size): (u64, u64)) -> (DevPtr, u64) {
@@ -497,6 +510,7 @@ impl Api for Session {
     fn ParamLayout(&mut self, req: ParamLayout::Request) -> R<ParamLayout::Reply> {
         let (ctx, func) = self.func(req.func)?;
         let layout = self.backend.param_layout(ctx, func)?;
+        self.param_bytes.insert(req.func.0, packed_size(&layout));
         Ok(ParamLayout::Reply {
             offsets: Seq(layout.iter().map(|p| p.offset).collect()),
             sizes: Seq(layout.iter().map(|p| p.size).collect()),
@@ -611,7 +625,14 @@ impl Api for Session {
             attrs.push((id, value));
         }
         let (_, ctx) = self.current_ctx()?;
-        let (_, func) = self.func(req.func)?;
+        let (func_ctx, func) = self.func(req.func)?;
+        let expected = match self.param_bytes.get(&req.func.0) {
+            Some(&n) => n,
+            None => self.learn_param_bytes(req.func.0, func_ctx, func)?,
+        };
+        if req.params.len() != expected {
+            return Err(invalid(format!("{} parameter bytes for a kernel that takes {expected}", req.params.len())));
+        }
         let (_, stream) = self.stream(req.stream)?;
         let launch = backend::Launch {
             grid: [req.gridX, req.gridY, req.gridZ],

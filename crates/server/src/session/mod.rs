@@ -14,6 +14,7 @@ mod api;
 pub mod metrics;
 pub mod tables;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpuplex_protocol::{
@@ -34,6 +35,10 @@ pub struct Session {
     primaries: Vec<Primary>,
     /// The caller's current context for the call being run (from the header).
     current: Ctx,
+    /// Bytes of packed parameters each function takes, by client handle
+    /// (never reused, so never stale). The driver does not check a short
+    /// buffer, so the session does.
+    param_bytes: HashMap<u64, usize>,
     metrics: Arc<SessionMetrics>,
 }
 
@@ -67,7 +72,7 @@ impl Session {
                 flags: 0,
             })
             .collect();
-        Session { backend, tables, primaries, current: Ctx(0), metrics }
+        Session { backend, tables, primaries, current: Ctx(0), param_bytes: HashMap::new(), metrics }
     }
 
     /// Serves one connection until it ends. Never panics on peer input.

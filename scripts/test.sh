@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs every test gpuplex has that needs no GPU, on a fresh machine: installs
+# the pinned CUDA 13.0 compiler from PyPI (for the end-to-end programs), then
+# formatting, lints, the build, unit/integration/end-to-end tests and docs.
+# The GPU suite is scripts/gpu-suite.sh, run on a machine with a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GPUPLEX_NVCC_DIR="$(scripts/install-nvcc.sh)"
+export GPUPLEX_NVCC_DIR
+# The end-to-end tests must not skip themselves here.
+export GPUPLEX_REQUIRE_NVCC=1
+
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# The end-to-end tests run target/debug/gpuplex with target/debug/libcuda.so.
+cargo build --workspace --locked
+cargo test --workspace --locked
+RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
+echo "all tests passed"
