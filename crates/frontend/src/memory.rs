@@ -253,6 +253,9 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
         client::client()?;
+        if p.is_null() {
+            return Ok(());
+        }
         let block = HostBlocks::with(|b| match b.get(&(p as u64)) {
             Some(block) if block.allocated => b.remove(&(p as u64)),
             _ => None,

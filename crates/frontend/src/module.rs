@@ -7,7 +7,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use gpuplex_protocol::{calls, CuError, MAX_PAYLOAD};
+use gpuplex_protocol::{calls, CuError, DevPtr, Library, Module, MAX_PAYLOAD};
 
 use crate::client;
 use crate::ffi::{c_name, check_out, entry, write_out, CUresult};
@@ -253,6 +253,56 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
         // SAFETY: per this function's contract.
         unsafe { answer_jit_options(num_jit, jit_options, jit_values) };
         Ok(())
+    })
+}
+
+/// Writes a global's address and size; either may be NULL, not both.
+fn write_global(dptr: *mut u64, bytes: *mut usize, reply: (DevPtr, u64)) -> Result<(), CuError> {
+    // SAFETY: NULL is skipped; otherwise the caller vouches for the pointers.
+    unsafe {
+        write_out(dptr, reply.0 .0);
+        write_out(bytes, reply.1 as usize);
+    }
+    Ok(())
+}
+
+fn check_global_outs(dptr: *mut u64, bytes: *mut usize) -> Result<(), CuError> {
+    if dptr.is_null() && bytes.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `dptr` and `bytes` are NULL or valid for writes; `name` is a C string.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut u64,
+    bytes: *mut usize,
+    hmod: *mut c_void,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuModuleGetGlobal_v2", || {
+        check_global_outs(dptr, bytes)?;
+        let r = client::call(calls::ModuleGetGlobal::Request { hmod: Module(hmod as u64), name: c_name(name)? })?;
+        write_global(dptr, bytes, (r.dptr, r.bytes))
+    })
+}
+
+/// # Safety
+/// `dptr` and `bytes` are NULL or valid for writes; `name` is a C string.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut u64,
+    bytes: *mut usize,
+    library: *mut c_void,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuLibraryGetGlobal", || {
+        check_global_outs(dptr, bytes)?;
+        let r =
+            client::call(calls::LibraryGetGlobal::Request { library: Library(library as u64), name: c_name(name)? })?;
+        write_global(dptr, bytes, (r.dptr, r.bytes))
     })
 }
 

@@ -15,6 +15,8 @@ type R<T> = Result<T, CallError>;
 const MAX_PARAM_BYTES: usize = 32764;
 /// One `CUlaunchAttribute` as it travels: id, then the 64-byte value.
 const ATTR_RECORD: usize = 4 + 64;
+/// `CU_CTX_MAP_HOST`.
+const CU_CTX_MAP_HOST: u32 = 0x8;
 /// Launch attributes that carry only plain values. The others (programmatic
 /// and completion events, updatable graph nodes) hold client handles or
 /// write back, and are refused until they are translated.
@@ -68,7 +70,8 @@ impl Session {
 
     fn activate_primary(&mut self, dev: usize) -> R<Obj> {
         let p = self.primaries[dev];
-        let obj = self.backend.ctx_create(dev as i32, p.flags)?;
+        // The driver's primary contexts always map host memory.
+        let obj = self.backend.ctx_create(dev as i32, p.flags | CU_CTX_MAP_HOST)?;
         self.tables.contexts.insert(p.handle, CtxEntry { obj: Some(obj), device: dev as i32, primary: true });
         Ok(obj)
     }
@@ -195,6 +198,8 @@ impl Api for Session {
         }
         self.primaries[dev].refcount -= 1;
         if self.primaries[dev].refcount == 0 {
+            // Released to zero, the primary context starts over, flags too.
+            self.primaries[dev].flags = 0;
             self.deactivate_primary(dev)?;
         }
         Ok(cuDevicePrimaryCtxRelease_v2::Reply {})
@@ -316,6 +321,10 @@ impl Api for Session {
     }
 
     fn cuMemFree_v2(&mut self, req: cuMemFree_v2::Request) -> R<cuMemFree_v2::Reply> {
+        // Freeing NULL is a no-op, as with free(3).
+        if req.dptr.0 == 0 {
+            return Ok(cuMemFree_v2::Reply {});
+        }
         let region = self
             .tables
             .region_at(req.dptr.0)
@@ -425,11 +434,11 @@ impl Api for Session {
         Ok(cuModuleGetFunction::Reply { hfunc: Func(h) })
     }
 
-    fn cuModuleGetGlobal_v2(&mut self, req: cuModuleGetGlobal_v2::Request) -> R<cuModuleGetGlobal_v2::Reply> {
+    fn ModuleGetGlobal(&mut self, req: ModuleGetGlobal::Request) -> R<ModuleGetGlobal::Reply> {
         let (ctx, entry) = self.module(req.hmod.0)?;
         let global = self.backend.module_get_global(ctx, entry.obj, &req.name)?;
         let (dptr, bytes) = self.add_global(entry.ctx, Owner::Module(req.hmod.0), global);
-        Ok(cuModuleGetGlobal_v2::Reply { dptr, bytes })
+        Ok(ModuleGetGlobal::Reply { dptr, bytes })
     }
 
     fn cuModuleGetLoadingMode(&mut self, _: cuModuleGetLoadingMode::Request) -> R<cuModuleGetLoadingMode::Reply> {
@@ -472,12 +481,12 @@ impl Api for Session {
         Ok(cuLibraryGetModule::Reply { pMod: gpuplex_protocol::Module(m) })
     }
 
-    fn cuLibraryGetGlobal(&mut self, req: cuLibraryGetGlobal::Request) -> R<cuLibraryGetGlobal::Reply> {
+    fn LibraryGetGlobal(&mut self, req: LibraryGetGlobal::Request) -> R<LibraryGetGlobal::Reply> {
         let lib = self.tables.get(Kind::Library, req.library.0)?;
         let (h, ctx) = self.current_ctx()?;
         let global = self.backend.library_get_global(ctx, lib.obj, &req.name)?;
         let (dptr, bytes) = self.add_global(h, Owner::Library(req.library.0), global);
-        Ok(cuLibraryGetGlobal::Reply { dptr, bytes })
+        Ok(LibraryGetGlobal::Reply { dptr, bytes })
     }
 
     fn cuLibraryGetKernelCount(&mut self, req: cuLibraryGetKernelCount::Request) -> R<cuLibraryGetKernelCount::Reply> {

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# The GPU suite: every driver-API test program of tests/cuda, natively and
+# through `gpuplex run --backend cuda`, with stdout and exit status compared
+# and both timed; then the cuda-backend checks that a killed client's memory
+# comes back and that garbage on the server's socket harms no other client.
+#
+# Usage: scripts/gpu-suite.sh [BIN_DIR]
+#   BIN_DIR (or $GPUPLEX_BIN_DIR) holds prebuilt `gpuplex` and `libcuda.so`.
+#   $CUDA_HOME (default /usr/local/cuda) provides nvcc and lib64/stubs.
+#   With $OUT set, the summary and a tarball of all logs are written there.
+# Exits non-zero if anything failed.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${1:-${GPUPLEX_BIN_DIR:-}}
+if [ -z "$bin" ] || [ ! -x "$bin/gpuplex" ] || [ ! -f "$bin/libcuda.so" ]; then
+    echo "usage: $0 BIN_DIR (or GPUPLEX_BIN_DIR): a directory with gpuplex and libcuda.so" >&2
+    exit 2
+fi
+bin=$(cd "$bin" && pwd)
+cuda=${CUDA_HOME:-/usr/local/cuda}
+work=$(mktemp -d /tmp/gpu-suite.XXXXXX)
+logs=$work/logs
+progs=$work/programs
+mkdir -p "$logs"
+summary=$logs/summary.txt
+failures=0
+server=""
+holder=""
+
+say() { echo "$*" | tee -a "$summary"; }
+fail() { say "FAIL: $*"; failures=$((failures + 1)); }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+
+finish() {
+    if [ -n "$holder" ]; then kill -KILL -- "-$holder" 2>/dev/null || true; fi
+    if [ -n "$server" ]; then
+        kill "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+    fi
+    if [ -n "${OUT:-}" ]; then
+        cp "$summary" "$OUT/gpu-suite-summary.txt"
+        tar czf "$OUT/gpu-suite-logs.tgz" -C "$work" logs
+    fi
+    return 0
+}
+trap finish EXIT
+
+say "gpu suite: $(nvidia-smi -L 2>/dev/null | head -1), gpuplex from $bin"
+PATH="$cuda/bin:$PATH" "$root/scripts/build-cuda-tests.sh" "$progs" "$cuda/lib64/stubs" 2>"$logs/build.log" ||
+    { cat "$logs/build.log"; fail "build"; exit 1; }
+
+# Runs PROG ARGS with a time limit; stdout, stderr, status and seconds go to
+# $logs/TAG.{out,err,rc,time}.
+timed() {
+    local tag=$1 t0 t1 rc=0
+    shift
+    t0=$(now)
+    timeout 300 "$@" >"$logs/$tag.out" 2>"$logs/$tag.err" || rc=$?
+    t1=$(now)
+    echo "$rc" >"$logs/$tag.rc"
+    elapsed "$t0" "$t1" >"$logs/$tag.time"
+}
+
+# Everything but mem_info and hold_memory, whose output is the GPU's state.
+programs=(device_query vector_add copies memsets streams_events module_globals
+    mixed_params module_formats contexts expected_errors)
+
+say ""
+say "$(printf '%-16s %10s %10s %7s  %s' program native_s gpuplex_s ratio result)"
+for name in "${programs[@]}"; do
+    timed "$name.native" "$progs/$name"
+    timed "$name.gpuplex" "$bin/gpuplex" run --backend cuda -- "$progs/$name"
+    problems=()
+    native_rc=$(cat "$logs/$name.native.rc")
+    gpuplex_rc=$(cat "$logs/$name.gpuplex.rc")
+    [ "$native_rc" = 0 ] || problems+=("native exit $native_rc")
+    [ "$gpuplex_rc" = "$native_rc" ] || problems+=("gpuplex exit $gpuplex_rc")
+    diff -u "$logs/$name.native.out" "$logs/$name.gpuplex.out" >"$logs/$name.diff" ||
+        problems+=("stdout differs from native (logs/$name.diff)")
+    expected=$root/tests/cuda/expected/$name.txt
+    if [ -f "$expected" ]; then
+        cmp -s "$expected" "$logs/$name.native.out" || problems+=("native differs from expected/$name.txt")
+        cmp -s "$expected" "$logs/$name.gpuplex.out" || problems+=("gpuplex differs from expected/$name.txt")
+    fi
+    tn=$(cat "$logs/$name.native.time")
+    tg=$(cat "$logs/$name.gpuplex.time")
+    ratio=$(awk -v n="$tn" -v g="$tg" 'BEGIN { printf "%.2f", (n > 0 ? g / n : 0) }')
+    result=PASS
+    [ ${#problems[@]} -eq 0 ] || result="FAIL: $(IFS=';'; echo "${problems[*]}")"
+    say "$(printf '%-16s %10s %10s %7s  %s' "$name" "$tn" "$tg" "$ratio" "$result")"
+    [ "$result" = PASS ] || failures=$((failures + 1))
+done
+
+# The server-side checks, on a server of our own.
+say ""
+sock=$work/gpuplex.sock
+"$bin/gpuplex" serve --backend cuda --listen "unix:$sock" >"$logs/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 300); do [ -S "$sock" ] && break; sleep 0.1; done
+[ -S "$sock" ] || { fail "server did not create $sock"; exit 1; }
+client() { "$bin/gpuplex" run --server "unix:$sock" -- "$@"; }
+# Free bytes as mem_info reports them through the server; empty on failure.
+free_mem() { client "$progs/mem_info" 2>>"$logs/mem_info.err" | awk '$1 == "free" { print $2 }' || true; }
+
+# Waits up to $2 seconds for a line starting with $3 in file $1.
+wait_line() {
+    local end=$((SECONDS + $2))
+    while [ $SECONDS -lt $end ]; do grep -q "^$3" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+
+# 1. A killed client's memory is back within a second.
+before=$(free_mem)
+[ -n "$before" ] || { fail "mem_info through the server"; exit 1; }
+# Its own session (no job control here, so setsid does not fork): the kill
+# below reaches gpuplex run and the program, whichever of them holds what.
+setsid "$bin/gpuplex" run --server "unix:$sock" -- "$progs/hold_memory" 4096 >"$logs/hold.out" 2>&1 &
+holder=$!
+if ! wait_line "$logs/hold.out" 120 holding; then
+    fail "hold_memory did not report holding"
+else
+    during=$(free_mem)
+    [ -n "$during" ] && [ "$during" -le $((before - (4096 << 20))) ] ||
+        fail "holding 4096 MiB: free $before -> $during"
+    kill -KILL -- "-$holder"
+    wait "$holder" 2>/dev/null || true
+    holder=""
+    t0=$(now)
+    while :; do
+        after=$(free_mem)
+        took=$(elapsed "$t0" "$(now)")
+        [ "$after" = "$before" ] && { say "cleanup: free back to $before after ${took} s: PASS"; break; }
+        if awk -v t="$took" 'BEGIN { exit !(t > 1) }'; then
+            fail "cleanup: free $after ${took} s after SIGKILL, want $before"
+            break
+        fi
+    done
+fi
+
+# 2. Garbage on the socket while another client works.
+client "$progs/copies" >"$logs/garbage-copies.out" 2>"$logs/garbage-copies.err" &
+long=$!
+wait_line "$logs/garbage-copies.out" 120 "size=" || true
+python3 - "$sock" <<'PY' || fail "garbage: could not connect to the socket"
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(1)
+try:
+    s.sendall(os.urandom(4096))
+    s.recv(4096)
+except OSError:
+    pass  # a hang-up or silence are both fine
+PY
+rc=0
+wait "$long" || rc=$?
+if [ "$rc" != 0 ]; then
+    fail "garbage: copies beside it exited $rc"
+elif ! cmp -s "$logs/copies.native.out" "$logs/garbage-copies.out"; then
+    fail "garbage: copies beside it printed something else"
+elif [ -z "$(free_mem)" ]; then
+    fail "garbage: mem_info failed afterwards"
+else
+    say "garbage: copies unharmed, server still answers: PASS"
+fi
+
+say ""
+if [ "$failures" -eq 0 ]; then say "gpu suite: all passed"; else say "gpu suite: $failures failed"; fi
+[ "$failures" -eq 0 ]

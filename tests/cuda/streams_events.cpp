@@ -1,0 +1,131 @@
+// streams_events: streams of each kind and priority, work on each, events
+// joining them into one stream, queries where their answer is determined,
+// timing events and their errors.
+#include "common.h"
+
+EMBED(streams_events_fatbin, "streams_events.fatbin");
+
+static const unsigned THREADS = 4;      // per spin launch
+static const unsigned ITERS = 2000000;  // a few milliseconds on a GPU
+
+// What `spin` stores for thread i.
+static unsigned spin_value(unsigned seed, unsigned i) {
+    unsigned x = seed + i;
+    for (unsigned k = 0; k < ITERS; k++) x = x * 1664525u + 1013904223u;
+    return x;
+}
+
+static void launch_spin(CUfunction spin, CUdeviceptr out, unsigned seed, CUstream s) {
+    unsigned iters = ITERS;
+    void *params[] = {&out, &seed, &iters};
+    CHECK(cuLaunchKernel(spin, 1, 1, 1, THREADS, 1, 1, 0, s, params, nullptr));
+}
+
+int main() {
+    CUcontext ctx;
+    CUdevice dev = init_primary(&ctx);
+    CUmodule mod;
+    CUfunction spin;
+    CHECK(cuModuleLoadData(&mod, streams_events_fatbin));
+    CHECK(cuModuleGetFunction(&spin, mod, "spin"));
+
+    int least, greatest;
+    CHECK(cuCtxGetStreamPriorityRange(&least, &greatest));
+    printf("priority range: least >= greatest: %s\n", yes_no(least >= greatest));
+
+    // Streams: flags, and priorities as given or clamped into the range.
+    const int NS = 5;
+    const char *names[NS] = {"default", "non-blocking", "high", "low", "clamped"};
+    CUstream s[NS];
+    CHECK(cuStreamCreate(&s[0], CU_STREAM_DEFAULT));
+    CHECK(cuStreamCreate(&s[1], CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamCreateWithPriority(&s[2], CU_STREAM_NON_BLOCKING, greatest));
+    CHECK(cuStreamCreateWithPriority(&s[3], CU_STREAM_DEFAULT, least));
+    CHECK(cuStreamCreateWithPriority(&s[4], CU_STREAM_DEFAULT, greatest - 100));
+    const int want_priority[NS] = {least, least, greatest, least, greatest};
+    for (int i = 0; i < NS; i++) {
+        unsigned flags;
+        int priority;
+        CHECK(cuStreamGetFlags(s[i], &flags));
+        CHECK(cuStreamGetPriority(s[i], &priority));
+        printf("stream %s: flags=%u priority as expected: %s\n", names[i], flags,
+               yes_no(priority == want_priority[i]));
+    }
+
+    // A spin on every stream, each followed by an event; a join stream waits
+    // for all the events, then copies every result.
+    CUdeviceptr out, joined;
+    size_t bytes = NS * THREADS * sizeof(unsigned);
+    CHECK(cuMemAlloc(&out, bytes));
+    CHECK(cuMemAlloc(&joined, bytes));
+    CHECK(cuMemsetD8(joined, 0, bytes));
+    CHECK(cuCtxSynchronize()); // the join stream does not wait for the legacy stream
+    CUevent ev[NS], done;
+    CUstream join;
+    CHECK(cuStreamCreate(&join, CU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < NS; i++) {
+        CHECK(cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
+        launch_spin(spin, out + i * THREADS * sizeof(unsigned), 1000 * i, s[i]);
+        CHECK(cuEventRecord(ev[i], s[i]));
+        CHECK(cuStreamWaitEvent(join, ev[i], 0));
+    }
+    CHECK(cuEventCreate(&done, CU_EVENT_BLOCKING_SYNC));
+    CHECK(cuMemcpyDtoDAsync(joined, out, bytes, join));
+    CHECK(cuEventRecord(done, join));
+    CHECK(cuEventSynchronize(done));
+    printf("cuEventQuery after cuEventSynchronize: %s\n", err_name(cuEventQuery(done)));
+    unsigned got[NS * THREADS];
+    CHECK(cuMemcpyDtoH(got, joined, bytes));
+    for (int i = 0; i < NS; i++) {
+        for (unsigned t = 0; t < THREADS; t++)
+            EXPECT(got[i * THREADS + t] == spin_value(1000 * i, t), "stream %d thread %u", i, t);
+        printf("stream %s results: %08x %08x %08x %08x\n", names[i], got[i * THREADS],
+               got[i * THREADS + 1], got[i * THREADS + 2], got[i * THREADS + 3]);
+    }
+    for (int i = 0; i < NS; i++) {
+        CHECK(cuStreamSynchronize(s[i]));
+        printf("cuStreamQuery %s after synchronize: %s\n", names[i], err_name(cuStreamQuery(s[i])));
+    }
+
+    // The NULL stream waits for an event too.
+    CHECK(cuEventRecord(ev[0], s[2]));
+    CHECK(cuStreamWaitEvent(nullptr, ev[0], 0));
+    launch_spin(spin, out, 7, nullptr);
+    CHECK(cuStreamSynchronize(nullptr));
+    CHECK(cuMemcpyDtoH(got, out, THREADS * sizeof(unsigned)));
+    EXPECT(got[0] == spin_value(7, 0), "null stream spin");
+    printf("null stream result: %08x\n", got[0]);
+
+    // Timing: elapsed time is only checked for sign.
+    CUevent start, stop, untimed, never;
+    CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
+    CHECK(cuEventCreate(&stop, CU_EVENT_DEFAULT));
+    CHECK(cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING));
+    CHECK(cuEventCreate(&never, CU_EVENT_DEFAULT));
+    CHECK(cuEventRecord(start, s[2]));
+    CHECK(cuEventRecord(untimed, s[2]));
+    launch_spin(spin, out, 11, s[2]);
+    CHECK(cuEventRecord(stop, s[2]));
+    CHECK(cuEventSynchronize(stop));
+    float ms = -1;
+    CHECK(cuEventElapsedTime(&ms, start, stop));
+    printf("elapsed >= 0: %s\n", yes_no(ms >= 0));
+    printf("elapsed with a DISABLE_TIMING event: %s\n", err_name(cuEventElapsedTime(&ms, untimed, stop)));
+    printf("cuEventQuery on a never-recorded event: %s\n", err_name(cuEventQuery(never)));
+    printf("cuEventSynchronize on a never-recorded event: %s\n", err_name(cuEventSynchronize(never)));
+
+    CUevent others[] = {start, stop, untimed, never, done};
+    for (CUevent e : others) CHECK(cuEventDestroy(e));
+    for (int i = 0; i < NS; i++) {
+        CHECK(cuEventDestroy(ev[i]));
+        CHECK(cuStreamDestroy(s[i]));
+    }
+    CHECK(cuStreamDestroy(join));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuMemFree(out));
+    CHECK(cuMemFree(joined));
+    CHECK(cuModuleUnload(mod));
+    CHECK(cuDevicePrimaryCtxRelease(dev));
+    printf("done\n");
+    return 0;
+}
