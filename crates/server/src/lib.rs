@@ -2,7 +2,7 @@
 //!
 //! A [`Server`] accepts connections on a [`Listener`] and runs each one as a
 //! [`session::Session`] on its own thread; sessions share only the
-//! [`Backend`](backend::Backend) and the [`Registry`] of live sessions.
+//! [`Backend`] and the [`Registry`] of live sessions.
 
 pub mod backend;
 mod registry;
