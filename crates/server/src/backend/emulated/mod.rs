@@ -64,6 +64,29 @@ struct Function {
     carveout: i32,
 }
 
+impl Function {
+    fn new(ctx: u64, kernel: KernelInfo) -> Function {
+        let max_dynamic_shared = (device::SHARED_PER_BLOCK - kernel.shared_bytes.min(device::SHARED_PER_BLOCK)) as i32;
+        Function { ctx, kernel, max_dynamic_shared, carveout: -1 }
+    }
+
+    /// `cuFuncGetAttribute`.
+    fn attribute(&self, attr: i32) -> BResult<i32> {
+        let k = &self.kernel;
+        Ok(match attr {
+            0 => k.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK).min(device::MAX_THREADS_PER_BLOCK)
+                as i32,
+            1 => k.shared_bytes as i32,
+            4 => k.registers as i32,
+            5 | 6 => 90,
+            8 => self.max_dynamic_shared,
+            9 => self.carveout,
+            2 | 3 | 7 | 10..=15 => 0,
+            _ => return Err(CuError::INVALID_VALUE.into()),
+        })
+    }
+}
+
 struct Library {
     image: Arc<Image>,
     kernels: HashMap<String, u64>,
@@ -197,8 +220,7 @@ impl State {
             .ok_or_else(|| err(CuError::NOT_FOUND, format!("no kernel {name:?} in the module")))?;
         let ctx = m.ctx;
         let id = self.id();
-        let max_dynamic_shared = (device::SHARED_PER_BLOCK - kernel.shared_bytes.min(device::SHARED_PER_BLOCK)) as i32;
-        self.functions.insert(id, Function { ctx, kernel, max_dynamic_shared, carveout: -1 });
+        self.functions.insert(id, Function::new(ctx, kernel));
         if let Some(m) = self.modules.get_mut(&module) {
             m.functions.insert(name.to_owned(), id);
         }
@@ -534,20 +556,7 @@ impl Backend for Emulated {
     }
 
     fn func_get_attribute(&self, _ctx: Obj, func: Obj, attr: i32) -> BResult<i32> {
-        let s = self.state();
-        let f = s.function(func)?;
-        let k = &f.kernel;
-        Ok(match attr {
-            0 => k.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK).min(device::MAX_THREADS_PER_BLOCK)
-                as i32,
-            1 => k.shared_bytes as i32,
-            4 => k.registers as i32,
-            5 | 6 => 90,
-            8 => f.max_dynamic_shared,
-            9 => f.carveout,
-            2 | 3 | 7 | 10..=15 => 0,
-            _ => return Err(CuError::INVALID_VALUE.into()),
-        })
+        self.state().function(func)?.attribute(attr)
     }
 
     fn func_set_attribute(&self, _ctx: Obj, func: Obj, attr: i32, value: i32) -> BResult<()> {
@@ -588,16 +597,8 @@ impl Backend for Emulated {
         let k = s.kernels.get(&kernel.0).ok_or(CuError::INVALID_HANDLE)?;
         let lib = s.libraries.get(&k.library).ok_or(CuError::INVALID_HANDLE)?;
         let info = lib.image.kernels.iter().find(|i| i.name == k.name).ok_or(CuError::INVALID_HANDLE)?;
-        Ok(match attr {
-            0 => info.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK) as i32,
-            1 => info.shared_bytes as i32,
-            4 => info.registers as i32,
-            5 | 6 => 90,
-            8 => (device::SHARED_PER_BLOCK - info.shared_bytes.min(device::SHARED_PER_BLOCK)) as i32,
-            9 => -1,
-            2 | 3 | 7 | 10..=15 => 0,
-            _ => return Err(CuError::INVALID_VALUE.into()),
-        })
+        // A kernel's attributes are those of a function not yet tuned.
+        Function::new(0, info.clone()).attribute(attr)
     }
 
     fn kernel_set_attribute(&self, kernel: Obj, attr: i32, value: i32, _dev: i32) -> BResult<()> {
