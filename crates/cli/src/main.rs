@@ -13,11 +13,20 @@ use gpuplex_transport::Address;
 /// gpuplex's libcuda.so.1, which sends their driver calls to a gpuplex server
 /// that owns the GPUs.
 #[derive(Parser)]
-#[command(version, propagate_version = true)]
+#[command(version, propagate_version = true, after_help = EXAMPLES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+const EXAMPLES: &str = "Examples:
+  gpuplex run -- ./app               run ./app on this machine's GPUs (starts a server if none runs)
+  gpuplex serve &                    keep a shared server on the default socket
+  gpuplex info                       show its devices and who is using them
+  gpuplex serve --listen unix:/run/gpuplex.sock
+  GPUPLEX_SERVER=unix:/run/gpuplex.sock ./app   use a server without `gpuplex run`
+                                     (needs gpuplex's libcuda.so.1 on LD_LIBRARY_PATH)
+  gpuplex run --backend emulated -- ./test   no GPU here: the host-memory test device";
 
 #[derive(Subcommand)]
 enum Command {
