@@ -17,17 +17,18 @@ thread_local! {
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The calling thread's current context handle, 0 for none.
+/// The calling thread's current context handle, 0 for none. A thread in
+/// its exit handlers, whose stack is already gone, has none.
 pub fn current() -> u64 {
-    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+    STACK.try_with(|s| s.borrow().last().copied().unwrap_or(0)).unwrap_or(0)
 }
 
 fn push(ctx: u64) {
-    STACK.with(|s| s.borrow_mut().push(ctx));
+    let _ = STACK.try_with(|s| s.borrow_mut().push(ctx));
 }
 
 fn pop() -> Option<u64> {
-    STACK.with(|s| s.borrow_mut().pop())
+    STACK.try_with(|s| s.borrow_mut().pop()).ok().flatten()
 }
 
 /// # Safety
@@ -136,6 +137,7 @@ fn destroy(ctx: *mut c_void) -> Result<(), CuError> {
         return Err(CuError::INVALID_VALUE);
     }
     client::call(calls::CtxDestroy::Request { ctx: Ctx(ctx as u64) })?;
+    crate::export_tables::context_gone(ctx as u64);
     if current() == ctx as u64 {
         pop();
     }
@@ -154,4 +156,56 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> CUresult {
     entry("cuCtxDestroy", || destroy(ctx))
+}
+
+fn release_primary(dev: i32) -> Result<(), CuError> {
+    let reply = client::call(calls::PrimaryCtxRelease::Request { dev })?;
+    if !reply.active {
+        crate::export_tables::context_gone(primary_handle(dev)?);
+    }
+    Ok(())
+}
+
+fn reset_primary(dev: i32) -> Result<(), CuError> {
+    client::call(calls::PrimaryCtxReset::Request { dev })?;
+    crate::export_tables::context_gone(primary_handle(dev)?);
+    Ok(())
+}
+
+/// The session's primary context handle for a device.
+pub fn primary_handle(dev: i32) -> Result<u64, CuError> {
+    let welcome = &client::client()?.welcome;
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| welcome.primary_contexts.0.get(d))
+        .map(|c| c.0)
+        .ok_or(CuError::INVALID_DEVICE)
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: i32) -> CUresult {
+    entry("cuDevicePrimaryCtxRelease_v2", || release_primary(dev))
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: i32) -> CUresult {
+    entry("cuDevicePrimaryCtxRelease", || release_primary(dev))
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: i32) -> CUresult {
+    entry("cuDevicePrimaryCtxReset_v2", || reset_primary(dev))
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: i32) -> CUresult {
+    entry("cuDevicePrimaryCtxReset", || reset_primary(dev))
 }

@@ -17,11 +17,13 @@
 mod client;
 mod context;
 mod device;
+mod export_tables;
 mod ffi;
 mod launch;
 mod log;
 mod memory;
-mod module;
+pub(crate) mod module;
+mod proc_address;
 
 mod generated {
     //! Exports generated from the API table.

@@ -2,6 +2,7 @@
 
 use crate::codec::Seq;
 use crate::wire_struct;
+use crate::Ctx;
 
 wire_struct! {
     /// First frame of every connection (opcode `Hello`).
@@ -41,6 +42,9 @@ wire_struct! {
         pub backend: String,
         pub driver_version: i32,
         pub devices: Seq<DeviceInfo>,
+        /// The session's primary context handle for each device; valid
+        /// (though not retained) from the start, as the driver's are.
+        pub primary_contexts: Seq<Ctx>,
     }
 }
 

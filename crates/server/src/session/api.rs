@@ -188,10 +188,7 @@ impl Api for Session {
         Ok(cuDevicePrimaryCtxRetain::Reply { pctx: Ctx(self.primaries[dev].handle) })
     }
 
-    fn cuDevicePrimaryCtxRelease_v2(
-        &mut self,
-        req: cuDevicePrimaryCtxRelease_v2::Request,
-    ) -> R<cuDevicePrimaryCtxRelease_v2::Reply> {
+    fn PrimaryCtxRelease(&mut self, req: PrimaryCtxRelease::Request) -> R<PrimaryCtxRelease::Reply> {
         let dev = self.device(req.dev)?;
         if self.primaries[dev].refcount == 0 {
             return Err(CallError::new(CuError::INVALID_CONTEXT, "primary context is not retained"));
@@ -202,17 +199,14 @@ impl Api for Session {
             self.primaries[dev].flags = 0;
             self.deactivate_primary(dev)?;
         }
-        Ok(cuDevicePrimaryCtxRelease_v2::Reply {})
+        Ok(PrimaryCtxRelease::Reply { active: self.primaries[dev].refcount > 0 })
     }
 
-    fn cuDevicePrimaryCtxReset_v2(
-        &mut self,
-        req: cuDevicePrimaryCtxReset_v2::Request,
-    ) -> R<cuDevicePrimaryCtxReset_v2::Reply> {
+    fn PrimaryCtxReset(&mut self, req: PrimaryCtxReset::Request) -> R<PrimaryCtxReset::Reply> {
         let dev = self.device(req.dev)?;
         self.deactivate_primary(dev)?;
         self.primaries[dev].flags = 0;
-        Ok(cuDevicePrimaryCtxReset_v2::Reply {})
+        Ok(PrimaryCtxReset::Reply {})
     }
 
     fn cuDevicePrimaryCtxSetFlags_v2(

@@ -91,13 +91,14 @@ impl Session {
         let id = metrics.id;
         let span = tracing::info_span!("session", id, pid = peer.pid);
         let _enter = span.enter();
+        let mut session = Session::new(backend.clone(), metrics);
         let welcome = Welcome {
             session: id,
             backend: backend.kind().to_owned(),
             driver_version: backend.driver_version(),
             devices: gpuplex_protocol::Seq(backend.devices().to_vec()),
+            primary_contexts: gpuplex_protocol::Seq(session.primaries.iter().map(|p| Ctx(p.handle)).collect()),
         };
-        let mut session = Session::new(backend, metrics);
         let end = match send_reply(carrier.as_mut(), &header, &codec::encode(&welcome)) {
             Ok(()) => {
                 info!(uid = peer.uid, program = %hello.program, "session opened");
