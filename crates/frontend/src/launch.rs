@@ -379,3 +379,83 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
         max_potential_block_size(min_grid, block, func, callback, smem, limit, flags)
     })
 }
+
+/// Host functions run in this process, in stream order: the stream's
+/// earlier work is waited for, then the function runs before the call
+/// returns, so nothing queued after it can start early. The caller blocks
+/// for that long, which CUDA allows (only the order is promised).
+fn run_in_stream_order(stream: Stream) -> Result<(), CuError> {
+    client::call(calls::cuStreamSynchronize::Request { hStream: stream }).map(|_| ())
+}
+
+type HostFn = unsafe extern "C" fn(user_data: *mut c_void);
+type StreamCallback = unsafe extern "C" fn(stream: *mut c_void, status: CUresult, user_data: *mut c_void);
+
+fn launch_host_func(stream: Stream, f: Option<HostFn>, user_data: *mut c_void) -> Result<(), CuError> {
+    let f = f.ok_or(CuError::INVALID_VALUE)?;
+    run_in_stream_order(stream)?;
+    // SAFETY: the caller's function and data, called as CUDA would.
+    unsafe { f(user_data) };
+    Ok(())
+}
+
+fn add_callback(
+    s: *mut c_void,
+    stream: Stream,
+    cb: Option<StreamCallback>,
+    user_data: *mut c_void,
+    flags: u32,
+) -> Result<(), CuError> {
+    let cb = cb.ok_or(CuError::INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // The callback learns how the stream's earlier work ended; a bad
+    // handle is the caller's error instead.
+    let status = match run_in_stream_order(stream) {
+        Ok(()) => 0,
+        Err(e @ (CuError::INVALID_HANDLE | CuError::INVALID_CONTEXT | CuError::NOT_INITIALIZED)) => return Err(e),
+        Err(e) => e.0,
+    };
+    // SAFETY: the caller's callback and data, called as CUDA would.
+    unsafe { cb(s, status, user_data) };
+    Ok(())
+}
+
+/// # Safety
+/// `f` is a function the caller wants run with `user_data`.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchHostFunc(s: *mut c_void, f: Option<HostFn>, user_data: *mut c_void) -> CUresult {
+    entry("cuLaunchHostFunc", || launch_host_func(stream(s), f, user_data))
+}
+
+/// # Safety
+/// As `cuLaunchHostFunc`.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchHostFunc_ptsz(s: *mut c_void, f: Option<HostFn>, user_data: *mut c_void) -> CUresult {
+    entry("cuLaunchHostFunc_ptsz", || launch_host_func(ptsz_stream(s), f, user_data))
+}
+
+/// # Safety
+/// `cb` is a function the caller wants run with `user_data`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAddCallback(
+    s: *mut c_void,
+    cb: Option<StreamCallback>,
+    user_data: *mut c_void,
+    flags: u32,
+) -> CUresult {
+    entry("cuStreamAddCallback", || add_callback(s, stream(s), cb, user_data, flags))
+}
+
+/// # Safety
+/// As `cuStreamAddCallback`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
+    s: *mut c_void,
+    cb: Option<StreamCallback>,
+    user_data: *mut c_void,
+    flags: u32,
+) -> CUresult {
+    entry("cuStreamAddCallback_ptsz", || add_callback(s, ptsz_stream(s), cb, user_data, flags))
+}

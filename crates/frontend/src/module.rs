@@ -5,9 +5,11 @@
 //! NUL-terminated PTX) and sends the whole image; the server never reads
 //! client memory.
 
+use std::collections::HashSet;
 use std::ffi::{c_char, c_void};
+use std::sync::{Mutex, PoisonError};
 
-use gpuplex_protocol::{calls, CuError, DevPtr, Library, Module, MAX_PAYLOAD};
+use gpuplex_protocol::{calls, image_digest, CuError, DevPtr, Library, Module, MAX_PAYLOAD};
 
 use crate::client;
 use crate::ffi::{c_name, check_out, entry, write_out, CUresult};
@@ -111,9 +113,29 @@ unsafe fn elf_len(p: *const u8) -> Result<usize, CuError> {
     usize::try_from(end).map_err(|_| CuError::INVALID_IMAGE)
 }
 
+/// Digests of the images this process has sent to its session.
+static SENT: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
+
+/// Sends an image once per session: later loads of the same bytes name it
+/// by digest. `send` makes the request from `(digest, image or empty)`.
+fn send_image<T>(image: &[u8], send: impl Fn(u64, Vec<u8>) -> Result<T, CuError>) -> Result<T, CuError> {
+    let digest = image_digest(image);
+    let sent = SENT.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| s.contains(&digest));
+    if sent {
+        match send(digest, Vec::new()) {
+            // The server let it go (its cache is bounded): send it again.
+            Err(CuError::NOT_FOUND) => {}
+            other => return other,
+        }
+    }
+    let reply = send(digest, image.to_vec())?;
+    SENT.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashSet::new).insert(digest);
+    Ok(reply)
+}
+
 fn load_module(module: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> {
     check_out(module)?;
-    let reply = client::call(calls::ModuleLoad::Request { image: image.to_vec() })?;
+    let reply = send_image(image, |digest, image| client::call(calls::ModuleLoad::Request { digest, image }))?;
     // SAFETY: checked non-NULL; the caller vouches for it.
     unsafe { write_out(module, reply.module.0 as *mut c_void) };
     Ok(())
@@ -121,7 +143,7 @@ fn load_module(module: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> {
 
 fn load_library(library: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> {
     check_out(library)?;
-    let reply = client::call(calls::LibraryLoad::Request { image: image.to_vec() })?;
+    let reply = send_image(image, |digest, image| client::call(calls::LibraryLoad::Request { digest, image }))?;
     // SAFETY: checked non-NULL; the caller vouches for it.
     unsafe { write_out(library, reply.library.0 as *mut c_void) };
     Ok(())

@@ -39,12 +39,14 @@
 //! exports.
 
 pub mod codec;
+mod digest;
 mod error;
 mod handles;
 mod handshake;
 mod header;
 
 pub use codec::{Seq, Wire};
+pub use digest::image_digest;
 pub use error::{CallError, CuError, DecodeError, HeaderError, CUDA_ERRORS, MAX_DETAIL};
 pub use handles::*;
 pub use handshake::*;

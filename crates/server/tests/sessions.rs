@@ -179,7 +179,13 @@ fn bogus_arguments_get_clear_errors() {
     assert_eq!(err(c.call(cuMemAlloc_v2::Request { bytesize: 1 << 50 })), CuError::OUT_OF_MEMORY);
     assert_eq!(err(c.call(cuStreamQuery::Request { hStream: Stream(0xdead0) })), CuError::INVALID_HANDLE);
     assert_eq!(err(c.call(cuDevicePrimaryCtxRetain::Request { dev: 7 })), CuError::INVALID_DEVICE);
-    assert_eq!(err(c.call(ModuleLoad::Request { image: b"garbage".to_vec() })), CuError::INVALID_IMAGE);
+    assert_eq!(
+        err(c.call(ModuleLoad::Request {
+            digest: gpuplex_protocol::image_digest(b"garbage"),
+            image: b"garbage".to_vec()
+        })),
+        CuError::INVALID_IMAGE
+    );
     c.ctx = Ctx(0xbad0);
     assert_eq!(err(c.call(cuMemAlloc_v2::Request { bytesize: 8 })), CuError::INVALID_CONTEXT);
     c.ctx = Ctx(0);

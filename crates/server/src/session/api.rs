@@ -403,7 +403,8 @@ impl Api for Session {
 
     fn ModuleLoad(&mut self, req: ModuleLoad::Request) -> R<ModuleLoad::Reply> {
         let (h, ctx) = self.current_ctx()?;
-        let obj = self.backend.module_load(ctx, &req.image)?;
+        let image = self.images.resolve(req.digest, req.image)?;
+        let obj = self.backend.module_load(ctx, &image)?;
         Ok(ModuleLoad::Reply {
             module: gpuplex_protocol::Module(
                 self.tables.add(Kind::Module, Entry { obj, ctx: h, owner: Owner::Ctx(h) }),
@@ -448,7 +449,8 @@ impl Api for Session {
     }
 
     fn LibraryLoad(&mut self, req: LibraryLoad::Request) -> R<LibraryLoad::Reply> {
-        let obj = self.backend.library_load(&req.image)?;
+        let image = self.images.resolve(req.digest, req.image)?;
+        let obj = self.backend.library_load(&image)?;
         let h = self.tables.add(Kind::Library, Entry { obj, ctx: 0, owner: Owner::Ctx(0) });
         Ok(LibraryLoad::Reply { library: gpuplex_protocol::Library(h) })
     }

@@ -11,6 +11,7 @@
 //! or CUDA errors never reach another.
 
 mod api;
+mod images;
 pub mod metrics;
 pub mod tables;
 
@@ -39,6 +40,7 @@ pub struct Session {
     /// (never reused, so never stale). The driver does not check a short
     /// buffer, so the session does.
     param_bytes: HashMap<u64, usize>,
+    images: images::Images,
     metrics: Arc<SessionMetrics>,
 }
 
@@ -72,7 +74,15 @@ impl Session {
                 flags: 0,
             })
             .collect();
-        Session { backend, tables, primaries, current: Ctx(0), param_bytes: HashMap::new(), metrics }
+        Session {
+            backend,
+            tables,
+            primaries,
+            current: Ctx(0),
+            param_bytes: HashMap::new(),
+            images: images::Images::default(),
+            metrics,
+        }
     }
 
     /// Serves one connection until it ends. Never panics on peer input.
