@@ -147,7 +147,10 @@ impl Session {
                 }
                 call => {
                     self.current = Ctx(header.context.get());
-                    match dispatch(self, call, buf) {
+                    let outcome = dispatch(self, call, buf);
+                    // Before the reply, so that what the client sees next is counted.
+                    self.metrics.set_usage(self.live_contexts(), self.tables.allocated_bytes());
+                    match outcome {
                         Ok(Ok(reply)) => send_reply(carrier, &header, &reply)?,
                         Ok(Err(e)) => {
                             debug!(call = call.name(), code = e.code.0, detail = %e.detail, "call failed");
@@ -158,7 +161,6 @@ impl Session {
                             return Err(e.into());
                         }
                     }
-                    self.metrics.set_usage(self.live_contexts(), self.tables.allocated_bytes());
                 }
             }
         }
