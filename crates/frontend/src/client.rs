@@ -118,7 +118,8 @@ impl Conn {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let result = self.carrier.send(&Header::request(opcode, id, ctx, payload.len()), payload);
+        let header = Header::request(opcode, id, ctx, payload.len()).from_thread(context::thread_id());
+        let result = self.carrier.send(&header, payload);
         let header = result.and_then(|()| self.carrier.recv(&mut self.buf)).map_err(|e| self.lose(&e.to_string()))?;
         if header.request_id.get() != id || header.opcode.get() != opcode as u16 {
             return Err(self.lose("reply does not match the request"));

@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpuplex_protocol::{calls, Ctx, CuError};
 
@@ -15,6 +16,15 @@ use crate::ffi::{check_out, entry, write_out, CUresult};
 
 thread_local! {
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static THREAD_ID: u64 = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
+}
+
+static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A number for the calling thread, sent with each call: the server keeps
+/// one per-thread default stream per client thread, as the driver does.
+pub fn thread_id() -> u64 {
+    THREAD_ID.try_with(|t| *t).unwrap_or(0)
 }
 
 /// The calling thread's current context handle, 0 for none. A thread in

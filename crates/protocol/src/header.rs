@@ -16,11 +16,12 @@ pub const MIN_VERSION: u16 = 1;
 /// split into several calls by the client.
 pub const MAX_PAYLOAD: usize = 64 << 20;
 
-/// 32 bytes, little-endian on the wire.
+/// 40 bytes, little-endian on the wire.
 ///
 /// Requests carry the caller's current context handle in `context` (the
-/// context stack lives in the client, per thread); replies carry the CUDA
-/// status in `status` and echo `opcode` and `request_id`.
+/// context stack lives in the client, per thread) and the calling thread's
+/// number in `thread` (which per-thread default stream it means); replies
+/// carry the CUDA status in `status` and echo `opcode` and `request_id`.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Header {
@@ -31,10 +32,11 @@ pub struct Header {
     pub status: U32,
     pub request_id: U64,
     pub context: U64,
+    pub thread: U64,
 }
 
 pub const HEADER_SIZE: usize = std::mem::size_of::<Header>();
-const _: () = assert!(HEADER_SIZE == 32);
+const _: () = assert!(HEADER_SIZE == 40);
 
 impl Header {
     pub fn request(opcode: Opcode, request_id: u64, context: u64, length: usize) -> Header {
@@ -46,11 +48,17 @@ impl Header {
             status: 0.into(),
             request_id: request_id.into(),
             context: context.into(),
+            thread: 0.into(),
         }
     }
 
+    /// The same request, made by client thread `thread`.
+    pub fn from_thread(self, thread: u64) -> Header {
+        Header { thread: thread.into(), ..self }
+    }
+
     pub fn reply(to: &Header, status: u32, length: usize) -> Header {
-        Header { status: status.into(), length: (length as u32).into(), context: 0.into(), ..*to }
+        Header { status: status.into(), length: (length as u32).into(), context: 0.into(), thread: 0.into(), ..*to }
     }
 
     /// Parses and validates a header: magic, a version we accept and a
@@ -112,7 +120,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn garbage_never_panics(bytes in proptest::array::uniform32(any::<u8>())) {
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), HEADER_SIZE)) {
+            let bytes: [u8; HEADER_SIZE] = bytes.try_into().unwrap();
             if let Ok(h) = Header::parse(&bytes) {
                 prop_assert!(h.payload_len() <= MAX_PAYLOAD);
                 let _ = h.opcode();

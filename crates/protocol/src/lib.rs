@@ -2,7 +2,7 @@
 //!
 //! # Frames
 //!
-//! Every message is a 32-byte [`Header`] followed by `length` payload bytes.
+//! Every message is a 40-byte [`Header`] followed by `length` payload bytes.
 //! The header is validated (magic, version, length under [`MAX_PAYLOAD`])
 //! before a payload buffer is allocated; the payload is then decoded with
 //! [`codec`], which checks every inner length against the bytes present.
@@ -11,7 +11,7 @@
 //! client (front-end)                          server (session thread)
 //!   | Hello {pid, program}             ---->    |  checks version, opens session
 //!   |                                  <----    | Welcome {session, driver version, devices}
-//!   | call: header{opcode, id, context} + Request
+//!   | call: header{opcode, id, context, thread} + Request
 //!   |                                  ---->    | look up handles, run on backend
 //!   |                                  <----    | header{status, id} + Reply | ErrorDetail
 //!   | ...                                       |

@@ -30,6 +30,7 @@ struct Client {
     carrier: Box<dyn Carrier>,
     next: u64,
     ctx: Ctx,
+    thread: u64,
 }
 
 impl Client {
@@ -41,7 +42,7 @@ impl Client {
         carrier.recv(&mut buf).unwrap();
         let welcome: Welcome = codec::decode(&buf).unwrap();
         assert_eq!(welcome.backend, "emulated");
-        let mut c = Client { carrier, next: 2, ctx: Ctx(0) };
+        let mut c = Client { carrier, next: 2, ctx: Ctx(0), thread: 1 };
         c.ctx = c.call(cuDevicePrimaryCtxRetain::Request { dev: 0 }).unwrap().pctx;
         c
     }
@@ -49,7 +50,8 @@ impl Client {
     fn call<C: Call>(&mut self, req: C) -> Result<C::Reply, CuError> {
         let payload = codec::encode(&req);
         self.next += 1;
-        self.carrier.send(&Header::request(C::OPCODE, self.next, self.ctx.0, payload.len()), &payload).unwrap();
+        let header = Header::request(C::OPCODE, self.next, self.ctx.0, payload.len()).from_thread(self.thread);
+        self.carrier.send(&header, &payload).unwrap();
         let mut buf = Vec::new();
         let h = self.carrier.recv(&mut buf).unwrap();
         assert_eq!(h.request_id.get(), self.next);
@@ -190,6 +192,20 @@ fn bogus_arguments_get_clear_errors() {
     assert_eq!(err(c.call(cuMemAlloc_v2::Request { bytesize: 8 })), CuError::INVALID_CONTEXT);
     c.ctx = Ctx(0);
     assert_eq!(err(c.call(cuMemAlloc_v2::Request { bytesize: 8 })), CuError::INVALID_CONTEXT);
+}
+
+#[test]
+fn each_client_thread_has_its_own_per_thread_stream() {
+    let address = start_server("per-thread");
+    let mut c = Client::connect(&address);
+    let id = |c: &mut Client| c.call(cuStreamGetId::Request { hStream: Stream::PER_THREAD }).unwrap().streamId;
+    let first = id(&mut c);
+    assert_eq!(id(&mut c), first, "stable for one thread");
+    c.thread = 2;
+    let second = id(&mut c);
+    assert_ne!(second, first);
+    let legacy = c.call(cuStreamGetId::Request { hStream: Stream::LEGACY }).unwrap().streamId;
+    assert_ne!(legacy, second);
 }
 
 #[test]

@@ -15,6 +15,8 @@ type R<T> = Result<T, CallError>;
 const MAX_PARAM_BYTES: usize = 32764;
 /// One `CUlaunchAttribute` as it travels: id, then the 64-byte value.
 const ATTR_RECORD: usize = 4 + 64;
+/// Per-thread default streams one session may hold.
+const MAX_PER_THREAD_STREAMS: usize = 4096;
 /// `CU_CTX_MAP_HOST`.
 const CU_CTX_MAP_HOST: u32 = 0x8;
 /// Launch attributes that carry only plain values. The others (programmatic
@@ -96,11 +98,37 @@ impl Session {
     /// A stream as `(backend context, backend stream)`. Default streams
     /// belong to the current context.
     fn stream(&mut self, s: Stream) -> R<(Obj, Obj)> {
+        if s == Stream::PER_THREAD {
+            return self.per_thread_stream();
+        }
         if s.is_default() {
             return Ok((self.current_ctx()?.1, Obj(s.0)));
         }
         let entry = self.tables.get(Kind::Stream, s.0)?;
         Ok((self.ctx_of(&entry)?, entry.obj))
+    }
+
+    /// The calling client thread's per-thread default stream in the current
+    /// context. The server runs a session on one thread, so the driver's own
+    /// per-thread stream would be shared by all of the client's threads;
+    /// each gets an ordinary blocking stream instead, which is what a
+    /// per-thread default stream is.
+    fn per_thread_stream(&mut self) -> R<(Obj, Obj)> {
+        let (h, ctx) = self.current_ctx()?;
+        let key = (self.thread, h);
+        if let Some(entry) = self.per_thread_streams.get(&key).and_then(|s| self.tables.get(Kind::Stream, *s).ok()) {
+            return Ok((ctx, entry.obj));
+        }
+        if self.per_thread_streams.len() >= MAX_PER_THREAD_STREAMS {
+            self.per_thread_streams.retain(|_, s| self.tables.get(Kind::Stream, *s).is_ok());
+            if self.per_thread_streams.len() >= MAX_PER_THREAD_STREAMS {
+                return Err(CallError::new(CuError::OUT_OF_MEMORY, "too many client threads with per-thread streams"));
+            }
+        }
+        let obj = self.backend.stream_create(ctx, 0, 0)?;
+        let handle = self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
+        self.per_thread_streams.insert(key, handle);
+        Ok((ctx, obj))
     }
 
     fn event(&self, e: Event) -> R<(Obj, Obj)> {

@@ -36,6 +36,11 @@ pub struct Session {
     primaries: Vec<Primary>,
     /// The caller's current context for the call being run (from the header).
     current: Ctx,
+    /// The calling client thread (from the header).
+    thread: u64,
+    /// Each client thread's per-thread default stream in each context,
+    /// as a stream handle: `(thread, context) -> stream`.
+    per_thread_streams: HashMap<(u64, u64), u64>,
     /// Bytes of packed parameters each function takes, by client handle
     /// (never reused, so never stale). The driver does not check a short
     /// buffer, so the session does.
@@ -79,6 +84,8 @@ impl Session {
             tables,
             primaries,
             current: Ctx(0),
+            thread: 0,
+            per_thread_streams: HashMap::new(),
             param_bytes: HashMap::new(),
             images: images::Images::default(),
             metrics,
@@ -147,6 +154,7 @@ impl Session {
                 }
                 call => {
                     self.current = Ctx(header.context.get());
+                    self.thread = header.thread.get();
                     let outcome = dispatch(self, call, buf);
                     // Before the reply, so that what the client sees next is counted.
                     self.metrics.set_usage(self.live_contexts(), self.tables.allocated_bytes());
