@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU suite: every driver-API test program of tests/cuda, natively and
-# through `gpuplex run --backend cuda`, with stdout and exit status compared
-# and both timed; then the cuda-backend checks that a killed client's memory
-# comes back and that garbage on the server's socket harms no other client.
+# The GPU suite: every test program of tests/cuda (driver API; runtime API
+# with static and shared cudart, as rt/NAME.static and rt/NAME.shared; the
+# cuBLAS and cuFFT programs as lib/NAME.*), natively and through
+# `gpuplex run --backend cuda`, with stdout and exit status compared and both
+# timed; then the cuda-backend checks that a killed client's memory comes
+# back and that garbage on the server's socket harms no other client.
 #
 # Usage: scripts/gpu-suite.sh [BIN_DIR]
 #   BIN_DIR (or $GPUPLEX_BIN_DIR) holds prebuilt `gpuplex` and `libcuda.so`.
@@ -63,35 +65,69 @@ timed() {
     elapsed "$t0" "$t1" >"$logs/$tag.time"
 }
 
-# Everything but mem_info and hold_memory, whose output is the GPU's state.
-programs=(device_query vector_add copies memsets streams_events module_globals
-    mixed_params module_formats contexts expected_errors)
-
-say ""
-say "$(printf '%-16s %10s %10s %7s  %s' program native_s gpuplex_s ratio result)"
-for name in "${programs[@]}"; do
-    timed "$name.native" "$progs/$name"
-    timed "$name.gpuplex" "$bin/gpuplex" run --backend cuda -- "$progs/$name"
-    problems=()
+# Runs PROG natively and through gpuplex and prints a row of the table:
+# stdout and exit status must match, and match EXPECTED (a file of the
+# expected stdout) where there is one. NAME names the row and the logs.
+compare() {
+    local name=$1 prog=$2 expected=$3 problems=() native_rc gpuplex_rc tn tg ratio result
+    mkdir -p "$(dirname "$logs/$name")"
+    if [ ! -x "$prog" ]; then
+        say "$(printf '%-28s %10s %10s %7s  %s' "$name" - - - "FAIL: not built (logs/build.log)")"
+        failures=$((failures + 1))
+        return
+    fi
+    timed "$name.native" "$prog"
+    timed "$name.gpuplex" "$bin/gpuplex" run --backend cuda -- "$prog"
     native_rc=$(cat "$logs/$name.native.rc")
     gpuplex_rc=$(cat "$logs/$name.gpuplex.rc")
     [ "$native_rc" = 0 ] || problems+=("native exit $native_rc")
     [ "$gpuplex_rc" = "$native_rc" ] || problems+=("gpuplex exit $gpuplex_rc")
     diff -u "$logs/$name.native.out" "$logs/$name.gpuplex.out" >"$logs/$name.diff" ||
         problems+=("stdout differs from native (logs/$name.diff)")
-    expected=$root/tests/cuda/expected/$name.txt
     if [ -f "$expected" ]; then
-        cmp -s "$expected" "$logs/$name.native.out" || problems+=("native differs from expected/$name.txt")
-        cmp -s "$expected" "$logs/$name.gpuplex.out" || problems+=("gpuplex differs from expected/$name.txt")
+        cmp -s "$expected" "$logs/$name.native.out" || problems+=("native differs from ${expected#"$root/tests/cuda/"}")
+        cmp -s "$expected" "$logs/$name.gpuplex.out" || problems+=("gpuplex differs from ${expected#"$root/tests/cuda/"}")
     fi
     tn=$(cat "$logs/$name.native.time")
     tg=$(cat "$logs/$name.gpuplex.time")
     ratio=$(awk -v n="$tn" -v g="$tg" 'BEGIN { printf "%.2f", (n > 0 ? g / n : 0) }')
     result=PASS
     [ ${#problems[@]} -eq 0 ] || result="FAIL: $(IFS=';'; echo "${problems[*]}")"
-    say "$(printf '%-16s %10s %10s %7s  %s' "$name" "$tn" "$tg" "$ratio" "$result")"
+    say "$(printf '%-28s %10s %10s %7s  %s' "$name" "$tn" "$tg" "$ratio" "$result")"
     [ "$result" = PASS ] || failures=$((failures + 1))
+}
+
+# Driver API: everything but mem_info and hold_memory, whose output is the
+# GPU's state.
+programs=(device_query vector_add copies memsets streams_events module_globals
+    mixed_params module_formats contexts expected_errors)
+
+say ""
+say "$(printf '%-28s %10s %10s %7s  %s' program native_s gpuplex_s ratio result)"
+for name in "${programs[@]}"; do
+    compare "$name" "$progs/$name" "$root/tests/cuda/expected/$name.txt"
 done
+
+# Runtime API, each program with static and with shared cudart; one
+# expected file serves both.
+for cu in "$root"/tests/cuda/runtime/*.cu; do
+    name=$(basename "$cu" .cu)
+    for linkage in static shared; do
+        compare "rt/$name.$linkage" "$progs/runtime/$name.$linkage" "$root/tests/cuda/expected/runtime/$name.txt"
+    done
+done
+
+# cuBLAS and cuFFT: built where the toolkit has them; no expected files.
+if [ -d "$progs/libraries" ]; then
+    for cu in "$root"/tests/cuda/libraries/*.cu; do
+        name=$(basename "$cu" .cu)
+        for linkage in static shared; do
+            compare "lib/$name.$linkage" "$progs/libraries/$name.$linkage" ""
+        done
+    done
+else
+    say "lib/*: not built: no cuBLAS/cuFFT in $cuda/lib64"
+fi
 
 # The server-side checks, on a server of our own.
 say ""

@@ -1,5 +1,7 @@
 //! End to end on the emulated backend: the driver-API test programs of
-//! `tests/cuda`, built with nvcc against our own `libcuda.so`, run through
+//! `tests/cuda`, built with nvcc against our own `libcuda.so`, and the
+//! runtime-API programs of `tests/cuda/runtime`, built by nvcc with the
+//! static and with the shared CUDA runtime, run through
 //! `gpuplex run --backend emulated`, with their stdout compared against
 //! `tests/cuda/expected`. Also: a killed client's memory comes back, and
 //! garbage on the server's socket harms no other client.
@@ -321,6 +323,117 @@ fn device_query() {
     }
     assert!(lines.contains(&"bad device 99: CUDA_ERROR_INVALID_DEVICE"), "{out}");
     assert!(lines.contains(&"bad attribute 9999: CUDA_ERROR_INVALID_VALUE"), "{out}");
+}
+
+/// The runtime-API programs (`tests/cuda/runtime`) that cannot work on the
+/// emulated device yet, and why. They are built and run all the same, and
+/// must fail cleanly: a CHECK line on stderr and exit status 1, no hang, no
+/// crash. Everything else there runs in `rt` below, static and shared.
+const RUNTIME_UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "zero_copy",
+        "mapped host memory (cudaHostGetDevicePointer): a kernel on the server cannot reach the \
+         client's memory until gpuplex shares it",
+    ),
+    ("managed", "managed memory (cudaMallocManaged, __managed__) is not implemented by gpuplex"),
+];
+
+/// Runs `runtime/NAME.LINKAGE` (LINKAGE: `static` or `shared` cudart) on an
+/// embedded emulated server and checks its stdout against
+/// `expected/runtime/NAME.txt`.
+fn check_runtime_program(name: &str, linkage: &str) {
+    let _serial = serial();
+    let Some(dir) = programs() else { return };
+    let program = format!("{name}.{linkage}");
+    let out = run_to_end(run_command(&dir.join("runtime"), None, &[&program])).stdout;
+    let expected = repo_root().join(format!("tests/cuda/expected/runtime/{name}.txt"));
+    let want = fs::read_to_string(&expected).unwrap_or_else(|e| panic!("{}: {e}", expected.display()));
+    assert!(out == want, "{program}: stdout differs from {}:\n{}", expected.display(), diff(&want, &out));
+}
+
+/// The runtime-API programs, each as `rt::NAME::static_cudart` and
+/// `rt::NAME::shared_cudart`.
+macro_rules! runtime_tests {
+    ($($name:ident),* $(,)?) => {
+        mod rt {
+            /// Every program of tests/cuda/runtime.
+            pub const TESTED: &[&str] = &[$(stringify!($name)),*];
+            $(
+                mod $name {
+                    #[test]
+                    fn static_cudart() {
+                        super::super::check_runtime_program(stringify!($name), "static");
+                    }
+
+                    #[test]
+                    fn shared_cudart() {
+                        super::super::check_runtime_program(stringify!($name), "shared");
+                    }
+                }
+            )*
+        }
+    };
+}
+
+runtime_tests!(
+    vector_add,
+    matrix_mul,
+    streams_overlap,
+    async_events,
+    templates,
+    atomics,
+    occupancy,
+    callbacks,
+    multithreaded,
+    runtime_api,
+);
+
+/// No program of tests/cuda/runtime is forgotten: each is tested, or listed
+/// in RUNTIME_UNSUPPORTED; and each tested one has its expected output.
+#[test]
+fn runtime_programs_are_all_covered() {
+    let dir = repo_root().join("tests/cuda/runtime");
+    let mut found: Vec<String> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".cu").map(str::to_owned))
+        .collect();
+    found.sort();
+    let mut listed: Vec<String> =
+        rt::TESTED.iter().chain(RUNTIME_UNSUPPORTED.iter().map(|(n, _)| n)).map(|n| n.to_string()).collect();
+    listed.sort();
+    assert_eq!(found, listed, "tests/cuda/runtime against rt::TESTED + RUNTIME_UNSUPPORTED");
+    for name in rt::TESTED {
+        let expected = repo_root().join(format!("tests/cuda/expected/runtime/{name}.txt"));
+        assert!(expected.is_file(), "{name} has no {}", expected.display());
+    }
+}
+
+/// The programs of RUNTIME_UNSUPPORTED fail, cleanly; one that passes
+/// belongs in `runtime_tests!` now.
+#[test]
+fn runtime_unsupported_programs_fail_cleanly() {
+    let _serial = serial();
+    let Some(dir) = programs() else { return };
+    for (name, why) in RUNTIME_UNSUPPORTED {
+        for linkage in ["static", "shared"] {
+            let program = format!("{name}.{linkage}");
+            let cmd = run_command(&dir.join("runtime"), None, &[&program]);
+            let done = Running::spawn(cmd).finish(PROGRAM_TIMEOUT).unwrap_or_else(|e| panic!("{program}: {e}"));
+            assert!(
+                !done.status.success(),
+                "{program} now passes on the emulated device ({why}): move it from RUNTIME_UNSUPPORTED to \
+                 runtime_tests! and give it tests/cuda/expected/runtime/{name}.txt\nstdout:\n{}",
+                done.stdout
+            );
+            assert!(
+                done.status.code() == Some(1) && done.stderr.contains(" failed: "),
+                "{program} should fail at a CHECK with exit status 1 ({why}), got {}\nstderr:\n{}",
+                done.status,
+                done.stderr
+            );
+        }
+    }
 }
 
 /// `gpuplex serve --backend emulated` on a private socket, killed on drop.

@@ -1,8 +1,10 @@
 //! Reference kernels: what the emulated device runs instead of machine code.
 //!
 //! The emulated device has no GPU, so it cannot execute a kernel's SASS or
-//! PTX. The kernels of the driver-API test programs (`tests/cuda/*.cu`) are
-//! registered here by their exact symbol name, each with a Rust
+//! PTX. The kernels of the test programs (`tests/cuda/*.cu` of the
+//! driver-API programs, `tests/cuda/runtime/*.cu` of the runtime-API ones,
+//! whose names are mangled C++) are registered here by their exact symbol
+//! name, each with a Rust
 //! implementation that computes exactly what the CUDA kernel computes over
 //! the whole grid. That lets the CI end-to-end tests exercise the launch
 //! path honestly: the parameter layout read from the cubin, the packed
@@ -44,6 +46,21 @@ pub fn lookup(name: &str) -> Option<ReferenceKernel> {
         "spin" => Some(spin),
         "update_globals" => Some(update_globals),
         "mixed_params" => Some(mixed_params),
+        // tests/cuda/runtime: C++ kernels, by mangled name.
+        "_Z9vectorAddPKfS0_Pfi" => Some(vector_add),
+        "_Z8scaleAddPiPKiiii" => Some(scale_add),
+        "_Z9matrixMulPfPKfS1_ii" => Some(matrix_mul),
+        "_Z4axpyIiEvT_PKS0_PS0_i" => Some(axpy_i32),
+        "_Z4axpyIfEvT_PKS0_PS0_i" => Some(axpy_f32),
+        "_Z4axpyIdEvT_PKS0_PS0_i" => Some(axpy_f64),
+        "_Z9transformIi6AffineIiEEvPT_iT0_" => Some(transform_affine_i32),
+        "_Z9transformId6AffineIdEEvPT_iT0_" => Some(transform_affine_f64),
+        "_Z12histogram256PKhiPj" => Some(histogram256),
+        "_Z9sumAndMaxPKiiPiPfS1_" => Some(sum_and_max),
+        "_Z10casTicketsPjS_i" => Some(cas_tickets),
+        "_Z8blockSumPKiPii" => Some(block_sum),
+        "_Z13sharedReversePKiPii" => Some(shared_reverse),
+        "_Z10useSymbolsPKiPKfPfi" => Some(use_symbols),
         _ => None,
     }
 }
@@ -135,6 +152,7 @@ typed_access!(read_f32s, write_f32s, f32);
 typed_access!(read_i32s, write_i32s, i32);
 typed_access!(read_u32s, write_u32s, u32);
 typed_access!(read_u64s, write_u64s, u64);
+typed_access!(read_f64s, write_f64s, f64);
 
 fn read_i32(mem: &dyn DeviceMemory, addr: u64) -> Result<i32, CuError> {
     Ok(read_i32s(mem, addr, 1)?[0])
@@ -260,6 +278,320 @@ fn mixed_params(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), 
         write_u64s(mem, element(out, 11, 8)?, &[pointee as i64 as u64])?;
     }
     Ok(())
+}
+
+// ---- the kernels of tests/cuda/runtime ----
+//
+// Most of them are written for one-dimensional launches and are racy or
+// compute something else in other shapes: their references refuse any
+// other shape with NOT_SUPPORTED rather than guess.
+
+/// NOT_SUPPORTED unless grid and block are one-dimensional.
+fn one_dimensional(k: &KernelLaunch<'_>) -> Result<(), CuError> {
+    if k.grid[1..] != [1, 1] || k.block[1..] != [1, 1] {
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    Ok(())
+}
+
+/// `min(n, threads)`: the indices `i < n` that a one-thread-per-element
+/// kernel covers.
+fn covered(k: &KernelLaunch<'_>, n: i32) -> u64 {
+    (n.max(0) as u64).min(k.threads_x())
+}
+
+type Read<T> = fn(&dyn DeviceMemory, u64, usize) -> Result<Vec<T>, CuError>;
+type Write<T> = fn(&mut dyn DeviceMemory, u64, &[T]) -> Result<(), CuError>;
+
+/// `dst[i] = f(src[i])` for `i < count`, in chunks; `dst` may be `src`.
+fn map_chunks<T>(
+    mem: &mut dyn DeviceMemory,
+    count: u64,
+    (src, dst): (u64, u64),
+    (read, write): (Read<T>, Write<T>),
+    f: impl Fn(T) -> T,
+) -> Result<(), CuError> {
+    let size = std::mem::size_of::<T>() as u64;
+    let mut start = 0;
+    while start < count {
+        let len = CHUNK.min(count - start);
+        let values: Vec<T> = read(mem, element(src, start, size)?, len as usize)?.into_iter().map(&f).collect();
+        write(mem, element(dst, start, size)?, &values)?;
+        start += len;
+    }
+    Ok(())
+}
+
+/// `scaleAdd(int *out, const int *in, int scale, int offset, int n)`:
+/// `out[i] = in[i] * scale + offset` for `i < n`.
+fn scale_add(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (out, input) = (k.ptr_param(0)?, k.ptr_param(1)?);
+    let (scale, offset, n) = (k.i32_param(2)?, k.i32_param(3)?, k.i32_param(4)?);
+    let count = covered(k, n);
+    map_chunks(mem, count, (input, out), (read_i32s, write_i32s), |v| v.wrapping_mul(scale).wrapping_add(offset))
+}
+
+/// `matrixMul(float *C, const float *A, const float *B, int wA, int wB)`,
+/// 16x16 tiles: launched with 16x16 blocks over a 2-D grid, the thread at
+/// `(row, col)` stores `C[row * wB + col]`, the sum over `k < 16 * (wA / 16)`
+/// of `A[row * wA + k] * B[k * wB + col]`, accumulated in order with fused
+/// multiply-adds as the GPU does.
+fn matrix_mul(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    const TILE: u32 = 16;
+    if k.block != [TILE, TILE, 1] || k.grid[2] != 1 {
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let (c, a, b) = (k.ptr_param(0)?, k.ptr_param(1)?, k.ptr_param(2)?);
+    let (wa, wb) = (k.i32_param(3)?, k.i32_param(4)?);
+    if wa < 0 || wb < 0 {
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let (wa, wb) = (wa as u64, wb as u64);
+    let depth = wa / TILE as u64 * TILE as u64;
+    let (rows, cols) = (k.grid[1] as u64 * TILE as u64, k.grid[0] as u64 * TILE as u64);
+    for row in 0..rows {
+        let mut col0 = 0;
+        while col0 < cols {
+            let width = CHUNK.min(cols - col0);
+            let mut acc = vec![0f32; width as usize];
+            for kk in 0..depth {
+                let x = read_f32s(mem, element(a, row * wa + kk, 4)?, 1)?[0];
+                let ys = read_f32s(mem, element(b, kk * wb + col0, 4)?, width as usize)?;
+                for (sum, y) in acc.iter_mut().zip(ys) {
+                    *sum = x.mul_add(y, *sum);
+                }
+            }
+            write_f32s(mem, element(c, row * wb + col0, 4)?, &acc)?;
+            col0 += width;
+        }
+    }
+    Ok(())
+}
+
+/// `axpy<int>(int a, const int *x, int *y, int n)`: `y[i] = a * x[i] + y[i]`
+/// for `i < n`.
+fn axpy_i32(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (a, x, y, n) = (k.i32_param(0)?, k.ptr_param(1)?, k.ptr_param(2)?, k.i32_param(3)?);
+    let count = covered(k, n);
+    let mut start = 0;
+    while start < count {
+        let len = CHUNK.min(count - start) as usize;
+        let xs = read_i32s(mem, element(x, start, 4)?, len)?;
+        let ys = read_i32s(mem, element(y, start, 4)?, len)?;
+        let out: Vec<i32> = xs.iter().zip(&ys).map(|(&xv, &yv)| a.wrapping_mul(xv).wrapping_add(yv)).collect();
+        write_i32s(mem, element(y, start, 4)?, &out)?;
+        start += len as u64;
+    }
+    Ok(())
+}
+
+/// `axpy<float>`, as `axpy_i32` with one fused multiply-add.
+fn axpy_f32(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let a = f32::from_bits(k.u32_param(0)?);
+    let (x, y, n) = (k.ptr_param(1)?, k.ptr_param(2)?, k.i32_param(3)?);
+    let count = covered(k, n);
+    let mut start = 0;
+    while start < count {
+        let len = CHUNK.min(count - start) as usize;
+        let xs = read_f32s(mem, element(x, start, 4)?, len)?;
+        let ys = read_f32s(mem, element(y, start, 4)?, len)?;
+        let out: Vec<f32> = xs.iter().zip(&ys).map(|(&xv, &yv)| a.mul_add(xv, yv)).collect();
+        write_f32s(mem, element(y, start, 4)?, &out)?;
+        start += len as u64;
+    }
+    Ok(())
+}
+
+/// `axpy<double>`, as `axpy_f32` in double precision.
+fn axpy_f64(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (a, x, y, n) = (k.f64_param(0)?, k.ptr_param(1)?, k.ptr_param(2)?, k.i32_param(3)?);
+    let count = covered(k, n);
+    let mut start = 0;
+    while start < count {
+        let len = CHUNK.min(count - start) as usize;
+        let xs = read_f64s(mem, element(x, start, 8)?, len)?;
+        let ys = read_f64s(mem, element(y, start, 8)?, len)?;
+        let out: Vec<f64> = xs.iter().zip(&ys).map(|(&xv, &yv)| a.mul_add(xv, yv)).collect();
+        write_f64s(mem, element(y, start, 8)?, &out)?;
+        start += len as u64;
+    }
+    Ok(())
+}
+
+/// `transform<int, Affine<int>>(int *data, int n, Affine<int> f)` with
+/// `struct Affine { int mul, add; }`: `data[i] = data[i] * mul + add` for
+/// every `i < n` (a grid-stride loop: any non-empty grid covers them all).
+fn transform_affine_i32(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (data, n, f) = (k.ptr_param(0)?, k.i32_param(1)?, k.param::<8>(2)?);
+    let mul = i32::from_le_bytes(f[0..4].try_into().expect("4 bytes"));
+    let add = i32::from_le_bytes(f[4..8].try_into().expect("4 bytes"));
+    map_chunks(mem, n.max(0) as u64, (data, data), (read_i32s, write_i32s), |v| v.wrapping_mul(mul).wrapping_add(add))
+}
+
+/// `transform<double, Affine<double>>`: as `transform_affine_i32`, with
+/// `struct Affine { double mul, add; }` and one fused multiply-add.
+fn transform_affine_f64(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (data, n, f) = (k.ptr_param(0)?, k.i32_param(1)?, k.param::<16>(2)?);
+    let mul = f64::from_le_bytes(f[0..8].try_into().expect("8 bytes"));
+    let add = f64::from_le_bytes(f[8..16].try_into().expect("8 bytes"));
+    map_chunks(mem, n.max(0) as u64, (data, data), (read_f64s, write_f64s), |v| v.mul_add(mul, add))
+}
+
+/// `histogram256(const unsigned char *data, int n, unsigned *bins)`:
+/// `bins[v] +=` the number of `i < n` with `data[i] == v` (a grid-stride
+/// loop: any non-empty grid counts every byte once).
+fn histogram256(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (data, n, bins) = (k.ptr_param(0)?, k.i32_param(1)?, k.ptr_param(2)?);
+    let count = n.max(0) as u64;
+    let mut counts = [0u32; 256];
+    let mut start = 0;
+    while start < count {
+        let len = CHUNK.min(count - start) as usize;
+        let mut bytes = vec![0u8; len];
+        mem.read(element(data, start, 1)?, &mut bytes)?;
+        for b in bytes {
+            counts[b as usize] = counts[b as usize].wrapping_add(1);
+        }
+        start += len as u64;
+    }
+    // Bins with no count are not touched, as in the kernel.
+    for (v, &c) in counts.iter().enumerate().filter(|(_, &c)| c != 0) {
+        let at = element(bins, v as u64, 4)?;
+        let old = read_u32s(mem, at, 1)?[0];
+        write_u32s(mem, at, &[old.wrapping_add(c)])?;
+    }
+    Ok(())
+}
+
+/// `sumAndMax(const int *x, int n, int *sum, float *fsum, int *max)`: for
+/// each `i < n`, `*sum += x[i]`, `*fsum += (float)x[i] * 0.5f` and
+/// `*max = max(*max, x[i])`. The float sum is added in index order, which
+/// equals the GPU's only where the sums are exact, as the program makes them.
+fn sum_and_max(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (x, n) = (k.ptr_param(0)?, k.i32_param(1)?);
+    let (sum, fsum, max) = (k.ptr_param(2)?, k.ptr_param(3)?, k.ptr_param(4)?);
+    let count = covered(k, n);
+    if count == 0 {
+        return Ok(());
+    }
+    let (mut s, mut f, mut m) = (read_i32(mem, sum)?, read_f32s(mem, fsum, 1)?[0], read_i32(mem, max)?);
+    let mut start = 0;
+    while start < count {
+        let len = CHUNK.min(count - start) as usize;
+        for v in read_i32s(mem, element(x, start, 4)?, len)? {
+            s = s.wrapping_add(v);
+            f += v as f32 * 0.5;
+            m = m.max(v);
+        }
+        start += len as u64;
+    }
+    write_i32(mem, sum, s)?;
+    write_f32s(mem, fsum, &[f])?;
+    write_i32(mem, max, m)
+}
+
+/// `casTickets(unsigned *counter, unsigned *taken, int n)`: each thread
+/// `i < n` takes ticket `t = (*counter)++` and does `taken[t] += 1`. Which
+/// thread gets which ticket varies; the tickets taken do not.
+fn cas_tickets(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (counter, taken, n) = (k.ptr_param(0)?, k.ptr_param(1)?, k.i32_param(2)?);
+    let count = covered(k, n);
+    if count == 0 {
+        return Ok(());
+    }
+    let first = read_u32s(mem, counter, 1)?[0];
+    let mut done = 0;
+    while done < count {
+        // Tickets are unsigned ints: they wrap around to 0.
+        let ticket = first.wrapping_add(done as u32) as u64;
+        let len = CHUNK.min(count - done).min((1 << 32) - ticket) as usize;
+        let at = element(taken, ticket, 4)?;
+        let counts: Vec<u32> = read_u32s(mem, at, len)?.iter().map(|c| c.wrapping_add(1)).collect();
+        write_u32s(mem, at, &counts)?;
+        done += len as u64;
+    }
+    write_u32s(mem, counter, &[first.wrapping_add(count as u32)])
+}
+
+/// `blockSum(const int *in, int *out, int n)`, launched with 256 threads
+/// (its `__launch_bounds__`, and the size of its shared array): block `b`
+/// stores in `out[b]` the sum of `in[b * 256 + t]` over `t < 256` with index
+/// below `n`.
+fn block_sum(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    const BLOCK: u64 = 256;
+    one_dimensional(k)?;
+    if k.block[0] as u64 != BLOCK {
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let (input, out, n) = (k.ptr_param(0)?, k.ptr_param(1)?, k.i32_param(2)?);
+    let n = n.max(0) as u64;
+    for b in 0..k.grid[0] as u64 {
+        let first = b * BLOCK;
+        let len = BLOCK.min(n.saturating_sub(first)) as usize;
+        let values = if len > 0 { read_i32s(mem, element(input, first, 4)?, len)? } else { Vec::new() };
+        let sum = values.iter().fold(0i32, |s, &v| s.wrapping_add(v));
+        write_i32(mem, element(out, b, 4)?, sum)?;
+    }
+    Ok(())
+}
+
+/// `sharedReverse(const int *in, int *out, int words)`: block `b` stages
+/// `in[b * words ..][..words]` in dynamic shared memory and writes it back
+/// reversed at `out[b * words ..]`. Staging more words than the launch's
+/// dynamic shared memory holds faults, as it does on the GPU.
+fn shared_reverse(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (input, out, words) = (k.ptr_param(0)?, k.ptr_param(1)?, k.i32_param(2)?);
+    let words = words.max(0) as u64;
+    if words == 0 {
+        return Ok(());
+    }
+    if words * 4 > k.shared_mem as u64 {
+        return Err(CuError::ILLEGAL_ADDRESS);
+    }
+    for b in 0..k.grid[0] as u64 {
+        let mut values = read_i32s(mem, element(input, b * words, 4)?, words as usize)?;
+        values.reverse();
+        write_i32s(mem, element(out, b * words, 4)?, &values)?;
+    }
+    Ok(())
+}
+
+/// `useSymbols(const int *table, const float *coeffs, float *out, int n)`,
+/// one block: the CUDA kernel reads the `__device__ int devTable[16]` and
+/// `__constant__ float constCoeffs[8]` symbols and the program passes their
+/// addresses as `table` and `coeffs`, which is all the reference can use.
+/// Thread `i < n` stores `out[i] = (float)table[i % 16] * coeffs[i % 8]`;
+/// thread 0 stores 1.0f in `out[n]` (the kernel's check that the addresses
+/// are the symbols'); then threads `i < 16` double `table[i]`.
+fn use_symbols(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    if k.grid[0] != 1 {
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let (table, coeffs, out, n) = (k.ptr_param(0)?, k.ptr_param(1)?, k.ptr_param(2)?, k.i32_param(3)?);
+    let count = covered(k, n);
+    let t = read_i32s(mem, table, count.min(16) as usize)?;
+    let c = read_f32s(mem, coeffs, count.min(8) as usize)?;
+    // At most 1024 threads: one write.
+    let values: Vec<f32> = (0..count as usize).map(|i| t[i % 16] as f32 * c[i % 8]).collect();
+    write_f32s(mem, out, &values)?;
+    if n < 0 {
+        return Err(CuError::ILLEGAL_ADDRESS);
+    }
+    write_f32s(mem, element(out, n as u64, 4)?, &[1.0])?;
+    let doubled = k.threads_x().min(16) as usize;
+    let t: Vec<i32> = read_i32s(mem, table, doubled)?.iter().map(|v| v.wrapping_mul(2)).collect();
+    write_i32s(mem, table, &t)
 }
 
 #[cfg(test)]
@@ -450,10 +782,114 @@ mod tests {
 
     #[test]
     fn lookup_knows_the_test_kernels_only() {
-        for name in ["vector_add", "spin", "update_globals", "mixed_params"] {
+        for name in
+            ["vector_add", "spin", "update_globals", "mixed_params", "_Z8scaleAddPiPKiiii", "_Z4axpyIdEvT_PKS0_PS0_i"]
+        {
             assert!(lookup(name).is_some(), "{name}");
         }
         assert!(lookup("reset_globals").is_none());
         assert!(lookup("_Z10vector_addPKfS0_Pfi").is_none());
+        assert!(lookup("_Z4axpyIlEvT_PKS0_PS0_i").is_none(), "axpy<long> is not a test kernel");
+    }
+
+    fn ptr(p: u64) -> ([u8; 8], u32) {
+        (p.to_le_bytes(), 8)
+    }
+
+    fn int(v: i32) -> ([u8; 4], u32) {
+        (v.to_le_bytes(), 4)
+    }
+
+    #[test]
+    fn scale_add_covers_n_and_refuses_other_shapes() {
+        let mut mem = FlatMemory(vec![0; 80]);
+        let (input, out) = (BASE, BASE + 40);
+        write_i32s(&mut mem, input, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).unwrap();
+        let (p0, p1, p2, p3, p4) = (ptr(out), ptr(input), int(-3), int(100), int(9));
+        let (buf, layout) = pack(&[(&p0.0, 8), (&p1.0, 8), (&p2.0, 4), (&p3.0, 4), (&p4.0, 4)]);
+        scale_add(&launch(2, 8, &buf, &layout), &mut mem).unwrap();
+        assert_eq!(read_i32s(&mem, out, 10).unwrap(), vec![97, 94, 91, 88, 85, 82, 79, 76, 73, 0]);
+        let mut k = launch(1, 8, &buf, &layout);
+        k.block = [8, 2, 1];
+        assert_eq!(scale_add(&k, &mut mem), Err(CuError::NOT_SUPPORTED));
+    }
+
+    #[test]
+    fn matrix_mul_is_the_product_over_whole_tiles() {
+        // A: 16 x 33 (the last column is past the whole tiles), B: 33 x 32.
+        let (h, wa, wb) = (16u64, 33u64, 32u64);
+        let mut mem = FlatMemory(vec![0; 4 * (h * wa + wa * wb + h * wb) as usize]);
+        let (a, b, c) = (BASE, BASE + 4 * h * wa, BASE + 4 * (h * wa + wa * wb));
+        let av: Vec<f32> = (0..h * wa).map(|i| (i % 7) as f32 - 3.0).collect();
+        let bv: Vec<f32> = (0..wa * wb).map(|i| (i % 5) as f32 - 2.0).collect();
+        write_f32s(&mut mem, a, &av).unwrap();
+        write_f32s(&mut mem, b, &bv).unwrap();
+        let (pc, pa, pb, pwa, pwb) = (ptr(c), ptr(a), ptr(b), int(wa as i32), int(wb as i32));
+        let (buf, layout) = pack(&[(&pc.0, 8), (&pa.0, 8), (&pb.0, 8), (&pwa.0, 4), (&pwb.0, 4)]);
+        let mut k = launch(2, 16, &buf, &layout);
+        k.block = [16, 16, 1];
+        matrix_mul(&k, &mut mem).unwrap();
+        let got = read_f32s(&mem, c, (h * wb) as usize).unwrap();
+        for r in 0..h {
+            for col in 0..wb {
+                let want: f32 = (0..32).map(|kk| av[(r * wa + kk) as usize] * bv[(kk * wb + col) as usize]).sum();
+                assert_eq!(got[(r * wb + col) as usize], want, "C[{r}][{col}]");
+            }
+        }
+        k.block = [8, 8, 1];
+        assert_eq!(matrix_mul(&k, &mut mem), Err(CuError::NOT_SUPPORTED));
+    }
+
+    #[test]
+    fn atomics_kernels_count_every_thread_once() {
+        let mut mem = FlatMemory(vec![0; 4096]);
+        let (data, bins) = (BASE, BASE + 1024);
+        let bytes: Vec<u8> = (0..300u32).map(|i| (i % 3) as u8 * 100).collect();
+        mem.write(data, &bytes).unwrap();
+        write_u32s(&mut mem, bins, &[5]).unwrap();
+        let (p0, p1, p2) = (ptr(data), int(300), ptr(bins));
+        let (buf, layout) = pack(&[(&p0.0, 8), (&p1.0, 4), (&p2.0, 8)]);
+        histogram256(&launch(1, 32, &buf, &layout), &mut mem).unwrap();
+        let got = read_u32s(&mem, bins, 256).unwrap();
+        assert_eq!((got[0], got[100], got[200]), (105, 100, 100));
+        assert_eq!(got.iter().map(|&c| c as u64).sum::<u64>(), 305);
+
+        let (counter, taken) = (BASE + 2048, BASE + 2052);
+        write_u32s(&mut mem, counter, &[3]).unwrap();
+        let (p0, p1, p2) = (ptr(counter), ptr(taken), int(1000));
+        let (buf, layout) = pack(&[(&p0.0, 8), (&p1.0, 8), (&p2.0, 4)]);
+        cas_tickets(&launch(2, 5, &buf, &layout), &mut mem).unwrap();
+        assert_eq!(read_u32s(&mem, counter, 1).unwrap(), vec![13]);
+        assert_eq!(read_u32s(&mem, taken, 14).unwrap(), vec![0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]);
+    }
+
+    #[test]
+    fn shared_reverse_faults_beyond_its_shared_memory() {
+        let mut mem = FlatMemory(vec![0; 64]);
+        let (input, out) = (BASE, BASE + 32);
+        write_i32s(&mut mem, input, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        let (p0, p1, p2) = (ptr(input), ptr(out), int(4));
+        let (buf, layout) = pack(&[(&p0.0, 8), (&p1.0, 8), (&p2.0, 4)]);
+        let mut k = launch(2, 32, &buf, &layout);
+        k.shared_mem = 16;
+        shared_reverse(&k, &mut mem).unwrap();
+        assert_eq!(read_i32s(&mem, out, 8).unwrap(), vec![4, 3, 2, 1, 8, 7, 6, 5]);
+        k.shared_mem = 12;
+        assert_eq!(shared_reverse(&k, &mut mem), Err(CuError::ILLEGAL_ADDRESS));
+    }
+
+    #[test]
+    fn use_symbols_reads_then_doubles_the_table() {
+        let mut mem = FlatMemory(vec![0; 64 + 32 + 4 * 41]);
+        let (table, coeffs, out) = (BASE, BASE + 64, BASE + 96);
+        write_i32s(&mut mem, table, &(1..=16).collect::<Vec<i32>>()).unwrap();
+        write_f32s(&mut mem, coeffs, &[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0]).unwrap();
+        let (p0, p1, p2, p3) = (ptr(table), ptr(coeffs), ptr(out), int(40));
+        let (buf, layout) = pack(&[(&p0.0, 8), (&p1.0, 8), (&p2.0, 8), (&p3.0, 4)]);
+        use_symbols(&launch(1, 64, &buf, &layout), &mut mem).unwrap();
+        let got = read_f32s(&mem, out, 41).unwrap();
+        assert_eq!((got[0], got[9], got[39], got[40]), (0.5, 10.0 * 1.0, 8.0 * 4.0, 1.0));
+        assert_eq!(read_i32s(&mem, table, 3).unwrap(), vec![2, 4, 6]);
+        assert_eq!(use_symbols(&launch(2, 64, &buf, &layout), &mut mem), Err(CuError::NOT_SUPPORTED));
     }
 }

@@ -85,6 +85,21 @@ impl Function {
             _ => return Err(CuError::INVALID_VALUE.into()),
         })
     }
+
+    /// `cuFuncSetAttribute`: only the two settable attributes.
+    fn set_attribute(&mut self, attr: i32, value: i32) -> BResult<()> {
+        match attr {
+            8 if value >= 0 && value as u32 + self.kernel.shared_bytes <= device::SHARED_PER_BLOCK_OPTIN => {
+                self.max_dynamic_shared = value
+            }
+            9 if (-1..=100).contains(&value) => self.carveout = value,
+            _ if (0..FUNC_ATTRIBUTE_COUNT).contains(&attr) && attr != 8 && attr != 9 => {
+                return Err(err(CuError::INVALID_VALUE, format!("function attribute {attr} is read-only")))
+            }
+            _ => return Err(CuError::INVALID_VALUE.into()),
+        }
+        Ok(())
+    }
 }
 
 struct Library {
@@ -97,6 +112,9 @@ struct Library {
 struct KernelRef {
     library: u64,
     name: String,
+    /// `(attribute, value)` set by cuKernelSetAttribute, in order: they hold
+    /// for the kernel's function in every context, now and later.
+    set: Vec<(i32, i32)>,
 }
 
 struct StreamState {
@@ -516,7 +534,7 @@ impl Backend for Emulated {
             return Err(err(CuError::NOT_FOUND, format!("no kernel {name:?} in the library")));
         }
         let id = s.id();
-        s.kernels.insert(id, KernelRef { library: library.0, name: name.to_owned() });
+        s.kernels.insert(id, KernelRef { library: library.0, name: name.to_owned(), set: Vec::new() });
         if let Some(lib) = s.libraries.get_mut(&library.0) {
             lib.kernels.insert(name.to_owned(), id);
         }
@@ -546,9 +564,15 @@ impl Backend for Emulated {
         let mut s = self.state();
         s.ctx(ctx)?;
         let k = s.kernels.get(&kernel.0).ok_or(CuError::INVALID_HANDLE)?;
-        let (library, name) = (Obj(k.library), k.name.clone());
+        let (library, name, set) = (Obj(k.library), k.name.clone(), k.set.clone());
         let m = s.library_module(ctx.0, library)?;
-        s.module_function(m, &name).map(Obj)
+        let f = s.module_function(m, &name)?;
+        if let Some(func) = s.functions.get_mut(&f) {
+            for (attr, value) in set {
+                func.set_attribute(attr, value)?;
+            }
+        }
+        Ok(Obj(f))
     }
 
     fn param_layout(&self, _ctx: Obj, func: Obj) -> BResult<Vec<ParamSlot>> {
@@ -561,18 +585,7 @@ impl Backend for Emulated {
 
     fn func_set_attribute(&self, _ctx: Obj, func: Obj, attr: i32, value: i32) -> BResult<()> {
         let mut s = self.state();
-        let f = s.functions.get_mut(&func.0).ok_or(CuError::INVALID_HANDLE)?;
-        match attr {
-            8 if value >= 0 && value as u32 + f.kernel.shared_bytes <= device::SHARED_PER_BLOCK_OPTIN => {
-                f.max_dynamic_shared = value
-            }
-            9 if (-1..=100).contains(&value) => f.carveout = value,
-            _ if (0..FUNC_ATTRIBUTE_COUNT).contains(&attr) && attr != 8 && attr != 9 => {
-                return Err(err(CuError::INVALID_VALUE, format!("function attribute {attr} is read-only")))
-            }
-            _ => return Err(CuError::INVALID_VALUE.into()),
-        }
-        Ok(())
+        s.functions.get_mut(&func.0).ok_or(CuError::INVALID_HANDLE)?.set_attribute(attr, value)
     }
 
     fn func_set_cache_config(&self, _ctx: Obj, func: Obj, config: i32) -> BResult<()> {
@@ -597,18 +610,34 @@ impl Backend for Emulated {
         let k = s.kernels.get(&kernel.0).ok_or(CuError::INVALID_HANDLE)?;
         let lib = s.libraries.get(&k.library).ok_or(CuError::INVALID_HANDLE)?;
         let info = lib.image.kernels.iter().find(|i| i.name == k.name).ok_or(CuError::INVALID_HANDLE)?;
-        // A kernel's attributes are those of a function not yet tuned.
-        Function::new(0, info.clone()).attribute(attr)
+        // A function not yet tuned, with what cuKernelSetAttribute set.
+        let mut f = Function::new(0, info.clone());
+        for &(a, v) in &k.set {
+            f.set_attribute(a, v)?;
+        }
+        f.attribute(attr)
     }
 
     fn kernel_set_attribute(&self, kernel: Obj, attr: i32, value: i32, _dev: i32) -> BResult<()> {
-        let s = self.state();
+        let mut s = self.state();
         let k = s.kernels.get(&kernel.0).ok_or(CuError::INVALID_HANDLE)?;
-        let name = k.name.clone();
-        let targets: Vec<u64> = s.functions.iter().filter(|(_, f)| f.kernel.name == name).map(|(id, _)| *id).collect();
-        drop(s);
+        let (library, name) = (k.library, k.name.clone());
+        let lib = s.libraries.get(&library).ok_or(CuError::INVALID_HANDLE)?;
+        let info = lib.image.kernels.iter().find(|i| i.name == name).ok_or(CuError::INVALID_HANDLE)?;
+        // Checked as for a fresh function; then kept for functions to come.
+        Function::new(0, info.clone()).set_attribute(attr, value)?;
+        let modules: Vec<u64> = lib.modules.values().copied().collect();
+        if let Some(k) = s.kernels.get_mut(&kernel.0) {
+            k.set.retain(|&(a, _)| a != attr);
+            k.set.push((attr, value));
+        }
+        // The kernel's functions that exist already: those of its library's modules.
+        let targets: Vec<u64> =
+            modules.iter().filter_map(|m| s.modules.get(m).and_then(|m| m.functions.get(&name).copied())).collect();
         for f in targets {
-            self.func_set_attribute(Obj(0), Obj(f), attr, value)?;
+            if let Some(func) = s.functions.get_mut(&f) {
+                func.set_attribute(attr, value)?;
+            }
         }
         Ok(())
     }

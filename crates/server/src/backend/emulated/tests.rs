@@ -75,3 +75,24 @@ fn garbage_images_are_invalid() {
     assert_eq!(e.module_load(ctx, b"not an image").unwrap_err().code, CuError::INVALID_IMAGE);
     assert_eq!(e.library_load(&[0xff; 64]).unwrap_err().code, CuError::INVALID_IMAGE);
 }
+
+#[test]
+fn kernel_attributes_set_hold_for_its_functions_now_and_later() {
+    const MAX_DYNAMIC_SHARED: i32 = 8;
+    let (e, ctx) = setup();
+    let lib = e.library_load(include_bytes!("testdata/plain.fatbin")).unwrap();
+    let kernel = e.library_get_kernel(lib, "reduce").unwrap();
+    // reduce has 1024 bytes of static shared memory.
+    assert_eq!(e.kernel_get_attribute(kernel, MAX_DYNAMIC_SHARED, 0).unwrap(), 48 * 1024 - 1024);
+    let before = e.kernel_get_function(ctx, kernel).unwrap();
+    e.kernel_set_attribute(kernel, MAX_DYNAMIC_SHARED, 100_000, 0).unwrap();
+    assert_eq!(e.kernel_get_attribute(kernel, MAX_DYNAMIC_SHARED, 0).unwrap(), 100_000);
+    assert_eq!(e.func_get_attribute(ctx, before, MAX_DYNAMIC_SHARED).unwrap(), 100_000);
+    let other = e.ctx_create(0, 0).unwrap();
+    let later = e.kernel_get_function(other, kernel).unwrap();
+    assert_eq!(e.func_get_attribute(other, later, MAX_DYNAMIC_SHARED).unwrap(), 100_000);
+    // Too much, or a read-only attribute: refused, nothing changes.
+    assert!(e.kernel_set_attribute(kernel, MAX_DYNAMIC_SHARED, 227 * 1024, 0).is_err());
+    assert!(e.kernel_set_attribute(kernel, 0, 128, 0).is_err());
+    assert_eq!(e.kernel_get_attribute(kernel, MAX_DYNAMIC_SHARED, 0).unwrap(), 100_000);
+}

@@ -1,0 +1,37 @@
+// Helpers shared by the runtime-API test programs: checked calls and checked
+// results. Included as "check.h", so `nvcc NAME.cu` builds any program here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+// Stops the program at the first failed runtime call, naming it.
+#define CHECK(call)                                                             \
+    do {                                                                        \
+        cudaError_t err_ = (call);                                              \
+        if (err_ != cudaSuccess) {                                              \
+            fflush(stdout);                                                     \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__,       \
+                    #call, cudaGetErrorName(err_));                             \
+            exit(1);                                                            \
+        }                                                                       \
+    } while (0)
+
+// Checks a <<<>>> launch: its configuration, then (on the device) its run.
+#define CHECK_LAUNCH() CHECK(cudaGetLastError())
+
+// Stops the program when a result is not what it must be.
+#define EXPECT(cond, ...)                                                       \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fflush(stdout);                                                     \
+            fprintf(stderr, "%s:%d: expected %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, "\n");                                              \
+            exit(1);                                                            \
+        }                                                                       \
+    } while (0)
+
+static inline const char *yes_no(bool b) { return b ? "yes" : "no"; }

@@ -1,0 +1,43 @@
+// managed: unified memory from cudaMallocManaged, written by the host, then
+// by a kernel, then read by the host after cudaDeviceSynchronize; and a
+// __managed__ variable. gpuplex has no managed memory yet: the program is
+// in the GPU suite (native against gpuplex) but not in expected/ or CI.
+#include "check.h"
+
+// out[i] = in[i] * scale + offset for i < n. Reference: kernels.rs `scale_add`.
+__global__ void scaleAdd(int *out, const int *in, int scale, int offset, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] * scale + offset;
+}
+
+__managed__ int managedTotal[4];
+
+static const int N = 1 << 16;
+static const int THREADS = 256;
+
+int main() {
+    int *a, *b;
+    CHECK(cudaMallocManaged(&a, N * sizeof(int)));
+    CHECK(cudaMallocManaged(&b, N * sizeof(int), cudaMemAttachGlobal));
+    for (int i = 0; i < N; i++) a[i] = i % 500 - 250;
+    scaleAdd<<<(N + THREADS - 1) / THREADS, THREADS>>>(b, a, 4, 3, N);
+    CHECK_LAUNCH();
+    CHECK(cudaDeviceSynchronize());
+    long long sum = 0;
+    for (int i = 0; i < N; i++) {
+        EXPECT(b[i] == a[i] * 4 + 3, "b[%d] = %d", i, b[i]);
+        sum += b[i];
+    }
+    printf("cudaMallocManaged: %d elements ok, sum=%lld\n", N, sum);
+
+    for (int i = 0; i < 4; i++) managedTotal[i] = 10 * i;
+    scaleAdd<<<1, 32>>>(managedTotal, managedTotal, 2, 1, 4);
+    CHECK_LAUNCH();
+    CHECK(cudaDeviceSynchronize());
+    printf("__managed__: %d %d %d %d\n", managedTotal[0], managedTotal[1], managedTotal[2], managedTotal[3]);
+
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+    printf("done\n");
+    return 0;
+}

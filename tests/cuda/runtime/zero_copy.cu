@@ -1,0 +1,78 @@
+// zero_copy: mapped page-locked host memory, as in the CUDA samples'
+// simpleZeroCopy. cudaSetDeviceFlags(cudaDeviceMapHost), then
+// cudaHostAlloc(cudaHostAllocMapped) and cudaHostRegister(cudaHostRegisterMapped)
+// of malloc'd memory, each with cudaHostGetDevicePointer: a kernel reads and
+// writes host memory through the device pointers, and the host reads the
+// results after cudaDeviceSynchronize, with no copy.
+#include "check.h"
+
+#include <cstdlib>
+
+// out[i] = in[i] * scale + offset for i < n. Reference: kernels.rs `scale_add`.
+__global__ void scaleAdd(int *out, const int *in, int scale, int offset, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] * scale + offset;
+}
+
+static const int N = 1 << 16;
+static const int THREADS = 256;
+
+// Checks out[i] == in[i] * scale + offset; prints a line with the sum.
+static void check(const char *what, const int *in, const int *out, int scale, int offset) {
+    long long sum = 0;
+    for (int i = 0; i < N; i++) {
+        EXPECT(out[i] == in[i] * scale + offset, "%s: out[%d] = %d", what, i, out[i]);
+        sum += out[i];
+    }
+    printf("%s: %d elements ok, sum=%lld\n", what, N, sum);
+}
+
+int main() {
+    // Before anything creates the context.
+    CHECK(cudaSetDeviceFlags(cudaDeviceMapHost));
+    cudaDeviceProp p;
+    CHECK(cudaGetDeviceProperties(&p, 0));
+    printf("canMapHostMemory: %d\n", p.canMapHostMemory);
+    unsigned flags = 0; // stays 0 if nothing is written
+    CHECK(cudaGetDeviceFlags(&flags));
+    printf("cudaDeviceMapHost set: %s\n", yes_no(flags & cudaDeviceMapHost));
+
+    // cudaHostAlloc'd, mapped: the kernel reads `in` and writes `out` in
+    // host memory.
+    size_t bytes = N * sizeof(int);
+    int *in, *out, *din, *dout;
+    CHECK(cudaHostAlloc(&in, bytes, cudaHostAllocMapped));
+    CHECK(cudaHostAlloc(&out, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    for (int i = 0; i < N; i++) {
+        in[i] = i % 777 - 300;
+        out[i] = 0;
+    }
+    CHECK(cudaHostGetDevicePointer(&din, in, 0));
+    CHECK(cudaHostGetDevicePointer(&dout, out, 0));
+    scaleAdd<<<(N + THREADS - 1) / THREADS, THREADS>>>(dout, din, 3, -1, N);
+    CHECK_LAUNCH();
+    CHECK(cudaDeviceSynchronize());
+    check("cudaHostAllocMapped", in, out, 3, -1);
+
+    // malloc'd, registered mapped: written by the kernel from device memory.
+    int *plain = (int *)malloc(bytes);
+    EXPECT(plain != nullptr, "malloc");
+    for (int i = 0; i < N; i++) plain[i] = -1;
+    CHECK(cudaHostRegister(plain, bytes, cudaHostRegisterMapped));
+    int *dplain, *dev;
+    CHECK(cudaHostGetDevicePointer(&dplain, plain, 0));
+    CHECK(cudaMalloc(&dev, bytes));
+    CHECK(cudaMemcpy(dev, in, bytes, cudaMemcpyHostToDevice));
+    scaleAdd<<<(N + THREADS - 1) / THREADS, THREADS>>>(dplain, dev, -2, 5, N);
+    CHECK_LAUNCH();
+    CHECK(cudaDeviceSynchronize());
+    check("cudaHostRegisterMapped", in, plain, -2, 5);
+    CHECK(cudaHostUnregister(plain));
+    free(plain);
+
+    CHECK(cudaFree(dev));
+    CHECK(cudaFreeHost(in));
+    CHECK(cudaFreeHost(out));
+    printf("done\n");
+    return 0;
+}
