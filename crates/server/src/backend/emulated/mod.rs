@@ -62,12 +62,15 @@ struct Function {
     kernel: KernelInfo,
     max_dynamic_shared: i32,
     carveout: i32,
+    /// Attributes 11 to 15: required cluster width, height, depth,
+    /// non-portable cluster sizes allowed, cluster scheduling preference.
+    cluster: [i32; 5],
 }
 
 impl Function {
     fn new(ctx: u64, kernel: KernelInfo) -> Function {
         let max_dynamic_shared = (device::SHARED_PER_BLOCK - kernel.shared_bytes.min(device::SHARED_PER_BLOCK)) as i32;
-        Function { ctx, kernel, max_dynamic_shared, carveout: -1 }
+        Function { ctx, kernel, max_dynamic_shared, carveout: -1, cluster: [0; 5] }
     }
 
     /// `cuFuncGetAttribute`.
@@ -81,21 +84,23 @@ impl Function {
             5 | 6 => 90,
             8 => self.max_dynamic_shared,
             9 => self.carveout,
-            2 | 3 | 7 | 10..=15 => 0,
+            11..=15 => self.cluster[attr as usize - 11],
+            2 | 3 | 7 | 10 => 0,
             _ => return Err(CuError::INVALID_VALUE.into()),
         })
     }
 
-    /// `cuFuncSetAttribute`: only the two settable attributes.
+    /// `cuFuncSetAttribute`: the settable attributes.
     fn set_attribute(&mut self, attr: i32, value: i32) -> BResult<()> {
         match attr {
             8 if value >= 0 && value as u32 + self.kernel.shared_bytes <= device::SHARED_PER_BLOCK_OPTIN => {
                 self.max_dynamic_shared = value
             }
             9 if (-1..=100).contains(&value) => self.carveout = value,
-            _ if (0..FUNC_ATTRIBUTE_COUNT).contains(&attr) && attr != 8 && attr != 9 => {
-                return Err(err(CuError::INVALID_VALUE, format!("function attribute {attr} is read-only")))
-            }
+            11..=13 if value >= 0 => self.cluster[attr as usize - 11] = value,
+            14 if (0..=1).contains(&value) => self.cluster[3] = value,
+            15 if (0..=2).contains(&value) => self.cluster[4] = value,
+            0..=7 | 10 => return Err(err(CuError::INVALID_VALUE, format!("function attribute {attr} is read-only"))),
             _ => return Err(CuError::INVALID_VALUE.into()),
         }
         Ok(())
@@ -131,7 +136,6 @@ struct EventState {
 
 const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 const DEFAULT_LIMITS: [u64; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
-const FUNC_ATTRIBUTE_COUNT: i32 = 16;
 
 fn err(code: CuError, detail: impl Into<String>) -> CallError {
     CallError::new(code, detail)
@@ -357,7 +361,11 @@ impl Backend for Emulated {
     }
 
     fn ctx_set_flags(&self, ctx: Obj, flags: u32) -> BResult<()> {
-        self.state().ctx(ctx)?.flags = flags;
+        // Whether a context maps host memory is fixed when it is created.
+        const CU_CTX_MAP_HOST: u32 = 0x8;
+        let mut s = self.state();
+        let c = s.ctx(ctx)?;
+        c.flags = (c.flags & CU_CTX_MAP_HOST) | (flags & !CU_CTX_MAP_HOST);
         Ok(())
     }
 
