@@ -12,6 +12,10 @@ reproduce exactly, and writes them as data files for the front-end:
                       which of the first slots are non-NULL
 
 Usage: probe.py EXPORTS_TXT CUDA_TYPEDEFS_H OUT_DIR
+
+Run on the GPU machine; the outputs are committed as
+crates/protocol/data/error_strings.tsv and
+crates/frontend/data/{proc_address,export_tables}.tsv.
 """
 import ctypes, re, sys, os
 

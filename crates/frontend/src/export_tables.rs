@@ -38,13 +38,13 @@ const fn size<const N: usize>() -> *const c_void {
     (N * std::mem::size_of::<usize>()) as *const c_void
 }
 
-/// Known tables, by id (the 16 bytes in memory order).
+/// Known tables, by id (the 16 bytes in memory order). Their sizes are the
+/// real driver's (`data/export_tables.tsv`, from tools/driver-facts).
 const CUDART_INTERFACE_ID: [u8; 16] = id("6bd5fb6c5bf4e74a8987d93912fd9df9");
 const TOOLS_TLS_ID: [u8; 16] = id("42d85a8123f6cb478298f6e78a3aecdc");
 const TOOLS_RUNTIME_CALLBACK_HOOKS_ID: [u8; 16] = id("a094798c2e742e7493f20800200c0a66");
 const CONTEXT_LOCAL_STORAGE_ID: [u8; 16] = id("c693336e1121df11a8c368f355d89593");
 const CTX_CREATE_BYPASS_ID: [u8; 16] = id("0ca50b8c1004929a89a7d0df10e77286");
-const HEAP_ACCESS_ID: [u8; 16] = id("195bcbf4d67d024aacc51d29cea631ae");
 const DEVICE_EXTENDED_RT_ID: [u8; 16] = id("b10541e1f7c7c74a9f64f223be99f1e2");
 const INTEGRITY_CHECK_ID: [u8; 16] = id("d4082055bde6704b8d34ba123c66e1f2");
 const CONTEXT_CHECKS_ID: [u8; 16] = id("263e88607cd2614392f6bbd5006dfa7e");
@@ -70,7 +70,14 @@ const fn id(hex: &str) -> [u8; 16] {
 
 /// A slot nobody has needed yet: says which, once, and fails.
 unsafe extern "C" fn unknown_slot<const TABLE: usize, const SLOT: usize>() -> CUresult {
-    const NAMES: [&str; 4] = ["DEVICE_EXTENDED_RT", "CONTEXT_CHECKS", "CTX_CREATE_BYPASS", "HEAP_ACCESS"];
+    const NAMES: [&str; 6] = [
+        "CUDART_INTERFACE",
+        "CONTEXT_LOCAL_STORAGE",
+        "CTX_CREATE_BYPASS",
+        "DEVICE_EXTENDED_RT",
+        "INTEGRITY_CHECK",
+        "CONTEXT_CHECKS",
+    ];
     static SEEN: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
     let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
     if !seen.contains(&(TABLE, SLOT)) {
@@ -139,26 +146,26 @@ unsafe extern "C" fn ignore_usize(_: usize) -> CUresult {
     CUDA_SUCCESS
 }
 
+/// Slot 10 is NULL in the real driver too.
 static CUDART_INTERFACE: Table<13> = Table([
     size::<13>(),
     module_from_wrapper as *const c_void,
     primary_context as *const c_void,
-    null(),
-    null(),
-    null(),
+    unknown_slot::<0, 3> as *const c_void,
+    unknown_slot::<0, 4> as *const c_void,
+    unknown_slot::<0, 5> as *const c_void,
     module_from_wrapper_ext as *const c_void,
     ignore_usize as *const c_void,
     module_from_fatbin_ext as *const c_void,
+    unknown_slot::<0, 9> as *const c_void,
     null(),
-    null(),
-    null(),
+    unknown_slot::<0, 11> as *const c_void,
     returns_zero as *const c_void,
 ]);
 
 // ---- Tools interfaces: no tools are attached.
 
-static TOOLS_TLS: Table<4> =
-    Table([size::<4>(), returns_zero as *const c_void, returns_zero as *const c_void, returns_zero as *const c_void]);
+static TOOLS_TLS: Table<3> = Table([size::<3>(), returns_zero as *const c_void, returns_zero as *const c_void]);
 
 /// Zeroed buffers the runtime's tool hooks write into; generously sized.
 static mut HOOK_BUFFER_1: [u8; 4096] = [0; 4096];
@@ -276,9 +283,6 @@ static CONTEXT_LOCAL_STORAGE: Table<4> = Table([
 
 static CTX_CREATE_BYPASS: Table<2> = Table([size::<2>(), unknown_slot::<2, 1> as *const c_void]);
 
-static HEAP_ACCESS: Table<3> =
-    Table([size::<3>(), unknown_slot::<3, 1> as *const c_void, unknown_slot::<3, 2> as *const c_void]);
-
 // ---- DEVICE_EXTENDED_RT.
 
 /// [5]: an attribute, as `result[0]`.
@@ -309,9 +313,12 @@ macro_rules! slots {
     ($table:literal; $($slot:literal)*) => { [$(unknown_slot::<$table, $slot> as *const c_void),*] };
 }
 
-static DEVICE_EXTENDED_RT: Table<26> = {
-    let mut t: [*const c_void; 26] = slots!(0; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25);
-    t[0] = size::<26>();
+static DEVICE_EXTENDED_RT: Table<31> = {
+    let mut t: [*const c_void; 31] =
+        slots!(3; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30);
+    t[0] = size::<31>();
+    // NULL in the real driver too.
+    t[30] = null();
     t[5] = device_attribute_ext as *const c_void;
     t[13] = device_flag as *const c_void;
     Table(t)
@@ -326,9 +333,9 @@ unsafe extern "C" fn context_check(_ctx: *mut c_void, result: *mut u32, _extra: 
     CUDA_SUCCESS
 }
 
-static CONTEXT_CHECKS: Table<17> = {
-    let mut t: [*const c_void; 17] = slots!(1; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
-    t[0] = size::<17>();
+static CONTEXT_CHECKS: Table<15> = {
+    let mut t: [*const c_void; 15] = slots!(5; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14);
+    t[0] = size::<15>();
     t[2] = context_check as *const c_void;
     t[3] = returns_zero as *const c_void;
     Table(t)
@@ -388,7 +395,7 @@ fn hmac_md2(message: &[u8]) -> [u64; 2] {
 }
 
 static INTEGRITY_CHECK: Table<3> =
-    Table([size::<3>(), integrity_check as *const c_void, unknown_slot::<1, 2> as *const c_void]);
+    Table([size::<3>(), integrity_check as *const c_void, unknown_slot::<4, 2> as *const c_void]);
 
 /// The table with this id.
 fn table(id: &[u8; 16]) -> Option<*const c_void> {
@@ -398,7 +405,6 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
         TOOLS_RUNTIME_CALLBACK_HOOKS_ID => TOOLS_RUNTIME_CALLBACK_HOOKS.start(),
         CONTEXT_LOCAL_STORAGE_ID => CONTEXT_LOCAL_STORAGE.start(),
         CTX_CREATE_BYPASS_ID => CTX_CREATE_BYPASS.start(),
-        HEAP_ACCESS_ID => HEAP_ACCESS.start(),
         DEVICE_EXTENDED_RT_ID => DEVICE_EXTENDED_RT.start(),
         INTEGRITY_CHECK_ID => INTEGRITY_CHECK.start(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.start(),
@@ -436,11 +442,35 @@ mod tests {
     }
 
     #[test]
-    fn tables_start_with_their_size() {
-        // SAFETY: slot 0 is a size, read as an address-sized integer.
-        assert_eq!(CUDART_INTERFACE.0[0] as usize, 13 * 8);
-        assert_eq!(CONTEXT_CHECKS.0[0] as usize, 17 * 8);
-        assert!(CONTEXT_CHECKS.0[1..].iter().all(|p| !p.is_null()));
+    fn tables_have_the_real_driver_s_sizes() {
+        // data/export_tables.tsv: id, status, slot 0, which slots are non-NULL.
+        for line in include_str!("../data/export_tables.tsv").lines() {
+            let f: Vec<&str> = line.split('\t').collect();
+            let ours = table(&id_of(f[0]));
+            if f[1] != "0" {
+                assert!(ours.is_none(), "{}: the real driver has no such table", f[0]);
+                continue;
+            }
+            let Some(ours) = ours else { continue };
+            if id_of(f[0]) == CONTEXT_LOCAL_STORAGE_ID {
+                continue; // No size slot.
+            }
+            // SAFETY: our tables are at least one slot long.
+            let size = unsafe { *ours.cast::<usize>() };
+            assert_eq!(size.to_string(), f[2], "{}", f[0]);
+            // SAFETY: `size` bytes of slots.
+            let slots = unsafe { std::slice::from_raw_parts(ours.cast::<usize>(), size / 8) };
+            let nonnull: String = slots.iter().map(|&p| if p != 0 { '1' } else { '0' }).collect();
+            assert_eq!(nonnull, f[3][..nonnull.len()], "{}: NULL slots", f[0]);
+        }
+    }
+
+    fn id_of(hex: &str) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+        }
+        out
     }
 
     #[test]

@@ -225,15 +225,11 @@ pub struct LaunchAttribute {
     value: [u8; 64],
 }
 
+/// A `CUlaunchConfig` as a grid and attribute records.
+///
 /// # Safety
-/// `config` is valid; `params`/`extra` as the CUDA API requires.
-unsafe fn launch_ex(
-    config: *const LaunchConfig,
-    f: *mut c_void,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-    ptsz: bool,
-) -> Result<(), CuError> {
+/// `config` is NULL or valid, with `num_attrs` attributes.
+unsafe fn read_config(config: *const LaunchConfig, ptsz: bool) -> Result<(Grid, Vec<u8>), CuError> {
     // SAFETY: NULL or valid, per the contract.
     let c = unsafe { config.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
     let mut attrs = Vec::with_capacity(c.num_attrs as usize * 68);
@@ -248,9 +244,77 @@ unsafe fn launch_ex(
         }
     }
     let s = if ptsz { ptsz_stream(c.stream) } else { stream(c.stream) };
-    let g = Grid { grid: c.grid, block: c.block, shared_mem: c.shared_mem, stream: s };
+    Ok((Grid { grid: c.grid, block: c.block, shared_mem: c.shared_mem, stream: s }, attrs))
+}
+
+/// # Safety
+/// `config` is valid; `params`/`extra` as the CUDA API requires.
+unsafe fn launch_ex(
+    config: *const LaunchConfig,
+    f: *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    ptsz: bool,
+) -> Result<(), CuError> {
+    // SAFETY: per this function's contract.
+    let (g, attrs) = unsafe { read_config(config, ptsz)? };
     // SAFETY: per this function's contract.
     unsafe { launch(f, g, params, extra, attrs) }
+}
+
+/// `query` 0: how many clusters fit; 1: the largest cluster size.
+///
+/// # Safety
+/// `out` is valid for a write; `config` as in `read_config`.
+unsafe fn occupancy_clusters(
+    query: u32,
+    out: *mut i32,
+    f: *mut c_void,
+    config: *const LaunchConfig,
+) -> Result<(), CuError> {
+    check_out(out)?;
+    // SAFETY: per this function's contract.
+    let (g, attrs) = unsafe { read_config(config, false)? };
+    let reply = client::call(calls::OccupancyClusters::Request {
+        query,
+        func: Func(f as u64),
+        gridX: g.grid[0],
+        gridY: g.grid[1],
+        gridZ: g.grid[2],
+        blockX: g.block[0],
+        blockY: g.block[1],
+        blockZ: g.block[2],
+        sharedMem: g.shared_mem,
+        stream: g.stream,
+        attrs,
+    })?;
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(out, reply.value) };
+    Ok(())
+}
+
+/// # Safety
+/// `clusters` is valid for a write; `config` is valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    clusters: *mut i32,
+    f: *mut c_void,
+    config: *const LaunchConfig,
+) -> CUresult {
+    // SAFETY: per this function's contract.
+    entry("cuOccupancyMaxActiveClusters", || unsafe { occupancy_clusters(0, clusters, f, config) })
+}
+
+/// # Safety
+/// `size` is valid for a write; `config` is valid.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
+    size: *mut i32,
+    f: *mut c_void,
+    config: *const LaunchConfig,
+) -> CUresult {
+    // SAFETY: per this function's contract.
+    entry("cuOccupancyMaxPotentialClusterSize", || unsafe { occupancy_clusters(1, size, f, config) })
 }
 
 /// # Safety

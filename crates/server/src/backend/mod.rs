@@ -42,6 +42,15 @@ pub struct Launch {
     pub attrs: Vec<(u32, [u8; 64])>,
 }
 
+/// What a cluster occupancy query asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterQuery {
+    /// How many clusters of the launch's cluster size can be co-resident.
+    MaxActiveClusters,
+    /// The largest cluster size the launch could use.
+    MaxPotentialClusterSize,
+}
+
 /// A memset of `height` rows of `width` elements of `element_size` bytes,
 /// rows `pitch` bytes apart (1-D memsets have height 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +151,9 @@ pub trait Backend: Send + Sync {
         limit: i32,
         flags: u32,
     ) -> BResult<(i32, i32)>;
+    /// `cuOccupancyMaxActiveClusters` or `cuOccupancyMaxPotentialClusterSize`
+    /// for `launch`.
+    fn occupancy_clusters(&self, ctx: Obj, func: Obj, launch: &Launch, query: ClusterQuery) -> BResult<i32>;
     /// `params` is packed by the function's layout.
     fn launch(&self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()>;
 

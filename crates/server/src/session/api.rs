@@ -171,6 +171,32 @@ impl Session {
         Ok(n)
     }
 
+    /// A launch as the backend takes it: the stream resolved, the attribute
+    /// records split and checked to carry only plain values.
+    fn launch_config(&mut self, dims: [u32; 6], shared_mem: u32, stream: Stream, attrs: &[u8]) -> R<backend::Launch> {
+        if !attrs.len().is_multiple_of(ATTR_RECORD) {
+            return Err(invalid("launch attributes are not whole records"));
+        }
+        let mut parsed = Vec::with_capacity(attrs.len() / ATTR_RECORD);
+        for record in attrs.chunks_exact(ATTR_RECORD) {
+            let id = u32::from_le_bytes([record[0], record[1], record[2], record[3]]);
+            if !PLAIN_LAUNCH_ATTRS.contains(&id) {
+                return Err(CallError::new(CuError::NOT_SUPPORTED, format!("launch attribute {id} is not supported")));
+            }
+            let mut value = [0u8; 64];
+            value.copy_from_slice(&record[4..]);
+            parsed.push((id, value));
+        }
+        let (_, stream) = self.stream(stream)?;
+        Ok(backend::Launch {
+            grid: [dims[0], dims[1], dims[2]],
+            block: [dims[3], dims[4], dims[5]],
+            shared_mem,
+            stream,
+            attrs: parsed,
+        })
+    }
+
     fn add_global(&mut self, ctx: u64, owner: Owner, (ptr, size): (u64, u64)) -> (DevPtr, u64) {
         self.tables.add_region(ptr, Region { size, ctx, owner: Some(owner) });
         (DevPtr(ptr), size)
@@ -644,19 +670,6 @@ impl Api for Session {
         if req.params.len() > MAX_PARAM_BYTES {
             return Err(invalid(format!("{} bytes of kernel parameters", req.params.len())));
         }
-        if !req.attrs.len().is_multiple_of(ATTR_RECORD) {
-            return Err(invalid("launch attributes are not whole records"));
-        }
-        let mut attrs = Vec::with_capacity(req.attrs.len() / ATTR_RECORD);
-        for record in req.attrs.chunks_exact(ATTR_RECORD) {
-            let id = u32::from_le_bytes([record[0], record[1], record[2], record[3]]);
-            if !PLAIN_LAUNCH_ATTRS.contains(&id) {
-                return Err(CallError::new(CuError::NOT_SUPPORTED, format!("launch attribute {id} is not supported")));
-            }
-            let mut value = [0u8; 64];
-            value.copy_from_slice(&record[4..]);
-            attrs.push((id, value));
-        }
         let (_, ctx) = self.current_ctx()?;
         let (func_ctx, func) = self.func(req.func)?;
         let expected = match self.param_bytes.get(&req.func.0) {
@@ -666,16 +679,23 @@ impl Api for Session {
         if req.params.len() != expected {
             return Err(invalid(format!("{} parameter bytes for a kernel that takes {expected}", req.params.len())));
         }
-        let (_, stream) = self.stream(req.stream)?;
-        let launch = backend::Launch {
-            grid: [req.gridX, req.gridY, req.gridZ],
-            block: [req.blockX, req.blockY, req.blockZ],
-            shared_mem: req.sharedMem,
-            stream,
-            attrs,
-        };
+        let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
+        let launch = self.launch_config(dims, req.sharedMem, req.stream, &req.attrs)?;
         self.backend.launch(ctx, func, &launch, &req.params)?;
         Ok(Launch::Reply {})
+    }
+
+    fn OccupancyClusters(&mut self, req: OccupancyClusters::Request) -> R<OccupancyClusters::Reply> {
+        let query = match req.query {
+            0 => backend::ClusterQuery::MaxActiveClusters,
+            1 => backend::ClusterQuery::MaxPotentialClusterSize,
+            q => return Err(invalid(format!("unknown cluster query {q}"))),
+        };
+        let (_, ctx) = self.current_ctx()?;
+        let (_, func) = self.func(req.func)?;
+        let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
+        let launch = self.launch_config(dims, req.sharedMem, req.stream, &req.attrs)?;
+        Ok(OccupancyClusters::Reply { value: self.backend.occupancy_clusters(ctx, func, &launch, query)? })
     }
 
     fn cuStreamCreate(&mut self, req: cuStreamCreate::Request) -> R<cuStreamCreate::Reply> {

@@ -151,6 +151,8 @@ driver_api! {
         limit: c_int,
         flags: c_uint,
     );
+    cuOccupancyMaxActiveClusters(clusters: *mut c_int, func: CUfunction, config: *const LaunchConfig);
+    cuOccupancyMaxPotentialClusterSize(size: *mut c_int, func: CUfunction, config: *const LaunchConfig);
     cuLaunchKernelEx(
         config: *const LaunchConfig,
         func: CUfunction,

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::sys;
 use gpuplex_protocol::{Attribute, CallError, CuError, DeviceInfo, Seq, DEVICE_ATTRIBUTE_COUNT};
 
-use super::{BResult, Backend, Launch, Memset, Obj, ParamSlot};
+use super::{BResult, Backend, ClusterQuery, Launch, Memset, Obj, ParamSlot};
 
 mod api;
 mod image;
@@ -241,6 +241,21 @@ fn global(call: impl FnOnce(*mut sys::CUdeviceptr, *mut usize) -> Raw) -> BResul
     let (mut ptr, mut bytes) = (0, 0usize);
     check(call(&mut ptr, &mut bytes))?;
     Ok((ptr, bytes as u64))
+}
+
+/// The driver's launch configuration for `launch`; it points into `attrs`,
+/// which must outlive its use.
+fn launch_config(launch: &Launch, attrs: &mut Vec<LaunchAttribute>) -> BResult<LaunchConfig> {
+    *attrs = launch.attrs.iter().map(|&(id, value)| LaunchAttribute { id, pad: [0; 4], value }).collect();
+    Ok(LaunchConfig {
+        grid: launch.grid,
+        block: launch.block,
+        shared_mem: launch.shared_mem,
+        stream: raw(launch.stream),
+        attrs: if attrs.is_empty() { null_mut() } else { attrs.as_mut_ptr() },
+        num_attrs: c_uint::try_from(attrs.len())
+            .map_err(|_| CallError::new(CuError::INVALID_VALUE, "too many launch attributes"))?,
+    })
 }
 
 impl Backend for Cuda {
@@ -649,19 +664,28 @@ impl Backend for Cuda {
     /// `params` must be exactly the layout's bytes: driver 580 refuses a
     /// longer buffer (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`) but launches with
     /// a shorter one, leaving the rest of the parameters undefined.
+    fn occupancy_clusters(&self, ctx: Obj, func: Obj, launch: &Launch, query: ClusterQuery) -> BResult<i32> {
+        enter(ctx)?;
+        let mut attrs = Vec::new();
+        let config = launch_config(launch, &mut attrs)?;
+        let mut n: c_int = 0;
+        // SAFETY: out-pointer to a local; `config` and its attributes outlive
+        // the call; live function; the stream is live or special.
+        check(unsafe {
+            match query {
+                ClusterQuery::MaxActiveClusters => api::cuOccupancyMaxActiveClusters(&mut n, raw(func), &config),
+                ClusterQuery::MaxPotentialClusterSize => {
+                    api::cuOccupancyMaxPotentialClusterSize(&mut n, raw(func), &config)
+                }
+            }
+        })?;
+        Ok(n)
+    }
+
     fn launch(&self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()> {
         enter(ctx)?;
-        let mut attrs: Vec<LaunchAttribute> =
-            launch.attrs.iter().map(|&(id, value)| LaunchAttribute { id, pad: [0; 4], value }).collect();
-        let config = LaunchConfig {
-            grid: launch.grid,
-            block: launch.block,
-            shared_mem: launch.shared_mem,
-            stream: raw(launch.stream),
-            attrs: if attrs.is_empty() { null_mut() } else { attrs.as_mut_ptr() },
-            num_attrs: c_uint::try_from(attrs.len())
-                .map_err(|_| CallError::new(CuError::INVALID_VALUE, "too many launch attributes"))?,
-        };
+        let mut attrs = Vec::new();
+        let config = launch_config(launch, &mut attrs)?;
         // The packed parameter buffer. A kernel without parameters still
         // gets a real (if unread) address, with size 0.
         static NO_PARAMS: u64 = 0;

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use gpuplex_protocol::{CallError, CuError, DeviceInfo};
 
-use super::{BResult, Backend, Launch, Memset, Obj, ParamSlot};
+use super::{BResult, Backend, ClusterQuery, Launch, Memset, Obj, ParamSlot};
 use image::{Image, KernelInfo};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
@@ -697,6 +697,30 @@ impl Backend for Emulated {
         }
         let blocks_per_sm = occupancy(f, best.1, smem);
         Ok((blocks_per_sm * device::MULTIPROCESSORS as i32, best.1))
+    }
+
+    fn occupancy_clusters(&self, ctx: Obj, func: Obj, launch: &Launch, query: ClusterQuery) -> BResult<i32> {
+        const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+        /// The largest cluster every device of this kind accepts.
+        const PORTABLE_CLUSTER: i32 = 8;
+        let mut s = self.state();
+        s.stream(ctx, launch.stream)?;
+        let f = s.function(func)?;
+        s.check_launch(f, launch)?;
+        let cluster: i32 = launch
+            .attrs
+            .iter()
+            .find(|a| a.0 == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            .map(|a| (0..3).map(|i| i32::from_le_bytes(a.1[4 * i..4 * i + 4].try_into().expect("4 bytes"))).product())
+            .unwrap_or(1);
+        let threads: u64 = launch.block.iter().map(|&d| d as u64).product();
+        Ok(match query {
+            ClusterQuery::MaxPotentialClusterSize => PORTABLE_CLUSTER,
+            ClusterQuery::MaxActiveClusters if cluster <= 0 || cluster > PORTABLE_CLUSTER => 0,
+            ClusterQuery::MaxActiveClusters => {
+                occupancy(f, threads as i32, launch.shared_mem as u64) * device::MULTIPROCESSORS as i32 / cluster
+            }
+        })
     }
 
     fn launch(&self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()> {
