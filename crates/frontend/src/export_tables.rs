@@ -48,6 +48,7 @@ const CTX_CREATE_BYPASS_ID: [u8; 16] = id("0ca50b8c1004929a89a7d0df10e77286");
 const DEVICE_EXTENDED_RT_ID: [u8; 16] = id("b10541e1f7c7c74a9f64f223be99f1e2");
 const INTEGRITY_CHECK_ID: [u8; 16] = id("d4082055bde6704b8d34ba123c66e1f2");
 const CONTEXT_CHECKS_ID: [u8; 16] = id("263e88607cd2614392f6bbd5006dfa7e");
+const TOOLS_CONTEXT_ID: [u8; 16] = id("21318c60971432488ca641ff7324c8f2");
 
 /// Parses 32 hex digits at compile time.
 const fn id(hex: &str) -> [u8; 16] {
@@ -68,15 +69,26 @@ const fn id(hex: &str) -> [u8; 16] {
     out
 }
 
-/// A slot nobody has needed yet: says which, once, and fails.
-unsafe extern "C" fn unknown_slot<const TABLE: usize, const SLOT: usize>() -> CUresult {
-    const NAMES: [&str; 6] = [
+/// A slot nobody has needed yet: says which (once, and with the raw
+/// register arguments at debug level, to learn what callers want), and
+/// fails. Reading six argument registers is harmless whatever the real
+/// signature.
+unsafe extern "C" fn unknown_slot<const TABLE: usize, const SLOT: usize>(
+    a0: u64,
+    a1: u64,
+    a2: u64,
+    a3: u64,
+    a4: u64,
+    a5: u64,
+) -> CUresult {
+    const NAMES: [&str; 7] = [
         "CUDART_INTERFACE",
         "CONTEXT_LOCAL_STORAGE",
         "CTX_CREATE_BYPASS",
         "DEVICE_EXTENDED_RT",
         "INTEGRITY_CHECK",
         "CONTEXT_CHECKS",
+        "TOOLS_CONTEXT",
     ];
     static SEEN: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
     let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
@@ -84,6 +96,7 @@ unsafe extern "C" fn unknown_slot<const TABLE: usize, const SLOT: usize>() -> CU
         seen.push((TABLE, SLOT));
         log::warn(&format!("private driver function {}[{SLOT}] is not supported by gpuplex", NAMES[TABLE]));
     }
+    log::debug(&format!("{}[{SLOT}]({a0:#x}, {a1:#x}, {a2:#x}, {a3:#x}, {a4:#x}, {a5:#x})", NAMES[TABLE]));
     CuError::NOT_SUPPORTED.0
 }
 
@@ -341,6 +354,57 @@ static CONTEXT_CHECKS: Table<15> = {
     Table(t)
 };
 
+// ---- TOOLS_CONTEXT (21318c60...): asked for by cuBLAS and cuFFT.
+
+/// [4]: whether a context is valid, as 0 or 1 in `*out`.
+unsafe extern "C" fn tools_context_is_valid(ctx: *mut c_void, out: *mut u64) -> CUresult {
+    if out.is_null() {
+        return CuError::UNKNOWN.0;
+    }
+    // SAFETY: checked non-NULL; the caller passes a valid pointer.
+    unsafe { out.write(!ctx.is_null() as u64) };
+    CUDA_SUCCESS
+}
+
+/// [39]: a per-context value that reads 0.
+unsafe extern "C" fn tools_context_zero(_: *mut c_void, key: *mut c_void, out: *mut u64) -> CUresult {
+    if key.is_null() || out.is_null() {
+        return CuError::INVALID_VALUE.0;
+    }
+    // SAFETY: checked non-NULL; the caller passes a valid pointer.
+    unsafe { out.write(0) };
+    CUDA_SUCCESS
+}
+
+/// Zeroed memory handed out as an opaque driver object.
+static mut OPAQUE_OBJECT: [u64; 64] = [0; 64];
+
+/// [51]: an opaque object for a handle; -1 is an invalid handle.
+unsafe extern "C" fn tools_context_object(_: *mut c_void, handle: u64, out: *mut *mut c_void) -> CUresult {
+    if out.is_null() {
+        return CuError::INVALID_VALUE.0;
+    }
+    if handle == u64::MAX {
+        return CuError::INVALID_HANDLE.0;
+    }
+    // SAFETY: checked non-NULL; the object is static.
+    unsafe { out.write((&raw mut OPAQUE_OBJECT).cast()) };
+    CUDA_SUCCESS
+}
+
+static TOOLS_CONTEXT: Table<93> = {
+    let mut t: [*const c_void; 93] = slots!(6; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27
+        28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64
+        65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92);
+    t[0] = size::<93>();
+    t[4] = tools_context_is_valid as *const c_void;
+    t[39] = tools_context_zero as *const c_void;
+    t[51] = tools_context_object as *const c_void;
+    // NULL in the real driver too.
+    t[91] = null();
+    Table(t)
+};
+
 // ---- INTEGRITY_CHECK: the runtime verifies it talks to a real driver.
 
 /// [1]: answers the runtime's challenge (`version`, time) with the value
@@ -408,6 +472,7 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
         DEVICE_EXTENDED_RT_ID => DEVICE_EXTENDED_RT.start(),
         INTEGRITY_CHECK_ID => INTEGRITY_CHECK.start(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.start(),
+        TOOLS_CONTEXT_ID => TOOLS_CONTEXT.start(),
         _ => return None,
     })
 }

@@ -25,6 +25,12 @@ mod memory;
 pub(crate) mod module;
 mod proc_address;
 
+/// Marks this library as gpuplex's, so that a server never mistakes it for
+/// NVIDIA's driver (it refuses to start on it). The one export beyond the
+/// real driver's list.
+#[no_mangle]
+pub static gpuplex_frontend: u8 = 1;
+
 mod generated {
     //! Exports generated from the API table.
     use std::ffi::{c_char, c_void};

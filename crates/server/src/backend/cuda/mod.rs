@@ -135,6 +135,8 @@ const MAX_PARAMS: usize = 32764;
 pub enum CudaError {
     #[error("CUDA driver library libcuda.so not found; use --backend emulated on machines without a GPU")]
     NoDriver,
+    #[error("the libcuda.so found is gpuplex's own front-end, not NVIDIA's driver; take gpuplex's directory off the server's LD_LIBRARY_PATH")]
+    FoundFrontend,
     #[error("{call}: {error}")]
     Driver { call: &'static str, error: CallError },
     #[error("device {ordinal}: {call}: {error}")]
@@ -155,6 +157,12 @@ impl Cuda {
         // runs its initialisers as any CUDA program does.
         if !unsafe { sys::is_culib_present() } {
             return Err(CudaError::NoDriver);
+        }
+        // A server that loaded gpuplex's libcuda would serve its clients by
+        // calling itself.
+        // SAFETY: the library is present; the marker is only looked up.
+        if unsafe { sys::culib().get::<*const u8>(b"gpuplex_frontend\0") }.is_ok() {
+            return Err(CudaError::FoundFrontend);
         }
         let at = |call: &'static str| move |error| CudaError::Driver { call, error };
         // SAFETY: plain value argument; the driver is present.
