@@ -32,19 +32,7 @@ static inline const char *err_name(CUresult rc) {
         }                                                                       \
     } while (0)
 
-// Stops the program when a result is not what it must be.
-#define EXPECT(cond, ...)                                                       \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fflush(stdout);                                                     \
-            fprintf(stderr, "%s:%d: expected %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, "\n");                                              \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-static inline const char *yes_no(bool b) { return b ? "yes" : "no"; }
+#include "expect.h"
 
 // Embeds a file built by scripts/build-cuda-tests.sh (found through the
 // assembler's include path) as `sym`, 64-byte aligned, with a NUL after the

@@ -278,7 +278,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     })
 }
 
-/// Writes a global's address and size; either may be NULL, not both.
+/// Writes a global's address and size through whichever pointer is not NULL.
 fn write_global(dptr: *mut u64, bytes: *mut usize, reply: (DevPtr, u64)) -> Result<(), CuError> {
     // SAFETY: NULL is skipped; otherwise the caller vouches for the pointers.
     unsafe {
@@ -288,6 +288,7 @@ fn write_global(dptr: *mut u64, bytes: *mut usize, reply: (DevPtr, u64)) -> Resu
     Ok(())
 }
 
+/// Either out-pointer may be NULL, not both, as the driver has it.
 fn check_global_outs(dptr: *mut u64, bytes: *mut usize) -> Result<(), CuError> {
     if dptr.is_null() && bytes.is_null() {
         return Err(CuError::INVALID_VALUE);
