@@ -54,6 +54,8 @@ pub struct Row {
     pub name: String,
     pub params: Vec<Param>,
     pub aliases: Vec<String>,
+    /// Sent without waiting for the reply.
+    pub posted: bool,
 }
 
 impl Row {
@@ -93,8 +95,14 @@ pub fn parse(text: &str) -> Result<Table, String> {
             _ => return Err(fail("unknown kind")),
         };
         let rest = rest.trim();
+        let (posted, rest) = match rest.strip_prefix("posted ") {
+            Some(r) if matches!(kind, Kind::Export | Kind::Ptsz) => (true, r.trim()),
+            Some(_) => return Err(fail("only export and ptsz rows can be posted")),
+            None => (false, rest),
+        };
         if kind == Kind::Control {
-            table.rows.push(Row { opcode, kind, name: rest.to_owned(), params: vec![], aliases: vec![] });
+            let row = Row { opcode, kind, name: rest.to_owned(), params: vec![], aliases: vec![], posted };
+            table.rows.push(row);
             continue;
         }
         let open = rest.find('(').ok_or_else(|| fail("expected '('"))?;
@@ -123,7 +131,10 @@ pub fn parse(text: &str) -> Result<Table, String> {
                 return Err(fail(&format!("type {} has no C form", p.ty)));
             }
         }
-        table.rows.push(Row { opcode, kind, name, params, aliases });
+        if posted && params.iter().any(|p| p.dir != Dir::In) {
+            return Err(fail("a posted row cannot have results"));
+        }
+        table.rows.push(Row { opcode, kind, name, params, aliases, posted });
     }
     table.check()?;
     Ok(table)
@@ -361,6 +372,22 @@ fn export_fn(s: &mut String, row: &Row, export: &str, ptsz: bool) {
         }
     }
     *s += "        };\n";
+    if row.posted {
+        // Nothing comes back to report a bad handle later, so NULL ones are
+        // refused here, as the driver would at once.
+        let handles: Vec<&str> = row
+            .params
+            .iter()
+            .filter(|p| matches!(p.ty.as_str(), "Ctx" | "Module" | "Func" | "Event" | "Library" | "Kernel"))
+            .map(|p| p.name.as_str())
+            .collect();
+        for h in handles {
+            writeln!(s, "        if req.{h}.0 == 0 {{ return Err(gpuplex_protocol::CuError::INVALID_HANDLE); }}")
+                .unwrap();
+        }
+        *s += "        crate::client::post(req)?;\n        Ok(())\n    })\n}\n";
+        return;
+    }
     let outs: Vec<&Param> = row.params.iter().filter(|p| p.dir != Dir::In).collect();
     let binding = if outs.is_empty() { "_reply" } else { "reply" };
     writeln!(s, "        let {binding} = crate::client::call(req)?;").unwrap();

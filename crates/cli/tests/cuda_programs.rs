@@ -329,14 +329,8 @@ fn device_query() {
 /// emulated device yet, and why. They are built and run all the same, and
 /// must fail cleanly: a CHECK line on stderr and exit status 1, no hang, no
 /// crash. Everything else there runs in `rt` below, static and shared.
-const RUNTIME_UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "zero_copy",
-        "mapped host memory (cudaHostGetDevicePointer): a kernel on the server cannot reach the \
-         client's memory until gpuplex shares it",
-    ),
-    ("managed", "managed memory (cudaMallocManaged, __managed__) is not implemented by gpuplex"),
-];
+const RUNTIME_UNSUPPORTED: &[(&str, &str)] =
+    &[("managed", "managed memory (cudaMallocManaged, __managed__) is not implemented by gpuplex")];
 
 /// Runs `runtime/NAME.LINKAGE` (LINKAGE: `static` or `shared` cudart) on an
 /// embedded emulated server and checks its stdout against
@@ -386,6 +380,7 @@ runtime_tests!(
     callbacks,
     multithreaded,
     runtime_api,
+    zero_copy,
 );
 
 /// No program of tests/cuda/runtime is forgotten: each is tested, or listed

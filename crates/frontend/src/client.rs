@@ -2,16 +2,24 @@
 //!
 //! It is opened by the first `cuInit` (or `cuDriverGetVersion`), after a
 //! handshake that brings back the server's driver version and the whole
-//! device table, so device queries never travel again. Calls are
-//! synchronous request/reply pairs under one lock; each carries the calling
-//! thread's current context. A lost server is sticky: every later call fails
-//! with `CUDA_ERROR_DEVICE_UNAVAILABLE`, since the server freed everything
-//! the process held when the connection dropped.
+//! device table, so device queries never travel again. A local server is
+//! then asked to share memory: frames move to rings in a shared region and
+//! pageable copies are staged through its slots (`GPUPLEX_CARRIER=socket`
+//! keeps frames on the socket).
+//!
+//! Calls go one at a time under one lock, each carrying the calling
+//! thread's current context: waited-for calls ([`call`]) read their reply,
+//! posted ones ([`post`]) do not, and their errors come back on a later
+//! waited-for call. A lost server is sticky: every later call fails with
+//! `CUDA_ERROR_DEVICE_UNAVAILABLE`, since the server freed everything the
+//! process held when the connection dropped.
 
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use gpuplex_protocol::{codec, Call, CuError, ErrorDetail, Header, Hello, Opcode, Welcome};
+use gpuplex_protocol::{codec, Call, CuError, ErrorDetail, Header, Hello, Opcode, SharedLayout, Welcome};
+use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::{Address, Carrier};
 
 use crate::{context, log};
@@ -26,11 +34,34 @@ pub struct Client {
     pid: u32,
 }
 
-struct Conn {
+pub struct Conn {
     carrier: Box<dyn Carrier>,
     next_id: u64,
     buf: Vec<u8>,
     broken: bool,
+    /// The staging slots, when memory is shared with the server.
+    pub staging: Option<Staging>,
+}
+
+/// Slots in the shared region through which pageable copies pass.
+pub struct Staging {
+    region: Arc<Region>,
+    offset: usize,
+    pub slot_bytes: usize,
+    /// Whether a copy the server has not finished may still use each slot.
+    pub busy: Vec<bool>,
+}
+
+impl Staging {
+    /// Slot `i`'s bytes.
+    pub fn slot(&mut self, i: usize) -> &mut [u8] {
+        // SAFETY: the layout was checked against the region's size; the
+        // server touches a slot only between a copy naming it and the
+        // StagingWait that frees it, and the caller holds the connection.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.region.as_ptr().add(self.offset + i * self.slot_bytes), self.slot_bytes)
+        }
+    }
 }
 
 static CLIENT: OnceLock<Result<Client, CuError>> = OnceLock::new();
@@ -75,9 +106,20 @@ pub fn client() -> Result<&'static Client, CuError> {
     connection()
 }
 
-/// Sends one call with the calling thread's current context.
+/// Sends one call with the calling thread's current context and waits for
+/// its reply.
 pub fn call<C: Call>(req: C) -> Result<C::Reply, CuError> {
-    client()?.call(req, context::current())
+    client()?.lock().call(req)
+}
+
+/// Sends one call without waiting; its error, if any, comes back later.
+pub fn post<C: Call>(req: C) -> Result<(), CuError> {
+    client()?.lock().post(req)
+}
+
+/// The connection, held for a sequence of calls (a staged copy).
+pub fn lock() -> Result<MutexGuard<'static, Conn>, CuError> {
+    Ok(client()?.lock())
 }
 
 impl Client {
@@ -88,15 +130,28 @@ impl Client {
             CuError::NO_DEVICE
         })?;
         let pid = std::process::id();
-        let mut conn = Conn { carrier, next_id: 1, buf: Vec::new(), broken: false };
+        let mut conn = Conn { carrier, next_id: 1, buf: Vec::new(), broken: false, staging: None };
         let program = std::env::args().next().unwrap_or_default();
         let welcome: Welcome =
             conn.exchange(Opcode::Hello, 0, &codec::encode(&Hello { pid, program })).map_err(|e| {
                 log::error(&format!("handshake with {address} failed: {e:?}"));
                 CuError::NO_DEVICE
             })?;
+        let shared = match std::env::var("GPUPLEX_CARRIER").as_deref() {
+            Ok("socket") => "no (GPUPLEX_CARRIER=socket)".to_owned(),
+            _ => match conn.share_memory() {
+                Ok(()) => "yes".to_owned(),
+                Err(why) => {
+                    log::info(&format!("frames stay on the socket: {why}"));
+                    format!("no ({why})")
+                }
+            },
+        };
+        if conn.broken {
+            return Err(CuError::NO_DEVICE);
+        }
         log::info(&format!(
-            "connected to {address}: session {}, {} backend, {} device(s)",
+            "connected to {address}: session {}, {} backend, {} device(s), shared memory: {shared}",
             welcome.session,
             welcome.backend,
             welcome.devices.0.len()
@@ -104,21 +159,72 @@ impl Client {
         Ok(Client { conn: Mutex::new(conn), welcome, pid })
     }
 
-    pub fn call<C: Call>(&self, req: C, ctx: u64) -> Result<C::Reply, CuError> {
-        let payload = codec::encode(&req);
-        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        conn.exchange(C::OPCODE, ctx, &payload)
+    fn lock(&self) -> MutexGuard<'_, Conn> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Conn {
+    /// Waits for the reply, with the calling thread's current context.
+    pub fn call<C: Call>(&mut self, req: C) -> Result<C::Reply, CuError> {
+        self.exchange(C::OPCODE, context::current(), &codec::encode(&req))
+    }
+
+    pub fn post<C: Call>(&mut self, req: C) -> Result<(), CuError> {
+        if self.broken {
+            return Err(SERVER_GONE);
+        }
+        let payload = codec::encode(&req);
+        let header = self.header(C::OPCODE, context::current(), payload.len()).posted();
+        self.carrier.send(&header, &payload).map_err(|e| self.lose(&e.to_string()))
+    }
+
+    /// The descriptor the server passed after its last reply.
+    pub fn recv_fd(&mut self) -> Result<OwnedFd, CuError> {
+        self.carrier.recv_fd().map_err(|e| self.lose(&format!("expected a descriptor: {e}")))
+    }
+
+    /// Asks the server for a shared region and moves frames onto its rings.
+    /// An error leaves the connection on the socket, usable.
+    fn share_memory(&mut self) -> Result<(), String> {
+        let reply: SharedLayout = self.exchange(Opcode::SharedMemory, 0, &[]).map_err(|e| format!("server: {e:?}"))?;
+        let fd = self.carrier.recv_fd().map_err(|e| {
+            self.lose("the shared region never came");
+            e.to_string()
+        })?;
+        let region = Arc::new(Region::open(fd).map_err(|e| self.lose_with(format!("cannot map the region: {e}")))?);
+        let staging_bytes = reply.slot_bytes.checked_mul(reply.slots as u64).unwrap_or(u64::MAX);
+        let layout = Layout { ring_bytes: reply.ring_bytes as usize, staging_bytes: staging_bytes as usize };
+        let rings = gpuplex_transport::rings(region.clone(), layout, Side::Client)
+            .map_err(|e| self.lose_with(e.to_string()))?;
+        self.carrier.attach_rings(rings).map_err(|e| self.lose_with(e.to_string()))?;
+        self.staging = Some(Staging {
+            region,
+            offset: layout.staging_offset(),
+            slot_bytes: reply.slot_bytes as usize,
+            busy: vec![false; reply.slots as usize],
+        });
+        Ok(())
+    }
+
+    /// After the server agreed to share memory, failing to is fatal.
+    fn lose_with(&mut self, why: String) -> String {
+        self.lose(&why);
+        why
+    }
+
+    fn header(&mut self, opcode: Opcode, ctx: u64, len: usize) -> Header {
+        let id = self.next_id;
+        self.next_id += 1;
+        Header::request(opcode, id, ctx, len).from_thread(context::thread_id())
+    }
+
     fn exchange<T: gpuplex_protocol::Wire>(&mut self, opcode: Opcode, ctx: u64, payload: &[u8]) -> Result<T, CuError> {
         if self.broken {
             return Err(SERVER_GONE);
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        let header = Header::request(opcode, id, ctx, payload.len()).from_thread(context::thread_id());
+        let header = self.header(opcode, ctx, payload.len());
+        let id = header.request_id.get();
         let result = self.carrier.send(&header, payload);
         let header = result.and_then(|()| self.carrier.recv(&mut self.buf)).map_err(|e| self.lose(&e.to_string()))?;
         if header.request_id.get() != id || header.opcode.get() != opcode as u16 {

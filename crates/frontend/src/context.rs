@@ -147,7 +147,7 @@ fn destroy(ctx: *mut c_void) -> Result<(), CuError> {
         return Err(CuError::INVALID_VALUE);
     }
     client::call(calls::CtxDestroy::Request { ctx: Ctx(ctx as u64) })?;
-    crate::export_tables::context_gone(ctx as u64);
+    gone(ctx as u64);
     if current() == ctx as u64 {
         pop();
     }
@@ -171,15 +171,21 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> CUresult {
 fn release_primary(dev: i32) -> Result<(), CuError> {
     let reply = client::call(calls::PrimaryCtxRelease::Request { dev })?;
     if !reply.active {
-        crate::export_tables::context_gone(primary_handle(dev)?);
+        gone(primary_handle(dev)?);
     }
     Ok(())
 }
 
 fn reset_primary(dev: i32) -> Result<(), CuError> {
     client::call(calls::PrimaryCtxReset::Request { dev })?;
-    crate::export_tables::context_gone(primary_handle(dev)?);
+    gone(primary_handle(dev)?);
     Ok(())
+}
+
+/// What the process kept about a context that no longer exists.
+fn gone(ctx: u64) {
+    crate::export_tables::context_gone(ctx);
+    crate::memory::forget_allocations();
 }
 
 /// The session's primary context handle for a device.

@@ -6,6 +6,12 @@
 //! one buffer exactly as the driver would, and the server launches with
 //! that buffer. Nothing assumes 8 bytes per argument or a NULL-terminated
 //! list.
+//!
+//! A launch the client can see will be accepted (dimensions within the
+//! device's and the function's limits, no more than the default shared
+//! memory, no attributes) is posted: the program goes on at once, as with
+//! the driver's asynchronous launches. Any other launch is waited for, so
+//! that its error comes back from the launch itself, exactly as natively.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -16,28 +22,66 @@ use gpuplex_protocol::{calls, CuError, Func, Stream};
 use crate::client;
 use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
 
-/// `(offset, size)` of each parameter.
-type Layout = Arc<Vec<(u32, u32)>>;
+/// What the client knows of a function: where each parameter goes
+/// (`(offset, size)`), and the limits a launch is checked against.
+struct FuncInfo {
+    layout: Vec<(u32, u32)>,
+    max_threads: u32,
+    static_shared: u32,
+}
 
 /// Handles are never reused within a session, so entries never go stale.
-static LAYOUTS: Mutex<Option<HashMap<u64, Layout>>> = Mutex::new(None);
+static FUNCS: Mutex<Option<HashMap<u64, Arc<FuncInfo>>>> = Mutex::new(None);
 
-fn layout(func: u64) -> Result<Layout, CuError> {
-    let cached = LAYOUTS.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(&func).cloned());
-    if let Some(layout) = cached {
-        return Ok(layout);
+fn info(func: u64) -> Result<Arc<FuncInfo>, CuError> {
+    let cached = FUNCS.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(&func).cloned());
+    if let Some(info) = cached {
+        return Ok(info);
     }
     let reply = client::call(calls::ParamLayout::Request { func: Func(func) })?;
     if reply.offsets.0.len() != reply.sizes.0.len() {
         return Err(CuError::UNKNOWN);
     }
-    let layout: Layout = Arc::new(reply.offsets.0.into_iter().zip(reply.sizes.0).collect());
-    LAYOUTS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get_or_insert_with(HashMap::new)
-        .insert(func, layout.clone());
-    Ok(layout)
+    let info = Arc::new(FuncInfo {
+        layout: reply.offsets.0.into_iter().zip(reply.sizes.0).collect(),
+        max_threads: reply.maxThreads.max(0) as u32,
+        static_shared: reply.staticShared.max(0) as u32,
+    });
+    FUNCS.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashMap::new).insert(func, info.clone());
+    Ok(info)
+}
+
+fn layout(func: u64) -> Result<Vec<(u32, u32)>, CuError> {
+    Ok(info(func)?.layout.clone())
+}
+
+/// Shared memory every launch may use without opting in.
+const DEFAULT_SHARED: u64 = 48 << 10;
+
+/// Whether the driver is sure to accept this launch (so it can be posted).
+fn surely_accepted(func: u64, g: &Grid, params: usize) -> Result<bool, CuError> {
+    let info = info(func)?;
+    let packed = info.layout.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0);
+    let client = client::client()?;
+    // The tightest limits over the devices, so the answer holds for any.
+    let limit = |attr: usize| {
+        client.welcome.devices.0.iter().map(|d| d.attributes.0.get(attr).map_or(0, |a| a.value.max(0) as u64)).min()
+    };
+    let (Some(threads), Some(bx), Some(by), Some(bz), Some(gx), Some(gy), Some(gz)) =
+        (limit(1), limit(2), limit(3), limit(4), limit(5), limit(6), limit(7))
+    else {
+        return Ok(false);
+    };
+    let [b0, b1, b2] = g.block.map(u64::from);
+    let dims_ok = g
+        .grid
+        .iter()
+        .zip([gx, gy, gz])
+        .chain(g.block.iter().zip([bx, by, bz]))
+        .all(|(&d, max)| d >= 1 && d as u64 <= max);
+    let threads_ok = b0 * b1 * b2 <= threads.min(info.max_threads as u64);
+    let shared_ok = info.static_shared as u64 + g.shared_mem as u64 <= DEFAULT_SHARED;
+    Ok(dims_ok && threads_ok && shared_ok && params == packed && crate::context::current() != 0)
 }
 
 /// Packs `kernelParams` by the function's layout.
@@ -46,7 +90,8 @@ fn layout(func: u64) -> Result<Layout, CuError> {
 /// `params` holds one valid pointer per parameter of the function, each to
 /// a value of that parameter's size, as the CUDA API requires.
 unsafe fn pack(func: u64, params: *mut *mut c_void) -> Result<Vec<u8>, CuError> {
-    let layout = layout(func)?;
+    let info = info(func)?;
+    let layout = &info.layout;
     let size = layout.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0);
     let mut buf = vec![0u8; size];
     if layout.is_empty() {
@@ -127,7 +172,8 @@ unsafe fn launch(
         // SAFETY: per this function's contract.
         _ => unsafe { pack(func as u64, params)? },
     };
-    client::call(calls::Launch::Request {
+    let post = attrs.is_empty() && surely_accepted(func as u64, &g, packed.len())?;
+    let req = calls::Launch::Request {
         func: Func(func as u64),
         gridX: g.grid[0],
         gridY: g.grid[1],
@@ -139,8 +185,12 @@ unsafe fn launch(
         stream: g.stream,
         params: packed,
         attrs,
-    })?;
-    Ok(())
+    };
+    if post {
+        client::post(req)
+    } else {
+        client::call(req).map(|_| ())
+    }
 }
 
 macro_rules! launch_kernel {

@@ -49,6 +49,16 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// The reply to `SharedMemory`: how the region passed after it is laid
+    /// out. Staging is `slots` slots of `slot_bytes`, for pageable copies.
+    pub struct SharedLayout {
+        pub ring_bytes: u64,
+        pub slot_bytes: u64,
+        pub slots: u32,
+    }
+}
+
+wire_struct! {
     /// One live session, as `gpuplex info` lists it.
     pub struct SessionSummary {
         pub id: u64,

@@ -7,8 +7,9 @@ use crate::{HeaderError, Opcode};
 
 /// `"GPX\x01"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"GPX\x01");
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// The protocol version this build speaks. 2: posted requests, shared
+/// memory, host blocks.
+pub const VERSION: u16 = 2;
 /// The oldest version this build still accepts (N-1 policy; equal to
 /// `VERSION` until a second version exists).
 pub const MIN_VERSION: u16 = 1;
@@ -16,12 +17,19 @@ pub const MIN_VERSION: u16 = 1;
 /// split into several calls by the client.
 pub const MAX_PAYLOAD: usize = 64 << 20;
 
+/// In a request's `status`: the client does not wait for a reply. A posted
+/// call that fails leaves its error with the session, which answers the
+/// next waited-for request with it instead of running that request, as
+/// CUDA reports an asynchronous error at the next synchronizing call.
+pub const POSTED: u32 = 1;
+
 /// 40 bytes, little-endian on the wire.
 ///
 /// Requests carry the caller's current context handle in `context` (the
-/// context stack lives in the client, per thread) and the calling thread's
-/// number in `thread` (which per-thread default stream it means); replies
-/// carry the CUDA status in `status` and echo `opcode` and `request_id`.
+/// context stack lives in the client, per thread), the calling thread's
+/// number in `thread` (which per-thread default stream it means) and flags
+/// ([`POSTED`]) in `status`; replies carry the CUDA status in `status` and
+/// echo `opcode` and `request_id`.
 #[repr(C)]
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Header {
@@ -55,6 +63,15 @@ impl Header {
     /// The same request, made by client thread `thread`.
     pub fn from_thread(self, thread: u64) -> Header {
         Header { thread: thread.into(), ..self }
+    }
+
+    /// The same request, sent without waiting for a reply.
+    pub fn posted(self) -> Header {
+        Header { status: POSTED.into(), ..self }
+    }
+
+    pub fn is_posted(&self) -> bool {
+        self.status.get() & POSTED != 0
     }
 
     pub fn reply(to: &Header, status: u32, length: usize) -> Header {

@@ -20,6 +20,12 @@
 //!
 //! A reply with `status == 0` carries the call's `Reply`; any other status
 //! is the CUDA error the caller sees, with an [`ErrorDetail`] for logs.
+//! A request flagged [`POSTED`] gets no reply; its error, if any, answers
+//! the next request that does wait.
+//!
+//! A local client may then ask for `SharedMemory`: the reply (on the
+//! socket) gives a [`SharedLayout`], the region's descriptor follows it,
+//! and from then on frames travel through the region's rings.
 //! A frame that fails validation, an unknown opcode, or a payload that does
 //! not decode ends that session only.
 //!
@@ -50,7 +56,7 @@ pub use digest::image_digest;
 pub use error::{CallError, CuError, DecodeError, HeaderError, CUDA_ERRORS, MAX_DETAIL};
 pub use handles::*;
 pub use handshake::*;
-pub use header::{Header, HEADER_SIZE, MAGIC, MAX_PAYLOAD, MIN_VERSION, VERSION};
+pub use header::{Header, HEADER_SIZE, MAGIC, MAX_PAYLOAD, MIN_VERSION, POSTED, VERSION};
 
 /// A request message and the reply it expects.
 pub trait Call: Wire {

@@ -7,8 +7,12 @@
 //! client call path and the server session loop never change.
 
 mod address;
+pub mod shm;
 mod stream;
 pub mod unix;
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use gpuplex_protocol::{Header, HeaderError};
 
@@ -33,6 +37,10 @@ pub enum TransportError {
     Io(#[from] std::io::Error),
     #[error("unsupported address {0:?}: expected unix:PATH")]
     Address(String),
+    #[error("shared memory: {0}")]
+    Shared(String),
+    #[error("this carrier cannot {0}")]
+    Unsupported(&'static str),
 }
 
 /// One end of a connection, moving whole frames.
@@ -47,6 +55,34 @@ pub trait Carrier: Send {
 
     /// The peer's identity as the operating system reports it.
     fn peer(&self) -> Peer;
+
+    /// Whether the peer is a process on this host that can map memory we
+    /// pass it ([`Carrier::send_fd`], [`Carrier::attach_rings`]).
+    fn shares_memory(&self) -> bool {
+        false
+    }
+
+    /// Moves frames onto the rings of a shared region (see [`shm`]); the
+    /// connection itself stays open, for descriptors and to tell when the
+    /// peer is gone. Only carriers between processes of one host can.
+    fn attach_rings(&mut self, _rings: shm::Rings) -> Result<(), TransportError> {
+        Err(TransportError::Unsupported("share memory"))
+    }
+
+    /// Passes a descriptor to the peer, beside the frames.
+    fn send_fd(&mut self, _fd: BorrowedFd<'_>) -> Result<(), TransportError> {
+        Err(TransportError::Unsupported("pass descriptors"))
+    }
+
+    /// Receives a descriptor the peer passed with `send_fd`.
+    fn recv_fd(&mut self) -> Result<OwnedFd, TransportError> {
+        Err(TransportError::Unsupported("pass descriptors"))
+    }
+}
+
+/// A region shared with the peer and the rings in it, ready to attach.
+pub fn rings(region: Arc<shm::Region>, layout: shm::Layout, side: shm::Side) -> Result<shm::Rings, TransportError> {
+    shm::Rings::new(region, layout, side)
 }
 
 /// Accepts connections for the server.

@@ -1,17 +1,23 @@
 //! The Unix-domain-socket carrier: the way in for local guests, and the
 //! fallback when no faster carrier is set up.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net;
 use std::path::{Path, PathBuf};
 
 use gpuplex_protocol::Header;
+use zerocopy::IntoBytes;
 
+use crate::shm::{self, Rings};
 use crate::{stream, Address, Carrier, Listener, Peer, TransportError};
 
+/// Frames go over the socket until shared rings are attached; from then on
+/// the socket carries only descriptors, and its closing tells either side
+/// that the other is gone.
 pub struct UnixCarrier {
     socket: net::UnixStream,
     peer: Peer,
+    rings: Option<Rings>,
 }
 
 impl UnixCarrier {
@@ -21,7 +27,7 @@ impl UnixCarrier {
 
     fn new(socket: net::UnixStream) -> Result<UnixCarrier, TransportError> {
         let peer = peer_credentials(&socket)?;
-        Ok(UnixCarrier { socket, peer })
+        Ok(UnixCarrier { socket, peer, rings: None })
     }
 
     /// A connected pair, for tests.
@@ -38,15 +44,42 @@ impl UnixCarrier {
 
 impl Carrier for UnixCarrier {
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
-        stream::send(&self.socket, header, payload)
+        match &mut self.rings {
+            Some(rings) => {
+                rings.writer.write_all(header.as_bytes())?;
+                rings.writer.write_all(payload)
+            }
+            None => stream::send(&self.socket, header, payload),
+        }
     }
 
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
-        stream::recv(&mut self.socket, payload)
+        match &mut self.rings {
+            Some(rings) => stream::recv(&mut rings.reader, payload),
+            None => stream::recv(&mut self.socket, payload),
+        }
     }
 
     fn peer(&self) -> Peer {
         self.peer
+    }
+
+    fn shares_memory(&self) -> bool {
+        true
+    }
+
+    fn attach_rings(&mut self, mut rings: Rings) -> Result<(), TransportError> {
+        rings.watch(self.socket.as_raw_fd());
+        self.rings = Some(rings);
+        Ok(())
+    }
+
+    fn send_fd(&mut self, fd: BorrowedFd<'_>) -> Result<(), TransportError> {
+        shm::send_fd(self.socket.as_raw_fd(), fd)
+    }
+
+    fn recv_fd(&mut self) -> Result<OwnedFd, TransportError> {
+        shm::recv_fd(self.socket.as_raw_fd())
     }
 }
 

@@ -114,6 +114,44 @@ pub trait Backend: Send + Sync {
     fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, sync: bool) -> BResult<()>;
     fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, sync: bool) -> BResult<()>;
 
+    // Host memory shared with a client.
+    /// Pins and maps `len` bytes of host memory at `ptr` for every context
+    /// of every device; returns their device address (`ptr` itself under
+    /// unified addressing).
+    ///
+    /// # Safety
+    /// The memory stays mapped until [`Backend::host_unregister`].
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> BResult<u64>;
+    fn host_unregister(&self, ptr: *mut u8) -> BResult<()>;
+    /// Copies registered host memory to device address `dst` in `stream`'s
+    /// order: the GPU reads the host memory when the copy runs, so the
+    /// caller keeps it unchanged until then (or asks for `sync`).
+    ///
+    /// # Safety
+    /// `src` is registered host memory, readable for `len` bytes.
+    unsafe fn memcpy_htod_host(
+        &self,
+        ctx: Obj,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Obj,
+        sync: bool,
+    ) -> BResult<()>;
+    /// Copies device memory to registered host memory in `stream`'s order.
+    ///
+    /// # Safety
+    /// `dst` is registered host memory, writable for `len` bytes.
+    unsafe fn memcpy_dtoh_host(
+        &self,
+        ctx: Obj,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Obj,
+        sync: bool,
+    ) -> BResult<()>;
+
     // Modules, libraries, functions, kernels.
     fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj>;
     fn module_unload(&self, ctx: Obj, module: Obj) -> BResult<()>;

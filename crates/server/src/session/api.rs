@@ -85,6 +85,7 @@ impl Session {
         if let Some(obj) = self.tables.ctx(h)?.obj {
             self.tables.drop_context_contents(h);
             self.tables.contexts.insert(h, CtxEntry { obj: None, device: dev as i32, primary: true });
+            self.shared.context_gone(obj);
             self.backend.ctx_destroy(obj)?;
         }
         Ok(())
@@ -225,6 +226,7 @@ impl Api for Session {
         self.tables.drop_context_contents(req.ctx.0);
         self.tables.contexts.remove(&req.ctx.0);
         if let Some(obj) = entry.obj {
+            self.shared.context_gone(obj);
             self.backend.ctx_destroy(obj)?;
         }
         Ok(CtxDestroy::Reply {})
@@ -433,6 +435,54 @@ impl Api for Session {
         Ok(MemcpyDtoD::Reply {})
     }
 
+    fn HostAlloc(&mut self, req: HostAlloc::Request) -> R<HostAlloc::Reply> {
+        const KNOWN_FLAGS: u32 = 0x0f;
+        if req.flags & !KNOWN_FLAGS != 0 {
+            return Err(invalid(format!("host allocation flags {:#x}", req.flags)));
+        }
+        let (block, host) = self.shared.alloc(&*self.backend, req.size, req.at)?;
+        let (address, devptr) = (host.region.as_ptr() as u64, host.devptr);
+        // Kernels may use the memory through its device address.
+        self.tables.add_region(devptr, Region { size: req.size, ctx: 0, owner: Some(Owner::HostBlock(block)) });
+        self.fd_after_reply = Some(block);
+        Ok(HostAlloc::Reply { block, address, devptr: DevPtr(devptr) })
+    }
+
+    fn HostFree(&mut self, req: HostFree::Request) -> R<HostFree::Reply> {
+        let block = self.shared.free(&*self.backend, req.block)?;
+        self.tables.remove_region(block.devptr);
+        Ok(HostFree::Reply {})
+    }
+
+    fn MemcpyHtoDShared(&mut self, req: MemcpyHtoDShared::Request) -> R<MemcpyHtoDShared::Reply> {
+        self.tables.check_range(req.dst.0, req.size)?;
+        let host = self.shared.range(req.block, req.offset, req.size)?;
+        let (ctx, stream) = self.stream(req.stream)?;
+        // SAFETY: a checked range of a registered block the session holds.
+        unsafe { self.backend.memcpy_htod_host(ctx, req.dst.0, host.ptr, req.size as usize, stream, req.sync) }?;
+        if let Some(slot) = host.slot {
+            self.shared.mark_slot(&*self.backend, slot, ctx, stream)?;
+        }
+        Ok(MemcpyHtoDShared::Reply {})
+    }
+
+    fn MemcpyDtoHShared(&mut self, req: MemcpyDtoHShared::Request) -> R<MemcpyDtoHShared::Reply> {
+        self.tables.check_range(req.src.0, req.size)?;
+        let host = self.shared.range(req.block, req.offset, req.size)?;
+        let (ctx, stream) = self.stream(req.stream)?;
+        // SAFETY: as above.
+        unsafe { self.backend.memcpy_dtoh_host(ctx, host.ptr, req.src.0, req.size as usize, stream, req.sync) }?;
+        if let Some(slot) = host.slot {
+            self.shared.mark_slot(&*self.backend, slot, ctx, stream)?;
+        }
+        Ok(MemcpyDtoHShared::Reply {})
+    }
+
+    fn StagingWait(&mut self, req: StagingWait::Request) -> R<StagingWait::Reply> {
+        self.shared.wait_slot(&*self.backend, req.slot)?;
+        Ok(StagingWait::Reply {})
+    }
+
     fn Memset(&mut self, req: Memset::Request) -> R<Memset::Reply> {
         if ![1, 2, 4].contains(&req.elementSize) {
             return Err(invalid("memset element size must be 1, 2 or 4"));
@@ -570,9 +620,13 @@ impl Api for Session {
         let (ctx, func) = self.func(req.func)?;
         let layout = self.backend.param_layout(ctx, func)?;
         self.param_bytes.insert(req.func.0, packed_size(&layout));
+        const MAX_THREADS_PER_BLOCK: i32 = 0;
+        const SHARED_SIZE_BYTES: i32 = 1;
         Ok(ParamLayout::Reply {
             offsets: Seq(layout.iter().map(|p| p.offset).collect()),
             sizes: Seq(layout.iter().map(|p| p.size).collect()),
+            maxThreads: self.backend.func_get_attribute(ctx, func, MAX_THREADS_PER_BLOCK)?,
+            staticShared: self.backend.func_get_attribute(ctx, func, SHARED_SIZE_BYTES)?,
         })
     }
 

@@ -13,6 +13,7 @@
 mod api;
 mod images;
 pub mod metrics;
+mod shared;
 pub mod tables;
 
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use gpuplex_protocol::{
     codec, dispatch, CallError, Ctx, CuError, DecodeError, ErrorDetail, Header, Hello, Opcode, Welcome,
 };
+use gpuplex_transport::shm::Side;
 use gpuplex_transport::{Carrier, TransportError};
 use tracing::{debug, info, warn};
 
@@ -47,6 +49,11 @@ pub struct Session {
     param_bytes: HashMap<u64, usize>,
     images: images::Images,
     metrics: Arc<SessionMetrics>,
+    shared: shared::Shared,
+    /// A host block whose descriptor follows the reply being sent.
+    fd_after_reply: Option<u64>,
+    /// The first error of a posted call, reported to the next waited-for one.
+    deferred: Option<(Opcode, CallError)>,
 }
 
 /// A device's primary context as this session sees it. The handle stays the
@@ -89,6 +96,9 @@ impl Session {
             param_bytes: HashMap::new(),
             images: images::Images::default(),
             metrics,
+            shared: shared::Shared::new(),
+            fd_after_reply: None,
+            deferred: None,
         }
     }
 
@@ -152,26 +162,78 @@ impl Session {
                     let summary = registry.summary(&*self.backend);
                     send_reply(carrier, &header, &codec::encode(&summary))?;
                 }
+                Opcode::SharedMemory => self.share_memory(carrier, &header)?,
+                call if header.is_posted() => {
+                    if let Err(e) = self.run_call(call, &header, buf)? {
+                        debug!(call = call.name(), code = e.code.0, detail = %e.detail, "posted call failed");
+                        self.deferred.get_or_insert((call, e));
+                    }
+                }
                 call => {
-                    self.current = Ctx(header.context.get());
-                    self.thread = header.thread.get();
-                    let outcome = dispatch(self, call, buf);
-                    // Before the reply, so that what the client sees next is counted.
-                    self.metrics.set_usage(self.live_contexts(), self.tables.allocated_bytes());
+                    let outcome = match self.deferred.take() {
+                        Some((posted, e)) => {
+                            Err(CallError::new(e.code, format!("{} (posted): {}", posted.name(), e.detail)))
+                        }
+                        None => match self.run_call(call, &header, buf) {
+                            Ok(outcome) => outcome,
+                            Err(e) => {
+                                reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
+                                return Err(e.into());
+                            }
+                        },
+                    };
                     match outcome {
-                        Ok(Ok(reply)) => send_reply(carrier, &header, &reply)?,
-                        Ok(Err(e)) => {
-                            debug!(call = call.name(), code = e.code.0, detail = %e.detail, "call failed");
-                            reply_error(carrier, &header, e)?;
+                        Ok(reply) => {
+                            send_reply(carrier, &header, &reply)?;
+                            if let Some(block) = self.fd_after_reply.take() {
+                                let block = self.shared.block(block).expect("allocated by this call");
+                                carrier.send_fd(block.region.fd())?;
+                            }
                         }
                         Err(e) => {
-                            reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
-                            return Err(e.into());
+                            debug!(call = call.name(), code = e.code.0, detail = %e.detail, "call failed");
+                            reply_error(carrier, &header, e)?;
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Runs one call. The outer error is a payload that does not decode,
+    /// which ends the session.
+    fn run_call(
+        &mut self,
+        call: Opcode,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<Result<Vec<u8>, CallError>, DecodeError> {
+        self.current = Ctx(header.context.get());
+        self.thread = header.thread.get();
+        self.fd_after_reply = None;
+        let outcome = dispatch(self, call, payload);
+        // Before the reply, so that what the client sees next is counted.
+        self.metrics.set_usage(self.live_contexts(), self.tables.allocated_bytes());
+        outcome
+    }
+
+    /// Answers `SharedMemory`: the layout on the socket, then the region's
+    /// descriptor, then frames move to the rings. A carrier that cannot
+    /// pass descriptors gets NOT_SUPPORTED and stays as it is.
+    fn share_memory(&mut self, carrier: &mut dyn Carrier, header: &Header) -> Result<(), SessionError> {
+        let unsupported = CallError::new(CuError::NOT_SUPPORTED, "this carrier cannot share memory");
+        if !carrier.shares_memory() {
+            return Ok(reply_error(carrier, header, unsupported)?);
+        }
+        let (region, layout, reply) = match self.shared.connect(&*self.backend) {
+            Ok(shared) => shared,
+            Err(e) => return Ok(reply_error(carrier, header, e)?),
+        };
+        send_reply(carrier, header, &codec::encode(&reply))?;
+        carrier.send_fd(region.fd())?;
+        carrier.attach_rings(gpuplex_transport::rings(region, layout, Side::Server)?)?;
+        debug!("frames now travel through shared memory");
+        Ok(())
     }
 
     fn live_contexts(&self) -> u32 {
@@ -195,6 +257,8 @@ impl Drop for Session {
                 warn!("teardown: context destroy failed: {e}");
             }
         }
+        // Last: no context is left to DMA into the shared memory.
+        self.shared.teardown(&*self.backend);
     }
 }
 

@@ -27,6 +27,8 @@ pub enum Owner {
     Module(u64),
     Library(u64),
     Kernel(u64),
+    /// Pinned host memory shared with the client, mapped for the device.
+    HostBlock(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +55,7 @@ pub struct Region {
     pub size: u64,
     pub ctx: u64,
     /// `None` for a `cuMemAlloc` allocation, else the module or library
-    /// whose global it is.
+    /// whose global it is, or the host block.
     pub owner: Option<Owner>,
 }
 

@@ -73,6 +73,7 @@ driver_api! {
     cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice);
     cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
     cuCtxDestroy_v2(ctx: CUcontext);
+    cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
     cuCtxSetCurrent(ctx: CUcontext);
     cuCtxPopCurrent_v2(ctx: *mut CUcontext);
     cuCtxSynchronize();
@@ -90,6 +91,9 @@ driver_api! {
     cuMemAlloc_v2(ptr: *mut CUdeviceptr, size: usize);
     cuMemAllocPitch_v2(ptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element: c_uint);
     cuMemFree_v2(ptr: CUdeviceptr);
+    cuMemHostRegister_v2(ptr: *mut c_void, size: usize, flags: c_uint);
+    cuMemHostUnregister(ptr: *mut c_void);
+    cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, ptr: *mut c_void, flags: c_uint);
     cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, size: usize);
     cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, size: usize, stream: CUstream);
     cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, size: usize);

@@ -148,6 +148,10 @@ pub enum CudaError {
 pub struct Cuda {
     driver_version: i32,
     devices: Vec<DeviceInfo>,
+    /// Device 0's primary context, retained on first use for the lifetime
+    /// of the server: host memory is registered there (portable, so every
+    /// context sees it) because it outlives any session's contexts.
+    host_ctx: std::sync::OnceLock<BResult<Obj>>,
 }
 
 impl Cuda {
@@ -174,7 +178,22 @@ impl Cuda {
         // SAFETY: out-pointer to a local.
         check(unsafe { api::cuDeviceGetCount(&mut count) }).map_err(at("cuDeviceGetCount"))?;
         let devices = (0..count).map(device_info).collect::<Result<_, _>>()?;
-        Ok(Cuda { driver_version, devices })
+        Ok(Cuda { driver_version, devices, host_ctx: std::sync::OnceLock::new() })
+    }
+}
+
+impl Cuda {
+    fn host_ctx(&self) -> BResult<Obj> {
+        self.host_ctx
+            .get_or_init(|| {
+                let mut dev: sys::CUdevice = 0;
+                // SAFETY: out-pointer to a local; ordinal 0 exists (or the
+                // driver says not).
+                check(unsafe { api::cuDeviceGet(&mut dev, 0) })?;
+                // SAFETY: out-pointer to a local; a valid device.
+                handle(|c| unsafe { api::cuDevicePrimaryCtxRetain(c, dev) })
+            })
+            .clone()
     }
 }
 
@@ -469,6 +488,59 @@ impl Backend for Cuda {
             }
         };
         check(r)?;
+        if sync {
+            sync_stream(stream)?;
+        }
+        Ok(())
+    }
+
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> BResult<u64> {
+        enter(self.host_ctx()?)?;
+        const PORTABLE_DEVICEMAP: c_uint = 0x01 | 0x02;
+        // SAFETY: the caller keeps `len` bytes at `ptr` mapped until
+        // unregistering them.
+        check(unsafe { api::cuMemHostRegister_v2(ptr.cast(), len, PORTABLE_DEVICEMAP) })?;
+        // SAFETY: out-pointer to a local; the memory was just registered.
+        query(|d| unsafe { api::cuMemHostGetDevicePointer_v2(d, ptr.cast(), 0) })
+    }
+
+    fn host_unregister(&self, ptr: *mut u8) -> BResult<()> {
+        enter(self.host_ctx()?)?;
+        // SAFETY: the driver checks that `ptr` starts a registration.
+        check(unsafe { api::cuMemHostUnregister(ptr.cast()) })
+    }
+
+    unsafe fn memcpy_htod_host(
+        &self,
+        ctx: Obj,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Obj,
+        sync: bool,
+    ) -> BResult<()> {
+        enter(ctx)?;
+        // SAFETY: registered memory (the caller's guarantee) and a checked
+        // device range; the DMA runs in stream order.
+        check(unsafe { api::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, raw(stream)) })?;
+        if sync {
+            sync_stream(stream)?;
+        }
+        Ok(())
+    }
+
+    unsafe fn memcpy_dtoh_host(
+        &self,
+        ctx: Obj,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Obj,
+        sync: bool,
+    ) -> BResult<()> {
+        enter(ctx)?;
+        // SAFETY: as above.
+        check(unsafe { api::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, raw(stream)) })?;
         if sync {
             sync_stream(stream)?;
         }

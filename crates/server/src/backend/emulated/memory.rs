@@ -4,6 +4,10 @@
 //! never reused, with a guard gap after each block, so a stale pointer or an
 //! overrun faults instead of landing in a neighbour. Buffers are zeroed
 //! allocations, so large but untouched blocks cost no host memory.
+//!
+//! Registered host memory (a session's shared blocks) appears at its own
+//! address, as unified addressing shows it on a GPU, and is read and
+//! written in place.
 
 use std::collections::BTreeMap;
 
@@ -25,11 +29,52 @@ pub enum Owner {
     Alloc { ctx: u64 },
     /// A module's global variable.
     Global { module: u64 },
+    /// Host memory registered by a session.
+    Host,
 }
 
 pub struct Block {
-    pub data: Vec<u8>,
+    data: Storage,
     pub owner: Owner,
+}
+
+enum Storage {
+    Owned(Vec<u8>),
+    /// Host memory the registering session keeps mapped until it
+    /// unregisters it.
+    Host {
+        ptr: *mut u8,
+        len: usize,
+    },
+}
+
+// SAFETY: a `Host` block is plain memory that outlives its registration
+// (the session's guarantee); access is serialised by the device lock.
+unsafe impl Send for Storage {}
+
+impl Storage {
+    fn len(&self) -> usize {
+        match self {
+            Storage::Owned(v) => v.len(),
+            Storage::Host { len, .. } => *len,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Owned(v) => v,
+            // SAFETY: mapped for `len` bytes while registered.
+            Storage::Host { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Storage::Owned(v) => v,
+            // SAFETY: as above, and writable.
+            Storage::Host { ptr, len } => unsafe { std::slice::from_raw_parts_mut(*ptr, *len) },
+        }
+    }
 }
 
 pub struct Memory {
@@ -64,8 +109,34 @@ impl Memory {
         let addr = self.next;
         self.next = (addr + size + GUARD).next_multiple_of(ALIGN);
         self.used += size;
-        self.blocks.insert(addr, Block { data, owner });
+        self.blocks.insert(addr, Block { data: Storage::Owned(data), owner });
         Ok(addr)
+    }
+
+    /// Makes `len` bytes of host memory at `ptr` device memory at the same
+    /// address.
+    ///
+    /// # Safety
+    /// The memory stays mapped and writable until [`Memory::unregister`].
+    pub unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> Result<u64, CuError> {
+        let addr = ptr as u64;
+        let end = addr.checked_add(len as u64).ok_or(CuError::INVALID_VALUE)?;
+        let overlaps = self.blocks.range(..end).next_back().is_some_and(|(&b, blk)| b + blk.data.len() as u64 > addr);
+        if len == 0 || overlaps {
+            return Err(CuError::INVALID_VALUE);
+        }
+        self.blocks.insert(addr, Block { data: Storage::Host { ptr, len }, owner: Owner::Host });
+        Ok(addr)
+    }
+
+    pub fn unregister(&mut self, addr: u64) -> Result<(), CuError> {
+        match self.blocks.get(&addr) {
+            Some(b) if b.owner == Owner::Host => {
+                self.blocks.remove(&addr);
+                Ok(())
+            }
+            _ => Err(CuError::INVALID_VALUE),
+        }
     }
 
     /// Frees the `cuMemAlloc` block starting at `addr`.
@@ -85,7 +156,7 @@ impl Memory {
         let used = &mut self.used;
         self.blocks.retain(|_, b| {
             let keep = !dead(b.owner);
-            if !keep {
+            if !keep && b.owner != Owner::Host {
                 *used -= b.data.len() as u64;
             }
             keep
@@ -100,13 +171,13 @@ impl Memory {
 
     pub fn slice(&self, addr: u64, len: u64) -> Option<&[u8]> {
         let (base, off) = self.locate(addr, len)?;
-        Some(&self.blocks[&base].data[off..off + len as usize])
+        Some(&self.blocks[&base].data.bytes()[off..off + len as usize])
     }
 
     pub fn slice_mut(&mut self, addr: u64, len: u64) -> Option<&mut [u8]> {
         let (base, off) = self.locate(addr, len)?;
         let block = self.blocks.get_mut(&base)?;
-        Some(&mut block.data[off..off + len as usize])
+        Some(&mut block.data.bytes_mut()[off..off + len as usize])
     }
 }
 

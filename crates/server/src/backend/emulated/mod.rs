@@ -471,6 +471,41 @@ impl Backend for Emulated {
         Ok(())
     }
 
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> BResult<u64> {
+        // SAFETY: the caller keeps the memory mapped until unregistering.
+        Ok(unsafe { self.state().memory.register(ptr, len) }?)
+    }
+
+    fn host_unregister(&self, ptr: *mut u8) -> BResult<()> {
+        Ok(self.state().memory.unregister(ptr as u64)?)
+    }
+
+    unsafe fn memcpy_htod_host(
+        &self,
+        ctx: Obj,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Obj,
+        sync: bool,
+    ) -> BResult<()> {
+        // SAFETY: the caller's guarantee; the copy completes before returning.
+        self.memcpy_htod(ctx, dst, unsafe { std::slice::from_raw_parts(src, len) }, stream, sync)
+    }
+
+    unsafe fn memcpy_dtoh_host(
+        &self,
+        ctx: Obj,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Obj,
+        _sync: bool,
+    ) -> BResult<()> {
+        // SAFETY: the caller's guarantee; the copy completes before returning.
+        self.memcpy_dtoh(ctx, unsafe { std::slice::from_raw_parts_mut(dst, len) }, src, stream)
+    }
+
     fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj> {
         let parsed = image::parse(image).map_err(|e| err(CuError::INVALID_IMAGE, e.to_string()))?;
         let mut s = self.state();

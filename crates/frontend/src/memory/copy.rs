@@ -1,0 +1,148 @@
+//! Copies between host and device: three paths, fastest first.
+//!
+//! - **Pinned** (host memory in a block shared with the server): the copy
+//!   names the block and offset, and the GPU DMAs straight from or to it.
+//!   Asynchronous copies are posted, so they overlap with the program as
+//!   natively.
+//! - **Staged** (ordinary memory, with shared memory): the bytes pass
+//!   through the connection's staging slots in chunks, several in flight,
+//!   so that this process's memcpy of one chunk overlaps the DMA of others
+//!   (GViM's 1-copy path). A slot is reused once the server says its last
+//!   copy finished (`StagingWait`).
+//! - **Inline** (no shared memory): the bytes travel in the frames.
+//!
+//! A copy is posted or staged only when this process knows the device range
+//! lies in one of its allocations (see [`super::known_range`]); anything
+//! else is sent and waited for, so that a bad range fails at once, exactly
+//! as the driver reports it.
+
+use gpuplex_protocol::{calls, CuError, DevPtr, Stream};
+
+use super::{host, known_range};
+use crate::client::{self, Conn};
+
+/// Bytes per inline copy call: well under the frame limit.
+const INLINE_CHUNK: usize = 16 << 20;
+
+pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuError> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let known = known_range(dst, src.len());
+    if let Some((block, offset)) = host::shared_range(src.as_ptr() as u64, src.len()) {
+        let req =
+            calls::MemcpyHtoDShared::Request { dst: DevPtr(dst), block, offset, size: src.len() as u64, stream, sync };
+        return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
+    }
+    let mut conn = client::lock()?;
+    if known && conn.staging.is_some() {
+        return staged_htod(&mut conn, dst, src, stream);
+    }
+    for (i, chunk) in src.chunks(INLINE_CHUNK).enumerate() {
+        let dst = DevPtr(dst + (i * INLINE_CHUNK) as u64);
+        conn.call(calls::MemcpyHtoD::Request { dst, data: chunk.to_vec(), stream, sync })?;
+    }
+    Ok(())
+}
+
+pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), CuError> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let known = known_range(src, dst.len());
+    if let Some((block, offset)) = host::shared_range(dst.as_ptr() as u64, dst.len()) {
+        let req =
+            calls::MemcpyDtoHShared::Request { block, offset, src: DevPtr(src), size: dst.len() as u64, stream, sync };
+        return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
+    }
+    let mut conn = client::lock()?;
+    if known && conn.staging.is_some() {
+        return staged_dtoh(&mut conn, dst, src, stream);
+    }
+    for (i, chunk) in dst.chunks_mut(INLINE_CHUNK).enumerate() {
+        let src = DevPtr(src + (i * INLINE_CHUNK) as u64);
+        let reply = conn.call(calls::MemcpyDtoH::Request { src, size: chunk.len() as u64, stream, sync: true })?;
+        if reply.data.len() != chunk.len() {
+            return Err(CuError::UNKNOWN);
+        }
+        chunk.copy_from_slice(&reply.data);
+    }
+    Ok(())
+}
+
+pub fn dtod(dst: u64, src: u64, n: usize, stream: Stream, sync: bool) -> Result<(), CuError> {
+    let req = calls::MemcpyDtoD::Request { dst: DevPtr(dst), src: DevPtr(src), size: n as u64, stream, sync };
+    if !sync && known_range(dst, n) && known_range(src, n) {
+        return client::post(req);
+    }
+    client::call(req).map(|_| ())
+}
+
+/// Waits until the server's last copy through `slot` is done.
+fn free_slot(conn: &mut Conn, slot: usize) -> Result<(), CuError> {
+    let staging = conn.staging.as_mut().expect("staged copies need staging");
+    if staging.busy[slot] {
+        conn.call(calls::StagingWait::Request { slot: slot as u32 })?;
+        conn.staging.as_mut().expect("still there").busy[slot] = false;
+    }
+    Ok(())
+}
+
+/// Host to device through the slots, round-robin. Returns once `src` has
+/// been consumed, as the driver's pageable copies do; the last chunks may
+/// still be in flight, in stream order before anything sent later.
+fn staged_htod(conn: &mut Conn, dst: u64, src: &[u8], stream: Stream) -> Result<(), CuError> {
+    let (slot_bytes, slots) = conn.staging.as_ref().map(|s| (s.slot_bytes, s.busy.len())).expect("checked");
+    for (i, chunk) in src.chunks(slot_bytes).enumerate() {
+        let slot = i % slots;
+        free_slot(conn, slot)?;
+        let staging = conn.staging.as_mut().expect("checked");
+        staging.slot(slot)[..chunk.len()].copy_from_slice(chunk);
+        staging.busy[slot] = true;
+        conn.post(calls::MemcpyHtoDShared::Request {
+            dst: DevPtr(dst + (i * slot_bytes) as u64),
+            block: 0,
+            offset: (slot * slot_bytes) as u64,
+            size: chunk.len() as u64,
+            stream,
+            sync: false,
+        })?;
+    }
+    Ok(())
+}
+
+/// Device to host through the slots: every slot is kept filling while
+/// this process copies out the oldest.
+fn staged_dtoh(conn: &mut Conn, dst: &mut [u8], src: u64, stream: Stream) -> Result<(), CuError> {
+    let (slot_bytes, slots) = conn.staging.as_ref().map(|s| (s.slot_bytes, s.busy.len())).expect("checked");
+    let total = dst.len();
+    let chunks = total.div_ceil(slot_bytes);
+    let fill = |conn: &mut Conn, i: usize| -> Result<(), CuError> {
+        let slot = i % slots;
+        free_slot(conn, slot)?;
+        let size = slot_bytes.min(total - i * slot_bytes);
+        conn.staging.as_mut().expect("checked").busy[slot] = true;
+        conn.post(calls::MemcpyDtoHShared::Request {
+            block: 0,
+            offset: (slot * slot_bytes) as u64,
+            src: DevPtr(src + (i * slot_bytes) as u64),
+            size: size as u64,
+            stream,
+            sync: false,
+        })
+    };
+    for i in 0..chunks.min(slots) {
+        fill(conn, i)?;
+    }
+    for i in 0..chunks {
+        let slot = i % slots;
+        free_slot(conn, slot)?;
+        let at = i * slot_bytes;
+        let size = slot_bytes.min(dst.len() - at);
+        dst[at..at + size].copy_from_slice(&conn.staging.as_mut().expect("checked").slot(slot)[..size]);
+        if i + slots < chunks {
+            fill(conn, i + slots)?;
+        }
+    }
+    Ok(())
+}

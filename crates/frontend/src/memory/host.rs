@@ -1,0 +1,385 @@
+//! Pinned host memory.
+//!
+//! With shared memory, `cuMemAllocHost`/`cuMemHostAlloc` memory is a block
+//! the server created and registered with the driver, mapped here (at the
+//! server's own address when that range is free, so that one pointer works
+//! on host and device as under unified addressing). The GPU reads and
+//! writes it directly: copies from it cost no copy, and
+//! `cuMemHostGetDevicePointer` gives kernels zero-copy access.
+//!
+//! `cuMemHostRegister` of the program's own memory moves that memory into
+//! such a block: the pages are copied into it and the block is mapped over
+//! them, at the same address, so the program keeps its pointer and the GPU
+//! sees its writes with no further copies. This costs one copy of the range
+//! at registration (and one back at unregistration), and is done only for
+//! private anonymous memory (heap, stack, anonymous mappings), where the
+//! swap is invisible; a write by another thread during the swap would be
+//! lost, as it would be if the program freed memory it was using. Other
+//! memory (file mappings, shared memory) is registered only locally: copies
+//! from it are staged, and it has no device pointer.
+//!
+//! Without shared memory (the socket carrier, a remote server), host
+//! memory is ordinary memory tracked here, copies carry its bytes, and
+//! mapping it for the device is refused.
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, PoisonError};
+
+use std::os::fd::AsRawFd;
+
+use gpuplex_protocol::{calls, CuError};
+use gpuplex_transport::shm::Region;
+
+use crate::client;
+use crate::ffi::{check_out, entry, write_out, CUresult};
+
+const PAGE: u64 = 4096;
+const CU_MEMHOSTREGISTER_IOMEMORY: u32 = 0x04;
+const KNOWN_HOSTALLOC_FLAGS: u32 = 0x07;
+const KNOWN_HOSTREGISTER_FLAGS: u32 = 0x0f;
+/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`, `..._NOT_REGISTERED`.
+const ALREADY_REGISTERED: CuError = CuError(712);
+const NOT_REGISTERED: CuError = CuError(713);
+
+/// Host memory this process allocated or registered through the driver API.
+pub struct HostBlock {
+    pub size: usize,
+    flags: u32,
+    /// Allocated here (freed with cuMemFreeHost), or registered user memory.
+    allocated: bool,
+    /// The server's block, when the memory is shared with it.
+    pub shared: Option<SharedBlock>,
+}
+
+pub struct SharedBlock {
+    pub id: u64,
+    /// The device address of the block's first byte (which may sit before
+    /// the registered pointer: blocks are whole pages).
+    devptr: u64,
+    /// Where the block's first byte is mapped here.
+    base: u64,
+    len: u64,
+}
+
+static BLOCKS: Mutex<BTreeMap<u64, HostBlock>> = Mutex::new(BTreeMap::new());
+
+fn with<T>(f: impl FnOnce(&mut BTreeMap<u64, HostBlock>) -> T) -> T {
+    f(&mut BLOCKS.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// The shared block holding all of `[ptr, ptr + len)`, as `(block id,
+/// offset in the block)`.
+pub fn shared_range(ptr: u64, len: usize) -> Option<(u64, u64)> {
+    with(|blocks| {
+        let (&start, b) = blocks.range(..=ptr).next_back()?;
+        let s = b.shared.as_ref()?;
+        let end = ptr.checked_add(len as u64)?;
+        (end <= start + b.size as u64).then(|| (s.id, ptr - s.base))
+    })
+}
+
+/// Whether `ptr` lies in host memory known here.
+pub fn contains(ptr: u64) -> bool {
+    with(|blocks| blocks.range(..=ptr).next_back().is_some_and(|(&start, b)| ptr - start < b.size as u64))
+}
+
+/// Asks the server for a block of `len` bytes (whole pages) and maps it
+/// here: where the server has it if that range is free (`at == 0`), else
+/// anywhere, for the caller to move to `at`.
+fn new_block(len: u64, flags: u32, at: u64) -> Result<(SharedBlock, Region), CuError> {
+    let mut conn = client::lock()?;
+    let reply = conn.call(calls::HostAlloc::Request { size: len, flags, at })?;
+    let fd = conn.recv_fd()?;
+    drop(conn);
+    let here = if at != 0 { std::ptr::null_mut() } else { reply.address as usize as *mut u8 };
+    let block = |base| SharedBlock { id: reply.block, devptr: reply.devptr.0, base, len };
+    let region = match Region::open_at(fd, here) {
+        Ok(r) if r.len() as u64 == len => r,
+        other => {
+            crate::log::error(&format!("cannot map a pinned block: {:?}", other.err()));
+            release(block(0));
+            return Err(CuError::OUT_OF_MEMORY);
+        }
+    };
+    let base = if at != 0 { at } else { region.as_ptr() as u64 };
+    Ok((block(base), region))
+}
+
+fn shared_memory() -> bool {
+    client::lock().map(|c| c.staging.is_some()).unwrap_or(false)
+}
+
+fn alloc_host(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CuError> {
+    check_out(pp)?;
+    client::client()?;
+    if crate::context::current() == 0 {
+        return Err(CuError::INVALID_CONTEXT);
+    }
+    if size == 0 || flags & !KNOWN_HOSTALLOC_FLAGS != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let (p, shared) = if shared_memory() {
+        let (block, region) = new_block((size as u64).next_multiple_of(PAGE), flags, 0)?;
+        let p = region.as_ptr();
+        // The mapping is the program's now; cuMemFreeHost unmaps it.
+        std::mem::forget(region);
+        (p.cast::<c_void>(), Some(block))
+    } else {
+        (anonymous(size)?, None)
+    };
+    with(|b| b.insert(p as u64, HostBlock { size, flags, allocated: true, shared }));
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(pp, p) };
+    Ok(())
+}
+
+fn anonymous(size: usize) -> Result<*mut c_void, CuError> {
+    // SAFETY: an anonymous private mapping; no existing memory is touched.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(CuError::OUT_OF_MEMORY);
+    }
+    Ok(p)
+}
+
+/// Gives a block back to the server (after which its pages are only ours).
+fn release(block: SharedBlock) {
+    if let Err(e) = client::call(calls::HostFree::Request { block: block.id }) {
+        crate::log::warn(&format!("freeing pinned block {}: {e:?}", block.id));
+    }
+}
+
+/// # Safety
+/// `pp` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
+    entry("cuMemAllocHost_v2", || alloc_host(pp, size, 0))
+}
+
+/// # Safety
+/// `pp` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: u32) -> CUresult {
+    entry("cuMemHostAlloc", || alloc_host(pp, size, flags))
+}
+
+/// # Safety
+/// `p` came from cuMemAllocHost or cuMemHostAlloc.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    entry("cuMemFreeHost", || {
+        client::client()?;
+        if p.is_null() {
+            return Ok(());
+        }
+        let block = with(|b| match b.get(&(p as u64)) {
+            Some(block) if block.allocated => b.remove(&(p as u64)),
+            _ => None,
+        });
+        let block = block.ok_or(CuError::INVALID_VALUE)?;
+        // SAFETY: the program's mapping of the block (or its anonymous
+        // memory), now forgotten here, so nothing refers to it through us.
+        unsafe { libc::munmap(p, block.shared.as_ref().map_or(block.size, |s| s.len as usize)) };
+        if let Some(shared) = block.shared {
+            release(shared);
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `flags` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) -> CUresult {
+    entry("cuMemHostGetFlags", || {
+        check_out(flags)?;
+        client::client()?;
+        let found = with(|b| {
+            let (&start, blk) = b.range(..=p as u64).next_back()?;
+            (p as u64 - start < blk.size as u64).then_some(blk.flags)
+        });
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(flags, found.ok_or(CuError::INVALID_VALUE)?) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `pdptr` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(pdptr: *mut u64, p: *mut c_void, flags: u32) -> CUresult {
+    entry("cuMemHostGetDevicePointer_v2", || {
+        check_out(pdptr)?;
+        client::client()?;
+        if flags != 0 {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let found = with(|b| {
+            let (&start, blk) = b.range(..=p as u64).next_back()?;
+            (p as u64 - start < blk.size as u64).then(|| blk.shared.as_ref().map(|s| s.devptr + (p as u64 - s.base)))
+        });
+        match found {
+            Some(Some(dptr)) => {
+                // SAFETY: checked non-NULL; the caller vouches for it.
+                unsafe { write_out(pdptr, dptr) };
+                Ok(())
+            }
+            Some(None) => {
+                crate::log::warn("cuMemHostGetDevicePointer: host memory is mapped for the device only with shared memory (a local server)");
+                Err(CuError::NOT_SUPPORTED)
+            }
+            None => Err(CuError::INVALID_VALUE),
+        }
+    })
+}
+
+/// Whether every page of `[start, end)` is private anonymous memory, per
+/// `/proc/self/maps`.
+fn private_anonymous(start: u64, end: u64) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
+    let mut covered = start;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms), Some(_), Some(_), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path = f.next().unwrap_or("");
+        let Some((lo, hi)) = range.split_once('-') else { continue };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+        if hi <= covered || lo > covered {
+            continue;
+        }
+        let anonymous = inode == "0" && (path.is_empty() || path == "[heap]" || path == "[stack]");
+        if !perms.starts_with("rw") || !perms.ends_with('p') || !anonymous {
+            return false;
+        }
+        covered = hi;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
+}
+
+/// Moves `[start, start + len)` (whole pages of private anonymous memory)
+/// into a new shared block, in place.
+fn share_in_place(start: u64, len: u64, flags: u32) -> Result<SharedBlock, CuError> {
+    let (block, region) = new_block(len, flags, start)?;
+    // SAFETY: `region` is a fresh mapping of `len` bytes; the source range
+    // is the program's, readable (checked private anonymous, rw).
+    unsafe { std::ptr::copy_nonoverlapping(start as *const u8, region.as_ptr(), len as usize) };
+    // SAFETY: replaces exactly the program's pages, which now hold nothing
+    // the block does not; `region` (the temporary view) goes after.
+    let p = unsafe {
+        libc::mmap(
+            start as *mut c_void,
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            region.fd().as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        release(block);
+        return Err(CuError::OUT_OF_MEMORY);
+    }
+    Ok(block)
+}
+
+/// Puts private anonymous memory back under a registered range, keeping
+/// its contents, so the block can go.
+fn unshare_in_place(block: &SharedBlock) {
+    let len = block.len as usize;
+    // Saved in a mapping of its own: the range may hold heap the allocator
+    // would hand out again, so a heap buffer could overlap it.
+    let Ok(saved) = anonymous(len) else {
+        crate::log::error("cannot unregister host memory: out of memory to save it");
+        return;
+    };
+    // SAFETY: the range is the block's mapping over the program's pages:
+    // its bytes are saved, fresh private pages replace it, and the bytes go
+    // back, so the program sees the same memory, now its own.
+    unsafe {
+        std::ptr::copy_nonoverlapping(block.base as *const u8, saved.cast::<u8>(), len);
+        let p = libc::mmap(
+            block.base as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+        if p != libc::MAP_FAILED {
+            std::ptr::copy_nonoverlapping(saved.cast::<u8>(), block.base as *mut u8, len);
+        }
+        libc::munmap(saved, len);
+    }
+}
+
+/// # Safety
+/// `p` points at `size` bytes of the caller's memory.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: u32) -> CUresult {
+    entry("cuMemHostRegister_v2", || {
+        client::client()?;
+        if crate::context::current() == 0 {
+            return Err(CuError::INVALID_CONTEXT);
+        }
+        if p.is_null() || size == 0 || flags & !KNOWN_HOSTREGISTER_FLAGS != 0 {
+            return Err(CuError::INVALID_VALUE);
+        }
+        if flags & CU_MEMHOSTREGISTER_IOMEMORY != 0 {
+            crate::log::warn("cuMemHostRegister: CU_MEMHOSTREGISTER_IOMEMORY is not supported");
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        let start = p as u64;
+        let end = start.checked_add(size as u64).ok_or(CuError::INVALID_VALUE)?;
+        let (page_start, page_end) = (start & !(PAGE - 1), end.next_multiple_of(PAGE));
+        let (overlaps, page_shared) = with(|b| {
+            let Some((&base, blk)) = b.range(..page_end).next_back() else { return (false, false) };
+            let blk_pages_end = (base + blk.size as u64).next_multiple_of(PAGE);
+            (base + blk.size as u64 > start, blk.shared.is_some() && blk_pages_end > page_start)
+        });
+        if overlaps {
+            return Err(ALREADY_REGISTERED);
+        }
+        // Whole pages are swapped into a block, so a range sharing a page
+        // with a shared registration stays ours (staged, not mapped).
+        let shareable = shared_memory() && !page_shared && private_anonymous(page_start, page_end);
+        let shared = if shareable { Some(share_in_place(page_start, page_end - page_start, flags)?) } else { None };
+        with(|b| b.insert(start, HostBlock { size, flags, allocated: false, shared }));
+        Ok(())
+    })
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    entry("cuMemHostUnregister", || {
+        client::client()?;
+        let block = with(|b| match b.get(&(p as u64)) {
+            Some(block) if !block.allocated => b.remove(&(p as u64)),
+            _ => None,
+        });
+        let block = block.ok_or(NOT_REGISTERED)?;
+        if let Some(shared) = block.shared {
+            unshare_in_place(&shared);
+            release(shared);
+        }
+        Ok(())
+    })
+}

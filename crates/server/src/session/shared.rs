@@ -1,0 +1,207 @@
+//! Memory a session shares with its client: the connection's region (rings
+//! and staging slots) and pinned host blocks.
+//!
+//! Every piece is a sealed memfd the server creates, maps and registers
+//! with the driver, then passes to the client. The GPU reads and writes
+//! those pages directly, so a copy from pinned guest memory costs the guest
+//! nothing and runs at the DMA engine's speed. Clients name memory by block
+//! and offset, never by address, and every range is checked here.
+//!
+//! A staged copy marks its slot busy with an event recorded after it in its
+//! stream; the client waits for that event (`StagingWait`) before reusing
+//! the slot, which is what lets chunks pipeline.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpuplex_protocol::{CallError, CuError, SharedLayout};
+use gpuplex_transport::shm::{Layout, Region};
+use tracing::warn;
+
+use crate::backend::{Backend, Obj};
+
+/// Ring size: big enough that a burst of posted launches never waits for
+/// the session, small next to the staging area.
+const RING_BYTES: usize = 4 << 20;
+/// Staging for pageable copies: slots of this size, this many. Measured on
+/// an H100: 2 MiB chunks keep each client memcpy in cache-friendly pieces
+/// while the DMA of the previous chunks runs; four cover the DMA's lead.
+const SLOT_BYTES: usize = 2 << 20;
+const SLOTS: usize = 8;
+/// Pinned host memory one session may hold.
+const HOST_BUDGET: u64 = 64 << 30;
+
+/// Block 0: the connection's staging slots.
+pub const STAGING: u64 = 0;
+
+pub struct Shared {
+    /// The connection's region, once the client asked for one.
+    connection: Option<Connection>,
+    blocks: HashMap<u64, HostBlock>,
+    next_block: u64,
+    host_bytes: u64,
+}
+
+struct Connection {
+    region: Arc<Region>,
+    staging: usize,
+    /// Each slot's completion event and its context, once used.
+    slot_events: Vec<Option<(Obj, Obj)>>,
+}
+
+pub struct HostBlock {
+    pub region: Region,
+    pub devptr: u64,
+}
+
+/// A host range a copy may use: where it is in this process.
+pub struct HostRange {
+    pub ptr: *mut u8,
+    /// The staging slot it lies in, for copies through block 0.
+    pub slot: Option<usize>,
+}
+
+fn invalid(what: impl Into<String>) -> CallError {
+    CallError::new(CuError::INVALID_VALUE, what)
+}
+
+impl Shared {
+    pub fn new() -> Shared {
+        Shared { connection: None, blocks: HashMap::new(), next_block: STAGING + 1, host_bytes: 0 }
+    }
+
+    /// Creates the connection's region and registers its staging area.
+    pub fn connect(&mut self, backend: &dyn Backend) -> Result<(Arc<Region>, Layout, SharedLayout), CallError> {
+        if self.connection.is_some() {
+            return Err(invalid("memory is already shared"));
+        }
+        let layout = Layout { ring_bytes: RING_BYTES, staging_bytes: SLOT_BYTES * SLOTS };
+        let region = Region::create("gpuplex-connection", layout.total())
+            .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("shared region: {e}")))?;
+        // SAFETY: inside the region, which lives in `self.connection` until
+        // `teardown` unregisters it.
+        let staging = unsafe { region.as_ptr().add(layout.staging_offset()) };
+        // SAFETY: the region stays mapped until teardown unregisters it.
+        unsafe { backend.host_register(staging, layout.staging_bytes) }?;
+        let region = Arc::new(region);
+        self.connection = Some(Connection {
+            region: region.clone(),
+            staging: layout.staging_offset(),
+            slot_events: vec![None; SLOTS],
+        });
+        let reply = SharedLayout { ring_bytes: RING_BYTES as u64, slot_bytes: SLOT_BYTES as u64, slots: SLOTS as u32 };
+        Ok((region, layout, reply))
+    }
+
+    /// A new pinned block of `size` bytes, placed at `at` in this process
+    /// if that is free (so that a client mapping it at the same address
+    /// sees one address for host and device, as unified addressing does).
+    pub fn alloc(&mut self, backend: &dyn Backend, size: u64, at: u64) -> Result<(u64, &HostBlock), CallError> {
+        if size == 0 {
+            return Err(invalid("a host block of 0 bytes"));
+        }
+        let total = self.host_bytes.checked_add(size).filter(|&t| t <= HOST_BUDGET);
+        let total = total.ok_or_else(|| CallError::new(CuError::OUT_OF_MEMORY, "pinned host memory budget spent"))?;
+        let len = usize::try_from(size).map_err(|_| invalid("host block too large"))?;
+        let at = if at % 4096 == 0 { at as usize as *mut u8 } else { std::ptr::null_mut() };
+        let region = Region::create_at("gpuplex-pinned", len, at)
+            .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("host block: {e}")))?;
+        // SAFETY: the region lives in `self.blocks` until it is unregistered.
+        let devptr = unsafe { backend.host_register(region.as_ptr(), len) }?;
+        let id = self.next_block;
+        self.next_block += 1;
+        self.host_bytes = total;
+        Ok((id, self.blocks.entry(id).or_insert(HostBlock { region, devptr })))
+    }
+
+    pub fn block(&self, id: u64) -> Option<&HostBlock> {
+        self.blocks.get(&id)
+    }
+
+    pub fn free(&mut self, backend: &dyn Backend, id: u64) -> Result<HostBlock, CallError> {
+        let block = self.blocks.remove(&id).ok_or_else(|| invalid(format!("no host block {id}")))?;
+        backend.host_unregister(block.region.as_ptr())?;
+        self.host_bytes -= block.region.len() as u64;
+        Ok(block)
+    }
+
+    /// `len` bytes at `offset` of block `id`, checked.
+    pub fn range(&self, id: u64, offset: u64, len: u64) -> Result<HostRange, CallError> {
+        let fail = || invalid(format!("{len} bytes at offset {offset} are outside host block {id}"));
+        let end = offset.checked_add(len).ok_or_else(fail)?;
+        let (base, size, slot) = if id == STAGING {
+            let c = self.connection.as_ref().ok_or_else(|| invalid("no staging without shared memory"))?;
+            let slot = (offset / SLOT_BYTES as u64) as usize;
+            // A staged copy stays inside one slot, so that one event covers it.
+            if len > 0 && (end - 1) / SLOT_BYTES as u64 != slot as u64 {
+                return Err(fail());
+            }
+            // SAFETY: the staging area lies inside the region (layout).
+            (unsafe { c.region.as_ptr().add(c.staging) }, (SLOT_BYTES * SLOTS) as u64, Some(slot))
+        } else {
+            let b = self.blocks.get(&id).ok_or_else(|| invalid(format!("no host block {id}")))?;
+            (b.region.as_ptr(), b.region.len() as u64, None)
+        };
+        if end > size {
+            return Err(fail());
+        }
+        // SAFETY: `offset + len <= size` of a live mapping.
+        Ok(HostRange { ptr: unsafe { base.add(offset as usize) }, slot })
+    }
+
+    /// Records, after a staged copy in `stream`, the event that frees `slot`.
+    pub fn mark_slot(&mut self, backend: &dyn Backend, slot: usize, ctx: Obj, stream: Obj) -> Result<(), CallError> {
+        let c = self.connection.as_mut().ok_or_else(|| invalid("no staging without shared memory"))?;
+        let event = match c.slot_events[slot] {
+            Some((ev_ctx, ev)) if ev_ctx == ctx => ev,
+            old => {
+                if let Some((ev_ctx, ev)) = old {
+                    let _ = backend.event_synchronize(ev_ctx, ev);
+                    let _ = backend.event_destroy(ev_ctx, ev);
+                }
+                const DISABLE_TIMING: u32 = 2;
+                let ev = backend.event_create(ctx, DISABLE_TIMING)?;
+                c.slot_events[slot] = Some((ctx, ev));
+                ev
+            }
+        };
+        backend.event_record(ctx, event, stream, 0)
+    }
+
+    /// Waits until no copy uses `slot`.
+    pub fn wait_slot(&self, backend: &dyn Backend, slot: u32) -> Result<(), CallError> {
+        let c = self.connection.as_ref().ok_or_else(|| invalid("no staging without shared memory"))?;
+        match c.slot_events.get(slot as usize) {
+            Some(Some((ctx, ev))) => backend.event_synchronize(*ctx, *ev),
+            Some(None) => Ok(()),
+            None => Err(invalid(format!("no staging slot {slot}"))),
+        }
+    }
+
+    /// Forgets the slot events of a context that is being destroyed.
+    pub fn context_gone(&mut self, ctx: Obj) {
+        if let Some(c) = &mut self.connection {
+            for e in &mut c.slot_events {
+                if e.is_some_and(|(ev_ctx, _)| ev_ctx == ctx) {
+                    *e = None;
+                }
+            }
+        }
+    }
+
+    /// Unregisters everything; the mappings go when `self` does.
+    pub fn teardown(&mut self, backend: &dyn Backend) {
+        for (_, block) in self.blocks.drain() {
+            if let Err(e) = backend.host_unregister(block.region.as_ptr()) {
+                warn!("teardown: host block unregister failed: {e}");
+            }
+        }
+        if let Some(c) = &self.connection {
+            // SAFETY: the staging offset lies inside the region.
+            let staging = unsafe { c.region.as_ptr().add(c.staging) };
+            if let Err(e) = backend.host_unregister(staging) {
+                warn!("teardown: staging unregister failed: {e}");
+            }
+        }
+    }
+}

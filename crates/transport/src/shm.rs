@@ -1,0 +1,569 @@
+//! Shared memory between a local guest and the server.
+//!
+//! A [`Region`] is a sealed memfd mapped by both processes: the server
+//! creates it, seals its size (so the guest can never shrink it under the
+//! server's feet, which would turn server reads into SIGBUS), and passes the
+//! descriptor over the Unix socket with `SCM_RIGHTS`. The same kind of
+//! region holds pinned host memory that the GPU reads and writes directly.
+//!
+//! A connection's region starts with two [`Ring`]s, byte pipes carrying the
+//! same frames the socket would (guest to server, server to guest), followed
+//! by a staging area for pageable copies. Each side keeps its own position
+//! privately and only publishes it, so a guest scribbling on the shared
+//! counters can make its own session fail, never the server misbehave.
+//!
+//! Waiting is a short spin (a round trip costs well under a microsecond
+//! while both sides are busy) and then a futex sleep, so an idle guest
+//! costs no CPU. Sleeps wake every few milliseconds to check, through the
+//! socket, that the peer is still alive.
+
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use crate::TransportError;
+
+/// A shared mapping of a sealed memfd; unmapped when dropped.
+pub struct Region {
+    base: *mut u8,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; what is written
+// there is synchronised by the protocols built on it (rings, stream order).
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// A new zeroed region of `len` bytes whose size can never change.
+    pub fn create(name: &str, len: usize) -> io::Result<Region> {
+        Region::create_at(name, len, std::ptr::null_mut())
+    }
+
+    /// As [`Region::create`], placed at `at` if that range is free here.
+    pub fn create_at(name: &str, len: usize, at: *mut u8) -> io::Result<Region> {
+        let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: a valid C string; flags are constants.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: memfd_create returned a new descriptor we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain calls on our own descriptor.
+        unsafe {
+            if libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Region::map(fd, len, at)
+    }
+
+    /// Maps a region received from the server, whole. Refuses one whose size
+    /// could still shrink.
+    pub fn open(fd: OwnedFd) -> io::Result<Region> {
+        Region::open_at(fd, std::ptr::null_mut())
+    }
+
+    /// As [`Region::open`], placed at `at` if that range is free here
+    /// (never replacing an existing mapping), else anywhere.
+    pub fn open_at(fd: OwnedFd, at: *mut u8) -> io::Result<Region> {
+        // SAFETY: plain queries on a descriptor we own.
+        let (len, seals) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            (st.st_size as usize, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
+        };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "shared region is not sealed against shrinking"));
+        }
+        Region::map(fd, len, at)
+    }
+
+    fn map(fd: OwnedFd, len: usize, at: *mut u8) -> io::Result<Region> {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let try_map = |flags| {
+            // SAFETY: a shared mapping of our own descriptor; with
+            // MAP_FIXED_NOREPLACE the kernel refuses to replace anything.
+            unsafe { libc::mmap(at.cast(), len, prot, libc::MAP_SHARED | flags, fd.as_raw_fd(), 0) }
+        };
+        let mut p = if at.is_null() { libc::MAP_FAILED } else { try_map(libc::MAP_FIXED_NOREPLACE) };
+        if p != libc::MAP_FAILED && p != at.cast() {
+            // Kernels before 4.17 treat the flag as a hint.
+            // SAFETY: the mapping just made, unused.
+            unsafe { libc::munmap(p, len) };
+            p = libc::MAP_FAILED;
+        }
+        if p == libc::MAP_FAILED {
+            p = try_map(0);
+        }
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Region { base: p.cast(), len, fd })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: trivially a borrow of our own descriptor.
+        unsafe { BorrowedFd::borrow_raw(self.fd.as_raw_fd()) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, made in `map`.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// How a connection's region is laid out: a page of counters, the two
+/// rings, then the staging area. The server chooses; the guest checks that
+/// the region it was given is large enough.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub ring_bytes: usize,
+    pub staging_bytes: usize,
+}
+
+const CONTROL_BYTES: usize = 4096;
+
+impl Layout {
+    pub fn total(&self) -> usize {
+        CONTROL_BYTES + 2 * self.ring_bytes + self.staging_bytes
+    }
+
+    pub fn staging_offset(&self) -> usize {
+        CONTROL_BYTES + 2 * self.ring_bytes
+    }
+
+    /// A sane layout: power-of-two rings of 64 KiB to 64 MiB, page-aligned
+    /// staging.
+    pub fn check(&self, region_len: usize) -> Result<(), TransportError> {
+        let ring_ok = self.ring_bytes.is_power_of_two() && (64 << 10..=64 << 20).contains(&self.ring_bytes);
+        if !ring_ok || self.staging_bytes % 4096 != 0 || self.total() > region_len {
+            return Err(TransportError::Shared(format!("bad shared layout {self:?} for {region_len} bytes")));
+        }
+        Ok(())
+    }
+}
+
+/// One ring's shared counters, each on its own cache line.
+#[repr(C)]
+struct RingControl {
+    head: Line<AtomicU64>,
+    tail: Line<AtomicU64>,
+    /// Bumped (and futex-woken) when bytes arrive, if the reader sleeps.
+    data_bell: Line<AtomicU32>,
+    reader_sleeps: Line<AtomicU32>,
+    /// Bumped when space frees, if the writer sleeps.
+    space_bell: Line<AtomicU32>,
+    writer_sleeps: Line<AtomicU32>,
+}
+
+#[repr(C, align(64))]
+struct Line<T>(T);
+
+const _: () = assert!(2 * std::mem::size_of::<RingControl>() <= CONTROL_BYTES);
+
+/// Which way a ring runs, and so which end of it each side holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Server,
+    Client,
+}
+
+/// Both ends of the connection's rings for one side: it writes one ring and
+/// reads the other.
+pub struct Rings {
+    pub(crate) writer: Writer,
+    pub(crate) reader: Reader,
+    /// Keeps the mapping alive as long as the rings.
+    _region: std::sync::Arc<Region>,
+}
+
+impl Rings {
+    /// The rings of `region` as seen from `side`.
+    pub fn new(region: std::sync::Arc<Region>, layout: Layout, side: Side) -> Result<Rings, TransportError> {
+        layout.check(region.len())?;
+        let base = region.as_ptr();
+        let cap = layout.ring_bytes as u64;
+        let end = |i: usize| RingEnd {
+            // SAFETY: both control blocks lie in the first page (checked
+            // statically) and the region is at least a page (layout check).
+            ctl: unsafe { base.add(i * std::mem::size_of::<RingControl>()) }.cast::<RingControl>(),
+            // SAFETY: the layout check keeps both rings inside the region.
+            data: unsafe { base.add(CONTROL_BYTES + i * layout.ring_bytes) },
+            cap,
+            pos: 0,
+            wait: Wait { spin: Duration::from_micros(SPIN_MICROS), socket: -1 },
+        };
+        let (out, inn) = match side {
+            Side::Client => (0, 1),
+            Side::Server => (1, 0),
+        };
+        Ok(Rings { writer: Writer(end(out)), reader: Reader(end(inn)), _region: region })
+    }
+
+    /// Peer liveness is checked on `socket` while sleeping.
+    pub(crate) fn watch(&mut self, socket: RawFd) {
+        self.writer.0.wait.socket = socket;
+        self.reader.0.wait.socket = socket;
+    }
+}
+
+/// How long a side spins before sleeping. Long enough to cover a round
+/// trip of back-to-back calls and a short GPU operation, short enough that
+/// an idle peer costs nothing noticeable.
+const SPIN_MICROS: u64 = 100;
+/// How often a sleeper checks that the peer is alive.
+const NAP: Duration = Duration::from_millis(20);
+
+pub(crate) struct RingEnd {
+    ctl: *const RingControl,
+    data: *mut u8,
+    cap: u64,
+    /// This side's own position (head for a writer, tail for a reader),
+    /// never read back from shared memory.
+    pos: u64,
+    wait: Wait,
+}
+
+// SAFETY: the pointers are into a region kept alive by `Rings`; one thread
+// at a time uses an end (the carrier is `&mut`).
+unsafe impl Send for RingEnd {}
+
+impl RingEnd {
+    fn ctl(&self) -> &RingControl {
+        // SAFETY: points into the live mapping; all fields are atomics.
+        unsafe { &*self.ctl }
+    }
+
+    /// Copies between the ring at position `at` and `buf`, across the wrap.
+    fn copy(&self, at: u64, len: usize, mut f: impl FnMut(*mut u8, usize, usize)) {
+        let start = (at % self.cap) as usize;
+        let first = len.min(self.cap as usize - start);
+        // SAFETY: `start + first <= cap`, inside this ring's bytes.
+        f(unsafe { self.data.add(start) }, 0, first);
+        if first < len {
+            f(self.data, first, len - first);
+        }
+    }
+}
+
+pub(crate) struct Writer(RingEnd);
+pub(crate) struct Reader(RingEnd);
+
+impl Writer {
+    /// Writes all of `bytes`, waiting for space as the reader drains.
+    pub(crate) fn write_all(&mut self, mut bytes: &[u8]) -> Result<(), TransportError> {
+        while !bytes.is_empty() {
+            let e = &self.0;
+            let free = e.wait.until(&e.ctl().space_bell.0, &e.ctl().writer_sleeps.0, || {
+                let tail = e.ctl().tail.0.load(SeqCst);
+                let used = e.pos.wrapping_sub(tail);
+                if used > e.cap {
+                    return Err(TransportError::Shared("peer moved the ring's tail past its head".into()));
+                }
+                Ok((e.cap - used) as usize)
+            })?;
+            let n = free.min(bytes.len());
+            e.copy(e.pos, n, |ring, off, len| {
+                // SAFETY: `ring` has room for `len` bytes (see `copy`);
+                // `bytes` has `off + len`.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(off), ring, len) }
+            });
+            self.0.pos += n as u64;
+            bytes = &bytes[n..];
+            let ctl = self.0.ctl();
+            ctl.head.0.store(self.0.pos, SeqCst);
+            ring(&ctl.data_bell.0, &ctl.reader_sleeps.0);
+        }
+        Ok(())
+    }
+}
+
+impl Reader {
+    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, TransportError> {
+        let e = &self.0;
+        let avail = e.wait.until(&e.ctl().data_bell.0, &e.ctl().reader_sleeps.0, || {
+            let head = e.ctl().head.0.load(SeqCst);
+            let avail = head.wrapping_sub(e.pos);
+            if avail > e.cap {
+                return Err(TransportError::Shared("peer moved the ring's head past its capacity".into()));
+            }
+            Ok(avail as usize)
+        })?;
+        let n = avail.min(buf.len());
+        e.copy(e.pos, n, |ring, off, len| {
+            // SAFETY: `ring` holds `len` readable bytes; `buf` has room.
+            unsafe { std::ptr::copy_nonoverlapping(ring, buf.as_mut_ptr().add(off), len) }
+        });
+        self.0.pos += n as u64;
+        let ctl = self.0.ctl();
+        ctl.tail.0.store(self.0.pos, SeqCst);
+        ring(&ctl.space_bell.0, &ctl.writer_sleeps.0);
+        Ok(n)
+    }
+}
+
+/// Frames are parsed from the ring exactly as from a socket.
+impl Read for Reader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.read_some(buf).map_err(|e| match e {
+            TransportError::Closed => io::ErrorKind::ConnectionReset.into(),
+            TransportError::Io(e) => e,
+            other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+        })
+    }
+}
+
+/// Wakes the other side if it sleeps on `bell`.
+fn ring(bell: &AtomicU32, sleeps: &AtomicU32) {
+    if sleeps.load(SeqCst) != 0 {
+        bell.fetch_add(1, SeqCst);
+        futex(bell, libc::FUTEX_WAKE, 1, None);
+    }
+}
+
+struct Wait {
+    spin: Duration,
+    /// The connection's socket, polled for hang-up while sleeping.
+    socket: RawFd,
+}
+
+impl Wait {
+    /// Waits until `ready` returns a non-zero amount: spinning first, then
+    /// sleeping on `bell` with `sleeps` raised so the other side rings it.
+    fn until(
+        &self,
+        bell: &AtomicU32,
+        sleeps: &AtomicU32,
+        ready: impl Fn() -> Result<usize, TransportError>,
+    ) -> Result<usize, TransportError> {
+        let start = Instant::now();
+        let mut turns = 0u32;
+        loop {
+            let n = ready()?;
+            if n > 0 {
+                return Ok(n);
+            }
+            turns = turns.wrapping_add(1);
+            if turns % 64 == 0 && start.elapsed() >= self.spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        loop {
+            sleeps.store(1, SeqCst);
+            let seen = bell.load(SeqCst);
+            let n = ready()?;
+            if n == 0 {
+                futex(bell, libc::FUTEX_WAIT, seen, Some(NAP));
+            }
+            sleeps.store(0, SeqCst);
+            let n = if n == 0 { ready()? } else { n };
+            if n > 0 {
+                return Ok(n);
+            }
+            if self.socket >= 0 && hung_up(self.socket) {
+                return Err(TransportError::Closed);
+            }
+        }
+    }
+}
+
+fn futex(word: &AtomicU32, op: libc::c_int, value: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|t| libc::timespec { tv_sec: t.as_secs() as _, tv_nsec: t.subsec_nanos() as _ });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a live, aligned u32 in memory shared between the
+    // processes (hence no FUTEX_PRIVATE_FLAG); the timeout outlives the call.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), op, value, ts_ptr, 0usize, 0u32) };
+}
+
+/// Whether the peer closed `socket` (pending data is not a hang-up).
+fn hung_up(socket: RawFd) -> bool {
+    let mut p = libc::pollfd { fd: socket, events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one valid pollfd; zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// Sends one descriptor over a Unix socket (`SCM_RIGHTS`, one byte of data).
+pub(crate) fn send_fd(socket: RawFd, fd: BorrowedFd<'_>) -> Result<(), TransportError> {
+    let byte = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_ptr() as *mut libc::c_void, iov_len: 1 };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: zeroed msghdr is an empty message; we point it at live buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `control` has room for one header with one descriptor.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd.as_raw_fd());
+    }
+    loop {
+        // SAFETY: `msg` points at live buffers for the call.
+        let n = unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) };
+        if n == 1 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e.into());
+        }
+    }
+}
+
+/// Receives one descriptor sent with [`send_fd`].
+pub(crate) fn recv_fd(socket: RawFd) -> Result<OwnedFd, TransportError> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: zeroed msghdr is an empty message; we point it at live buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    let n = loop {
+        // SAFETY: `msg` points at live buffers for the call.
+        let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e.into());
+        }
+    };
+    if n == 0 {
+        return Err(TransportError::Closed);
+    }
+    // SAFETY: the kernel filled `control` up to msg_controllen.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        if c.is_null() || (*c).cmsg_level != libc::SOL_SOCKET || (*c).cmsg_type != libc::SCM_RIGHTS {
+            return Err(TransportError::Shared("expected a descriptor on the socket".into()));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const LAYOUT: Layout = Layout { ring_bytes: 64 << 10, staging_bytes: 4096 };
+
+    fn pair() -> (Rings, Rings) {
+        let region = Arc::new(Region::create("test", LAYOUT.total()).unwrap());
+        let client = Rings::new(region.clone(), LAYOUT, Side::Client).unwrap();
+        let server = Rings::new(region, LAYOUT, Side::Server).unwrap();
+        (client, server)
+    }
+
+    #[test]
+    fn bytes_cross_in_order_through_wraps() {
+        let (mut client, mut server) = pair();
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let expect = data.clone();
+        let t = std::thread::spawn(move || client.writer.write_all(&data).unwrap());
+        let mut got = vec![0u8; expect.len()];
+        server.reader.read_exact(&mut got).unwrap();
+        t.join().unwrap();
+        assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn a_lying_peer_is_an_error_not_a_wild_read() {
+        let (client, mut server) = pair();
+        // The guest claims the server's ring (guest to server) has more
+        // bytes than it can hold.
+        let guest_to_server = client.writer.0.ctl();
+        guest_to_server.head.0.store(10 * LAYOUT.ring_bytes as u64, SeqCst);
+        let mut buf = [0u8; 16];
+        assert!(matches!(server.reader.read_some(&mut buf), Err(TransportError::Shared(_))));
+    }
+
+    #[test]
+    fn sealed_regions_cannot_shrink_and_descriptors_travel() {
+        let region = Region::create("seal", 8192).unwrap();
+        // SAFETY: plain call on a live descriptor.
+        let rc = unsafe { libc::ftruncate(region.fd().as_raw_fd(), 0) };
+        assert_ne!(rc, 0, "a sealed region must refuse to shrink");
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        send_fd(a.as_raw_fd(), region.fd()).unwrap();
+        let other = Region::open(recv_fd(b.as_raw_fd()).unwrap()).unwrap();
+        // SAFETY: both map the same 8 KiB.
+        unsafe {
+            *region.as_ptr().add(100) = 42;
+            assert_eq!(*other.as_ptr().add(100), 42);
+        }
+    }
+
+    #[test]
+    fn unsealed_memory_is_refused() {
+        let name = std::ffi::CString::new("plain").unwrap();
+        // SAFETY: a valid C string.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: a new descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain call on our descriptor.
+        unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) };
+        assert!(Region::open(fd).is_err());
+    }
+
+    #[test]
+    fn sleeping_reader_wakes_and_sees_hang_up() {
+        let (mut client, mut server) = pair();
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        server.watch(a.as_raw_fd());
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            client.writer.write_all(b"late").unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            drop(b);
+        });
+        let mut got = [0u8; 4];
+        server.reader.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"late");
+        assert!(matches!(server.reader.read_some(&mut got), Err(TransportError::Closed)));
+        t.join().unwrap();
+    }
+}
