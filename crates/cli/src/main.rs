@@ -1,5 +1,7 @@
-//! `gpuplex`: serve GPUs to guests, run programs against a server, inspect one.
+//! `gpuplex`: serve GPUs to guests, run programs against a server, inspect
+//! one, and measure what going through gpuplex costs.
 
+mod bench;
 mod info;
 mod run;
 
@@ -26,7 +28,9 @@ const EXAMPLES: &str = "Examples:
   gpuplex serve --listen unix:/run/gpuplex.sock
   GPUPLEX_SERVER=unix:/run/gpuplex.sock ./app   use a server without `gpuplex run`
                                      (needs gpuplex's libcuda.so.1 on LD_LIBRARY_PATH)
-  gpuplex run --backend emulated -- ./test   no GPU here: the host-memory test device";
+  gpuplex run --backend emulated -- ./test   no GPU here: the host-memory test device
+  gpuplex bench --json bench.json    microbenchmarks natively and through each carrier, side by side
+  gpuplex bench --backend emulated --quick --carriers socket   a quick check without a GPU";
 
 #[derive(Subcommand)]
 enum Command {
@@ -64,6 +68,39 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         server: Option<Address>,
     },
+    /// Measure driver-call costs natively and through gpuplex, side by side.
+    ///
+    /// Runs the same microbenchmarks (kernel launch, launch + sync, 4-byte
+    /// copies, allocation, copy bandwidth from pageable and pinned memory)
+    /// against the machine's libcuda and against gpuplex's front-end on each
+    /// carrier, each through a server of its own, and prints every value with
+    /// its ratio to native. A carrier whose server cannot start is reported
+    /// unavailable and skipped. Exits non-zero if a column that started
+    /// failed a measurement or a data check.
+    Bench {
+        /// cuda measures the GPU natively and through gpuplex; emulated has no
+        /// native column (a check that the paths work, not a measurement).
+        #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
+        backend: BackendKind,
+        /// The carriers to measure, comma-separated.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "shm,socket,tcp")]
+        carriers: Vec<bench::CarrierKind>,
+        /// Also write the results as JSON to PATH.
+        #[arg(long, value_name = "PATH")]
+        json: Option<std::path::PathBuf>,
+        /// Fewer iterations, shorter copy timings and no 256 MiB copies: seconds, not a minute.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// One column of `gpuplex bench`: measures through the libcuda at PATH
+    /// (or `system`: libcuda.so.1 as the dynamic linker finds it) and prints JSON.
+    #[command(hide = true)]
+    BenchWorker {
+        #[arg(long, value_name = "PATH|system")]
+        library: String,
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -77,6 +114,10 @@ fn main() -> ExitCode {
         Command::Serve { listen, backend } => serve(listen.unwrap_or_else(Address::default_local), backend),
         Command::Run { server, backend, command } => run::run(server, backend, &command),
         Command::Info { server } => info::info(server),
+        Command::Bench { backend, carriers, json, quick } => {
+            bench::bench(bench::Options { backend, carriers, json, quick })
+        }
+        Command::BenchWorker { library, quick } => bench::worker::run(&library, quick),
     };
     match result {
         Ok(code) => code,

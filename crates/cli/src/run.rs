@@ -35,7 +35,7 @@ impl Drop for LibDir {
 }
 
 /// The front-end library built next to this binary.
-fn frontend() -> Result<PathBuf, Error> {
+pub fn frontend() -> Result<PathBuf, Error> {
     let exe = std::env::current_exe()?;
     let path = exe.with_file_name("libcuda.so");
     if !path.exists() {

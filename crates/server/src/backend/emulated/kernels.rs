@@ -9,7 +9,9 @@
 //! the whole grid. That lets the CI end-to-end tests exercise the launch
 //! path honestly: the parameter layout read from the cubin, the packed
 //! parameter buffer, and the kernel's effect on device memory. Any other
-//! kernel is refused with `CUDA_ERROR_NOT_SUPPORTED` by the caller.
+//! kernel is refused with `CUDA_ERROR_NOT_SUPPORTED` by the caller. The
+//! empty kernel of `gpuplex bench` is registered too, so that the bench can
+//! check its paths without a GPU.
 //!
 //! Parameters and memory come from the guest: every access is checked, and
 //! work is done in bounded chunks so that no launch makes the server allocate
@@ -46,6 +48,8 @@ pub fn lookup(name: &str) -> Option<ReferenceKernel> {
         "spin" => Some(spin),
         "update_globals" => Some(update_globals),
         "mixed_params" => Some(mixed_params),
+        // `gpuplex bench`'s launch benchmarks (crates/cli/src/bench/worker.rs).
+        "gpuplex_bench_empty" => Some(empty),
         // tests/cuda/runtime: C++ kernels, by mangled name.
         "_Z9vectorAddPKfS0_Pfi" => Some(vector_add),
         "_Z8scaleAddPiPKiiii" => Some(scale_add),
@@ -277,6 +281,11 @@ fn mixed_params(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), 
         let pointee = read_i32(mem, ip)?;
         write_u64s(mem, element(out, 11, 8)?, &[pointee as i64 as u64])?;
     }
+    Ok(())
+}
+
+/// `gpuplex_bench_empty()`: does nothing, so a launch costs only its overhead.
+fn empty(_: &KernelLaunch<'_>, _: &mut dyn DeviceMemory) -> Result<(), CuError> {
     Ok(())
 }
 
@@ -782,9 +791,15 @@ mod tests {
 
     #[test]
     fn lookup_knows_the_test_kernels_only() {
-        for name in
-            ["vector_add", "spin", "update_globals", "mixed_params", "_Z8scaleAddPiPKiiii", "_Z4axpyIdEvT_PKS0_PS0_i"]
-        {
+        for name in [
+            "vector_add",
+            "spin",
+            "update_globals",
+            "mixed_params",
+            "gpuplex_bench_empty",
+            "_Z8scaleAddPiPKiiii",
+            "_Z4axpyIdEvT_PKS0_PS0_i",
+        ] {
             assert!(lookup(name).is_some(), "{name}");
         }
         assert!(lookup("reset_globals").is_none());

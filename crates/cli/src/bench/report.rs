@@ -1,0 +1,320 @@
+//! What the bench measures and what it reports: the metric catalog that the
+//! worker and the parent share (so a row can never be measured under one name
+//! and printed under another), the worker's answer, and the report that is
+//! printed as a table or written as JSON.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const KIB: usize = 1 << 10;
+pub const MIB: usize = 1 << 20;
+
+/// The transfer sizes of the bandwidth rows.
+const BANDWIDTH_SIZES: [usize; 4] = [4 * KIB, MIB, 64 * MIB, 256 * MIB];
+
+/// The sizes measured: `--quick` leaves out the largest, whose copies alone
+/// would take most of its time (seconds each in a debug build).
+pub fn bandwidth_sizes(quick: bool) -> &'static [usize] {
+    if quick {
+        &BANDWIDTH_SIZES[..3]
+    } else {
+        &BANDWIDTH_SIZES
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Better {
+    Lower,
+    Higher,
+}
+
+/// One row of the report.
+pub struct Metric {
+    pub name: String,
+    pub label: String,
+    pub unit: &'static str,
+    pub better: Better,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    HostToDevice,
+    DeviceToHost,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostMemory {
+    /// Ordinary `malloc`'d memory.
+    Pageable,
+    /// `cuMemAllocHost`.
+    Pinned,
+}
+
+pub const LAUNCH_ASYNC: &str = "launch_async";
+pub const LAUNCH_SYNC: &str = "launch_sync";
+pub const COPY_HTOD_4B: &str = "memcpy_htod_4B";
+pub const COPY_DTOH_4B: &str = "memcpy_dtoh_4B";
+pub const ALLOC_FREE_1MIB: &str = "alloc_free_1MiB";
+
+/// `4 KiB`, `64 MiB`.
+pub fn size_label(bytes: usize) -> String {
+    if bytes >= MIB {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{} KiB", bytes / KIB)
+    }
+}
+
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::HostToDevice => "h2d",
+            Direction::DeviceToHost => "d2h",
+        }
+    }
+}
+
+impl HostMemory {
+    pub fn name(self) -> &'static str {
+        match self {
+            HostMemory::Pageable => "pageable",
+            HostMemory::Pinned => "pinned",
+        }
+    }
+}
+
+/// The row name of one bandwidth measurement, e.g. `h2d_pinned_64MiB`.
+pub fn bandwidth_metric(dir: Direction, mem: HostMemory, bytes: usize) -> String {
+    format!("{}_{}_{}", dir.name(), mem.name(), size_label(bytes).replace(' ', ""))
+}
+
+/// Every row, in the order printed.
+pub fn catalog(quick: bool) -> Vec<Metric> {
+    let time =
+        |name: &str, label: &str| Metric { name: name.into(), label: label.into(), unit: "us", better: Better::Lower };
+    let mut rows = vec![
+        time(LAUNCH_ASYNC, "empty-kernel launch, async, per launch"),
+        time(LAUNCH_SYNC, "empty-kernel launch + stream sync"),
+        time(COPY_HTOD_4B, "4 B copy host->device"),
+        time(COPY_DTOH_4B, "4 B copy device->host"),
+        time(ALLOC_FREE_1MIB, "1 MiB cuMemAlloc + cuMemFree"),
+    ];
+    for mem in [HostMemory::Pageable, HostMemory::Pinned] {
+        for dir in [Direction::HostToDevice, Direction::DeviceToHost] {
+            for &bytes in bandwidth_sizes(quick) {
+                rows.push(Metric {
+                    name: bandwidth_metric(dir, mem, bytes),
+                    label: format!("{} {} {}", dir.name().to_uppercase(), mem.name(), size_label(bytes)),
+                    unit: "GB/s",
+                    better: Better::Higher,
+                });
+            }
+        }
+    }
+    rows
+}
+
+/// One measurement: a value in the row's unit, or why there is none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Value(f64),
+    Error(String),
+}
+
+/// The data checks one worker ran: each copy path round-trips a pattern.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checks {
+    pub passed: u32,
+    /// What failed, one entry per check.
+    pub failed: Vec<String>,
+}
+
+/// What `gpuplex bench-worker` prints: one column's measurements.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The libcuda file measured.
+    pub library: String,
+    /// Whether that is gpuplex's front-end.
+    pub gpuplex: bool,
+    pub device: String,
+    pub driver_version: i32,
+    /// By metric name.
+    pub results: BTreeMap<String, Outcome>,
+    pub checks: Checks,
+}
+
+/// The whole run, as `--json` writes it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Report {
+    pub gpuplex_version: String,
+    pub backend: String,
+    pub quick: bool,
+    pub unix_time: u64,
+    pub machine: Machine,
+    /// From the first column that reached a device.
+    pub device: Option<Device>,
+    /// The native column (cuda backend only), then one per carrier.
+    pub columns: Vec<Column>,
+    pub rows: Vec<Row>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Machine {
+    pub hostname: String,
+    pub cpu: String,
+    pub cpus: usize,
+    pub kernel: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Device {
+    pub name: String,
+    /// As `major.minor`.
+    pub driver_version: String,
+}
+
+/// How one column was measured, and whether it could be.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Column {
+    /// `native`, or the carrier's name.
+    pub name: String,
+    pub library: Option<String>,
+    pub server: Option<String>,
+    /// The variables the worker got beyond the inherited environment.
+    pub env: BTreeMap<String, String>,
+    /// Why the column has no values (`unavailable: ...` when its server did
+    /// not start, `failed: ...` when the worker did not finish).
+    pub error: Option<String>,
+    pub data_checks: Option<Checks>,
+}
+
+impl Column {
+    pub fn new(name: &str) -> Column {
+        Column { name: name.into(), library: None, server: None, env: BTreeMap::new(), error: None, data_checks: None }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Row {
+    pub name: String,
+    pub label: String,
+    pub unit: String,
+    pub better: Better,
+    /// Absent with the emulated backend, which has no native driver.
+    pub native: Option<Cell>,
+    /// By carrier name.
+    pub carriers: BTreeMap<String, Cell>,
+}
+
+/// One value; `ratio` is gpuplex / native, for times and bandwidths alike.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Cell {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub value: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub ratio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+}
+
+/// The native column's name.
+pub const NATIVE: &str = "native";
+
+impl Report {
+    /// Builds the rows from each column's worker answer (or the reason it has none).
+    pub fn rows(columns: &[(Column, Result<WorkerReport, String>)], quick: bool) -> Vec<Row> {
+        let cell = |outcome: &Result<WorkerReport, String>, name: &str| match outcome {
+            Err(e) => Cell { error: Some(e.clone()), ..Cell::default() },
+            Ok(w) => match w.results.get(name) {
+                Some(Outcome::Value(v)) => Cell { value: Some(*v), ..Cell::default() },
+                Some(Outcome::Error(e)) => Cell { error: Some(e.clone()), ..Cell::default() },
+                None => Cell { error: Some("not measured".into()), ..Cell::default() },
+            },
+        };
+        catalog(quick)
+            .into_iter()
+            .map(|m| {
+                let native = columns.iter().find(|(c, _)| c.name == NATIVE).map(|(_, o)| cell(o, &m.name));
+                let base = native.as_ref().and_then(|n| n.value).filter(|&v| v > 0.0);
+                let carriers = columns
+                    .iter()
+                    .filter(|(c, _)| c.name != NATIVE)
+                    .map(|(c, o)| {
+                        let mut cell = cell(o, &m.name);
+                        cell.ratio = cell.value.zip(base).map(|(v, b)| v / b);
+                        (c.name.clone(), cell)
+                    })
+                    .collect();
+                Row { name: m.name, label: m.label, unit: m.unit.into(), better: m.better, native, carriers }
+            })
+            .collect()
+    }
+
+    /// Whether every column that could be started measured every row and passed its data checks.
+    pub fn passed(&self) -> bool {
+        let started = |c: &&Column| !c.error.as_deref().is_some_and(|e| e.starts_with("unavailable"));
+        let columns_ok =
+            self.columns.iter().filter(started).all(|c| {
+                c.error.is_none() && c.data_checks.as_ref().is_some_and(|k| k.failed.is_empty() && k.passed > 0)
+            });
+        let cells_ok = self.rows.iter().all(|r| {
+            let cells = r.native.iter().chain(r.carriers.values());
+            cells
+                .filter(|c| !c.error.as_deref().is_some_and(|e| e.starts_with("unavailable")))
+                .all(|c| c.value.is_some())
+        });
+        columns_ok && cells_ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_names_are_unique() {
+        let rows = catalog(false);
+        let names: std::collections::BTreeSet<_> = rows.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names.len(), rows.len());
+        assert_eq!(rows.len(), 5 + 4 * 4);
+        assert!(names.contains("h2d_pageable_4KiB") && names.contains("d2h_pinned_256MiB"));
+        assert!(!catalog(true).iter().any(|m| m.name == "d2h_pinned_256MiB"));
+    }
+
+    fn column(name: &str) -> Column {
+        Column { data_checks: Some(Checks { passed: 1, failed: vec![] }), ..Column::new(name) }
+    }
+
+    fn worker(values: &[(&str, f64)]) -> WorkerReport {
+        WorkerReport {
+            library: "x".into(),
+            gpuplex: false,
+            device: "d".into(),
+            driver_version: 13000,
+            results: values.iter().map(|&(n, v)| (n.to_owned(), Outcome::Value(v))).collect(),
+            checks: Checks::default(),
+        }
+    }
+
+    #[test]
+    fn ratios_are_carrier_over_native() {
+        let columns = vec![
+            (column(NATIVE), Ok(worker(&[(LAUNCH_ASYNC, 4.0), ("h2d_pinned_1MiB", 50.0)]))),
+            (column("socket"), Ok(worker(&[(LAUNCH_ASYNC, 5.0), ("h2d_pinned_1MiB", 25.0)]))),
+            (column("tcp"), Err("unavailable: no".into())),
+        ];
+        let rows = Report::rows(&columns, false);
+        let row = |n: &str| rows.iter().find(|r| r.name == n).unwrap();
+        assert_eq!(row(LAUNCH_ASYNC).carriers["socket"].ratio, Some(1.25));
+        assert_eq!(row("h2d_pinned_1MiB").carriers["socket"].ratio, Some(0.5));
+        assert_eq!(row("h2d_pinned_1MiB").better, Better::Higher);
+        assert_eq!(row(LAUNCH_ASYNC).carriers["tcp"].error.as_deref(), Some("unavailable: no"));
+        assert_eq!(row(LAUNCH_SYNC).carriers["socket"].error.as_deref(), Some("not measured"));
+        // Without a native column there are no ratios.
+        let rows = Report::rows(&columns[1..], false);
+        assert!(rows[0].native.is_none() && rows[0].carriers["socket"].ratio.is_none());
+    }
+}

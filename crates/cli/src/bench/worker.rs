@@ -1,0 +1,331 @@
+//! `gpuplex bench-worker --library PATH|system`: one column's measurements.
+//!
+//! The same code runs for every column; only the libcuda it loads differs.
+//! It prints a [`WorkerReport`] as one JSON line on stdout. A failed
+//! measurement is reported in its row and the others still run; only a
+//! failure to reach a device at all ends the worker.
+
+use std::collections::BTreeMap;
+use std::ffi::CStr;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use super::driver::{self, DeviceBuffer, Driver, Function, Stream};
+use super::report::{
+    bandwidth_metric, bandwidth_sizes, size_label, Checks, Direction, HostMemory, Outcome, WorkerReport,
+    ALLOC_FREE_1MIB, COPY_DTOH_4B, COPY_HTOD_4B, LAUNCH_ASYNC, LAUNCH_SYNC, MIB,
+};
+use crate::Error;
+
+/// An empty kernel, as PTX so that any GPU can JIT it and the emulated
+/// device can read it (it runs the reference kernel of the same name).
+const EMPTY_KERNEL_PTX: &CStr = c".version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry gpuplex_bench_empty()
+{
+    ret;
+}
+";
+const EMPTY_KERNEL: &CStr = c"gpuplex_bench_empty";
+
+/// How much of each measurement to do.
+struct Plan {
+    /// Launches queued before the one synchronize.
+    async_launches: u32,
+    /// Iterations of each latency measurement.
+    sync_launches: u32,
+    small_copies: u32,
+    allocations: u32,
+    /// Bandwidth: repeat a copy until this much time has passed.
+    copy_time: Duration,
+    sizes: &'static [usize],
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                async_launches: 2000,
+                sync_launches: 200,
+                small_copies: 200,
+                allocations: 50,
+                copy_time: Duration::from_millis(10),
+                sizes: bandwidth_sizes(true),
+            }
+        } else {
+            Plan {
+                async_launches: 20_000,
+                sync_launches: 2000,
+                small_copies: 5000,
+                allocations: 1000,
+                copy_time: Duration::from_millis(200),
+                sizes: bandwidth_sizes(false),
+            }
+        }
+    }
+}
+
+/// Warm-up iterations before timing `n`: a tenth, at least one.
+fn warmup(n: u32) -> u32 {
+    (n / 10).max(1)
+}
+
+pub fn run(library: &str, quick: bool) -> Result<ExitCode, Error> {
+    // `system`: whatever libcuda.so.1 the dynamic linker finds, as a CUDA program would.
+    let driver = Driver::load(if library == "system" { "libcuda.so.1" } else { library })?;
+    let report = measure(&driver, &Plan::new(quick))?;
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, &report)?;
+    writeln!(out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn measure(d: &Driver, plan: &Plan) -> Result<WorkerReport, Error> {
+    d.init()?;
+    let dev = d.device(0)?;
+    let (device, driver_version) = (d.device_name(dev)?, d.driver_version()?);
+    let _ctx = d.primary_context(dev)?;
+    let module = d.load_ptx(EMPTY_KERNEL_PTX)?;
+    let kernel = module.function(EMPTY_KERNEL)?;
+    let stream = d.create_stream()?;
+
+    let mut results = BTreeMap::new();
+    let mut checks = Checks::default();
+    results.insert(LAUNCH_ASYNC.into(), outcome(launch_async(d, &kernel, &stream, plan.async_launches)));
+    results.insert(LAUNCH_SYNC.into(), outcome(launch_sync(d, &kernel, &stream, plan.sync_launches)));
+    let (htod, dtoh) = small_copies(d, plan.small_copies, &mut checks);
+    results.insert(COPY_HTOD_4B.into(), htod);
+    results.insert(COPY_DTOH_4B.into(), dtoh);
+    results.insert(ALLOC_FREE_1MIB.into(), outcome(alloc_free(d, plan.allocations)));
+    results.extend(bandwidth(d, plan, &mut checks));
+    // Errors of queued work surface here rather than going unnoticed.
+    if let Err(e) = d.synchronize() {
+        checks.failed.push(format!("final synchronize: {e}"));
+    }
+    Ok(WorkerReport { library: d.path.clone(), gpuplex: d.is_gpuplex, device, driver_version, results, checks })
+}
+
+/// Mean microseconds per call of `op`, after a warm-up.
+fn mean_us(n: u32, mut op: impl FnMut() -> driver::Result<()>) -> driver::Result<f64> {
+    for _ in 0..warmup(n) {
+        op()?;
+    }
+    let start = Instant::now();
+    for _ in 0..n {
+        op()?;
+    }
+    Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// `n` launches queued without waiting, then one synchronize: microseconds per launch.
+fn launch_async(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver::Result<f64> {
+    for _ in 0..warmup(n) {
+        d.launch_empty(f, s)?;
+    }
+    s.synchronize()?;
+    let start = Instant::now();
+    for _ in 0..n {
+        d.launch_empty(f, s)?;
+    }
+    s.synchronize()?;
+    Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// A launch then a synchronize of its stream: microseconds per pair.
+fn launch_sync(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver::Result<f64> {
+    mean_us(n, || {
+        d.launch_empty(f, s)?;
+        s.synchronize()
+    })
+}
+
+fn outcome(r: driver::Result<f64>) -> Outcome {
+    r.map_or_else(|e| Outcome::Error(e.to_string()), Outcome::Value)
+}
+
+/// The same error for both directions.
+fn both(e: impl ToString) -> (Outcome, Outcome) {
+    (Outcome::Error(e.to_string()), Outcome::Error(e.to_string()))
+}
+
+/// 4-byte synchronous copies each way from `malloc`'d memory, timed once
+/// the bytes are seen to round-trip.
+fn small_copies(d: &Driver, n: u32, checks: &mut Checks) -> (Outcome, Outcome) {
+    let dev = match d.alloc(4) {
+        Ok(dev) => dev,
+        Err(e) => return both(e),
+    };
+    let (src, mut dst) = (vec![0xC0, 0xFF, 0xEE, 0x42u8], vec![0u8; 4]);
+    if let Err(e) = d.htod(&dev, &src).and_then(|()| d.dtoh(&mut dst, &dev)) {
+        return both(e);
+    }
+    if dst != src {
+        checks.failed.push(format!("4 B round trip: wrote {src:02x?}, read back {dst:02x?}"));
+        return both("data check failed (4 B round trip)");
+    }
+    checks.passed += 1;
+    (outcome(mean_us(n, || d.htod(&dev, &src))), outcome(mean_us(n, || d.dtoh(&mut dst, &dev))))
+}
+
+/// 1 MiB allocated and freed: microseconds per pair.
+fn alloc_free(d: &Driver, n: u32) -> driver::Result<f64> {
+    mean_us(n, || d.alloc(MIB)?.free())
+}
+
+/// Host buffers of one kind, as large as the largest transfer.
+enum HostBuffers<'d> {
+    Pageable(Vec<u8>, Vec<u8>),
+    Pinned(driver::PinnedBuffer<'d>, driver::PinnedBuffer<'d>),
+}
+
+impl<'d> HostBuffers<'d> {
+    fn new(d: &'d Driver, mem: HostMemory, len: usize) -> driver::Result<HostBuffers<'d>> {
+        Ok(match mem {
+            // Zeroed pages are mapped on first touch; every byte is written before any timing.
+            HostMemory::Pageable => HostBuffers::Pageable(vec![0; len], vec![0; len]),
+            HostMemory::Pinned => HostBuffers::Pinned(d.alloc_host(len)?, d.alloc_host(len)?),
+        })
+    }
+
+    fn split(&mut self) -> (&mut [u8], &mut [u8]) {
+        match self {
+            HostBuffers::Pageable(a, b) => (a, b),
+            HostBuffers::Pinned(a, b) => (a, b),
+        }
+    }
+}
+
+/// Every bandwidth row: for each kind of host memory and size, synchronous
+/// copies host->device then device->host, in GB/s.
+fn bandwidth(d: &Driver, plan: &Plan, checks: &mut Checks) -> Vec<(String, Outcome)> {
+    let largest = plan.sizes.iter().copied().max().unwrap_or(0);
+    let mut out = Vec::new();
+    let fail_all = |out: &mut Vec<_>, mem: Option<HostMemory>, e: String| {
+        for m in [HostMemory::Pageable, HostMemory::Pinned].into_iter().filter(|&m| mem.is_none_or(|x| x == m)) {
+            for dir in [Direction::HostToDevice, Direction::DeviceToHost] {
+                for &bytes in plan.sizes {
+                    out.push((bandwidth_metric(dir, m, bytes), Outcome::Error(e.clone())));
+                }
+            }
+        }
+    };
+    let dev = match d.alloc(largest) {
+        Ok(dev) => dev,
+        Err(e) => {
+            fail_all(&mut out, None, e.to_string());
+            return out;
+        }
+    };
+    for mem in [HostMemory::Pageable, HostMemory::Pinned] {
+        let mut host = match HostBuffers::new(d, mem, largest) {
+            Ok(h) => h,
+            Err(e) => {
+                fail_all(&mut out, Some(mem), e.to_string());
+                continue;
+            }
+        };
+        let (src, dst) = host.split();
+        for (i, &bytes) in plan.sizes.iter().enumerate() {
+            let seed = ((mem as u64) << 8) | i as u64;
+            let (htod, dtoh) = copy_pair(d, &dev, &mut src[..bytes], &mut dst[..bytes], plan.copy_time, seed);
+            let (htod, dtoh) = match (htod, dtoh) {
+                (Ok(h), Ok(t)) if src[..bytes] == dst[..bytes] => {
+                    checks.passed += 1;
+                    (Outcome::Value(gb_per_s(bytes, h)), Outcome::Value(gb_per_s(bytes, t)))
+                }
+                (Ok(_), Ok(_)) => {
+                    let what = format!("{} {} round trip", mem.name(), size_label(bytes));
+                    checks.failed.push(format!("{what}: the bytes read back differ from those written"));
+                    let e = format!("data check failed ({what})");
+                    (Outcome::Error(e.clone()), Outcome::Error(e))
+                }
+                // A copy whose partner failed cannot be checked, so it reports no bandwidth either.
+                (h, t) => (unchecked(h), unchecked(t)),
+            };
+            out.push((bandwidth_metric(Direction::HostToDevice, mem, bytes), htod));
+            out.push((bandwidth_metric(Direction::DeviceToHost, mem, bytes), dtoh));
+        }
+    }
+    out
+}
+
+fn unchecked(r: Result<f64, String>) -> Outcome {
+    Outcome::Error(r.err().unwrap_or_else(|| "not checked: the copy the other way failed".into()))
+}
+
+fn gb_per_s(bytes: usize, seconds: f64) -> f64 {
+    bytes as f64 / seconds / 1e9
+}
+
+/// Fills `src` with a pattern, times copies of it to the device, poisons
+/// `dst`, then times copies back into it: seconds per copy each way. The
+/// caller compares `dst` with `src`, which checks the last copy each way.
+fn copy_pair(
+    d: &Driver,
+    dev: &DeviceBuffer<'_>,
+    src: &mut [u8],
+    dst: &mut [u8],
+    min_time: Duration,
+    seed: u64,
+) -> (Result<f64, String>, Result<f64, String>) {
+    fill_pattern(src, seed);
+    let htod = repeat_for(min_time, || d.htod(dev, src)).map_err(|e| e.to_string());
+    // A copy that moves nothing leaves the poison, and fails the check.
+    dst.fill(0xA5);
+    let dtoh = repeat_for(min_time, || d.dtoh(dst, dev)).map_err(|e| e.to_string());
+    (htod, dtoh)
+}
+
+/// Seconds per call of `op`, repeated until `min_time` has passed (after one warm-up call).
+fn repeat_for(min_time: Duration, mut op: impl FnMut() -> driver::Result<()>) -> driver::Result<f64> {
+    op()?;
+    let (start, mut n) = (Instant::now(), 0u32);
+    loop {
+        op()?;
+        n += 1;
+        let elapsed = start.elapsed();
+        if elapsed >= min_time {
+            return Ok(elapsed.as_secs_f64() / n as f64);
+        }
+    }
+}
+
+/// Pseudo-random bytes from `seed` in a block of prime length, tiled: no
+/// misplaced chunk of a power-of-two size matches, and tiling runs at memcpy
+/// speed.
+fn fill_pattern(buf: &mut [u8], seed: u64) {
+    const BLOCK: usize = 65_521;
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let block: Vec<u8> = (0..BLOCK.min(buf.len()))
+        .map(|_| {
+            // xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 32) as u8
+        })
+        .collect();
+    for chunk in buf.chunks_mut(BLOCK) {
+        chunk.copy_from_slice(&block[..chunk.len()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_differ_by_seed_and_do_not_repeat_at_powers_of_two() {
+        let (mut a, mut b) = (vec![0u8; 1 << 18], vec![0u8; 1 << 18]);
+        fill_pattern(&mut a, 1);
+        fill_pattern(&mut b, 2);
+        assert_ne!(a, b);
+        for shift in [1 << 12, 1 << 16, 1 << 17] {
+            assert_ne!(a[..4096], a[shift..shift + 4096], "period {shift}");
+        }
+        assert!(a.iter().any(|&x| x != 0xA5));
+    }
+}
