@@ -10,7 +10,7 @@
 //! `CUDA_ERROR_NOT_SUPPORTED`. Everything here runs in the client.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void, CStr};
 use std::ptr::null;
 use std::sync::{Mutex, PoisonError};
 
@@ -49,6 +49,8 @@ const DEVICE_EXTENDED_RT_ID: [u8; 16] = id("b10541e1f7c7c74a9f64f223be99f1e2");
 const INTEGRITY_CHECK_ID: [u8; 16] = id("d4082055bde6704b8d34ba123c66e1f2");
 const CONTEXT_CHECKS_ID: [u8; 16] = id("263e88607cd2614392f6bbd5006dfa7e");
 const TOOLS_CONTEXT_ID: [u8; 16] = id("21318c60971432488ca641ff7324c8f2");
+const TOOLS_MODULE_ID: [u8; 16] = id("6e163fbeb958444d835ce182aff1991e");
+const ERROR_LOG_ID: [u8; 16] = id("f8cff95121468b4eb9e2fb469e7c0dd9");
 
 /// Parses 32 hex digits at compile time.
 const fn id(hex: &str) -> [u8; 16] {
@@ -69,6 +71,20 @@ const fn id(hex: &str) -> [u8; 16] {
     out
 }
 
+/// The tables' names, indexed by the `TABLE` parameter of [`unknown_slot`].
+const NAMES: [&str; 9] = [
+    "CUDART_INTERFACE",
+    "CONTEXT_LOCAL_STORAGE",
+    "CTX_CREATE_BYPASS",
+    "DEVICE_EXTENDED_RT",
+    "INTEGRITY_CHECK",
+    "CONTEXT_CHECKS",
+    "TOOLS_CONTEXT",
+    "TOOLS_MODULE",
+    "ERROR_LOG",
+];
+const TOOLS_MODULE: usize = 7;
+
 /// A slot nobody has needed yet: says which (once, and with the raw
 /// register arguments at debug level, to learn what callers want), and
 /// fails. Reading six argument registers is harmless whatever the real
@@ -81,22 +97,23 @@ unsafe extern "C" fn unknown_slot<const TABLE: usize, const SLOT: usize>(
     a4: u64,
     a5: u64,
 ) -> CUresult {
-    const NAMES: [&str; 7] = [
-        "CUDART_INTERFACE",
-        "CONTEXT_LOCAL_STORAGE",
-        "CTX_CREATE_BYPASS",
-        "DEVICE_EXTENDED_RT",
-        "INTEGRITY_CHECK",
-        "CONTEXT_CHECKS",
-        "TOOLS_CONTEXT",
-    ];
+    refuse(TABLE, SLOT, "", &[a0, a1, a2, a3, a4, a5])
+}
+
+/// Refuses a call to `NAMES[table][slot]` with `CUDA_ERROR_NOT_SUPPORTED`:
+/// a warning the first time (with `why`, if any), its arguments at debug
+/// level every time.
+fn refuse(table: usize, slot: usize, why: &str, args: &[u64]) -> CUresult {
     static SEEN: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let name = NAMES[table];
     let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
-    if !seen.contains(&(TABLE, SLOT)) {
-        seen.push((TABLE, SLOT));
-        log::warn(&format!("private driver function {}[{SLOT}] is not supported by gpuplex", NAMES[TABLE]));
+    if !seen.contains(&(table, slot)) {
+        seen.push((table, slot));
+        let why = if why.is_empty() { String::new() } else { format!(" ({why})") };
+        log::warn(&format!("private driver function {name}[{slot}] is not supported by gpuplex{why}"));
     }
-    log::debug(&format!("{}[{SLOT}]({a0:#x}, {a1:#x}, {a2:#x}, {a3:#x}, {a4:#x}, {a5:#x})", NAMES[TABLE]));
+    let args: Vec<String> = args.iter().map(|a| format!("{a:#x}")).collect();
+    log::debug(&format!("{name}[{slot}]({})", args.join(", ")));
     CuError::NOT_SUPPORTED.0
 }
 
@@ -405,6 +422,107 @@ static TOOLS_CONTEXT: Table<93> = {
     Table(t)
 };
 
+// ---- TOOLS_MODULE (6e163fbe...): per-module and per-function queries for
+// tools (NVIDIA's cuxtra names it `CU_ETID_ToolsModule`). cuFFT takes it, with
+// TOOLS_CONTEXT, when it first loads the driver, and fails every plan
+// (CUFFT_INTERNAL_ERROR) if either is missing. cuFFT 12.0 (CUDA 13.0) calls
+// only slot 7; the runtime and cuBLAS do not ask for this table.
+
+/// What [7] calls for each function of a module.
+type FunctionVisitor = unsafe extern "C" fn(user: *mut c_void, function: *mut c_void);
+
+/// [7]: `(context, module, visit, user)` calls `visit(user, function)` for
+/// the functions of `module`. cuFFT loads its kernels with
+/// `cuModuleLoadData` and, for a kernel it has no name for, takes the one
+/// function this reports; it treats the answer 1 (not 0) as success and
+/// needs the slot to exist (the table's size above 0x37).
+///
+/// Listing a module's functions needs a call the server does not have yet
+/// (`cuModuleEnumerateFunctions` there, the functions registered as handles
+/// of the session); until then this fails, and cuFFT's plan with it.
+unsafe extern "C" fn module_functions(
+    ctx: *mut c_void,
+    module: *mut c_void,
+    visit: Option<FunctionVisitor>,
+    user: *mut c_void,
+) -> CUresult {
+    let args = [ctx as u64, module as u64, visit.map_or(0, |f| f as usize as u64), user as u64];
+    refuse(TOOLS_MODULE, 7, "listing a module's functions needs a server call", &args)
+}
+
+/// 99 slots; slot 93 is NULL in the real driver too.
+static TOOLS_MODULE_TABLE: Table<99> = {
+    let mut t: [*const c_void; 99] = slots!(7; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27
+        28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64
+        65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98);
+    t[0] = size::<99>();
+    t[7] = module_functions as *const c_void;
+    t[93] = null();
+    Table(t)
+};
+
+// ---- ERROR_LOG (f8cff951...): the CUDA 13 runtime (libcudart 13.0 and the
+// copy inside cuBLAS 13.0) takes this table at start-up and, if it gets it,
+// hands slot 1 each error message it would otherwise keep to itself ("%s
+// cannot be NULL", "Insufficient driver: %d < %d", ...), presumably for the
+// driver's error log (`cuLogs*`). It calls nothing else here.
+
+#[cfg(target_arch = "x86_64")]
+extern "C" {
+    /// libc's; on x86-64 a `va_list` argument is a pointer to the caller's list.
+    fn vsnprintf(buf: *mut c_char, len: usize, format: *const c_char, args: *mut c_void) -> std::ffi::c_int;
+}
+
+/// [1]: `(component, level, printf format, va_list)`: one message, logged
+/// at info level. The runtime ignores the result.
+unsafe extern "C" fn runtime_message(
+    component: *const c_char,
+    level: i32,
+    format: *const c_char,
+    args: *mut c_void,
+) -> CUresult {
+    entry("ERROR_LOG[1]", || {
+        if format.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let component = if component.is_null() {
+            "CUDA".into()
+        } else {
+            // SAFETY: the runtime passes a NUL-terminated name.
+            unsafe { CStr::from_ptr(component) }.to_string_lossy()
+        };
+        // SAFETY: the runtime's format and the list of its arguments.
+        let text = unsafe { format_message(format, args) };
+        log::info(&format!("{component} (level {level}): {text}"));
+        Ok(())
+    })
+}
+
+/// A printf format and a `va_list` of its arguments, formatted (cut at
+/// 1 KiB). Elsewhere than x86-64 the format stays unformatted.
+///
+/// # Safety
+/// `format` is a NUL-terminated printf format; `args` points at a
+/// `va_list` holding its arguments.
+unsafe fn format_message(format: *const c_char, args: *mut c_void) -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut buf = [0u8; 1024];
+        // SAFETY: `buf` holds `len` bytes; format and arguments per the contract.
+        unsafe { vsnprintf(buf.as_mut_ptr().cast(), buf.len(), format, args) };
+        CStr::from_bytes_until_nul(&buf).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = args;
+        // SAFETY: NUL-terminated per the contract.
+        unsafe { CStr::from_ptr(format) }.to_string_lossy().into_owned()
+    }
+}
+
+static ERROR_LOG: Table<3> =
+    Table([size::<3>(), runtime_message as *const c_void, unknown_slot::<8, 2> as *const c_void]);
+
 // ---- INTEGRITY_CHECK: the runtime verifies it talks to a real driver.
 
 /// [1]: answers the runtime's challenge (`version`, time) with the value
@@ -473,6 +591,8 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
         INTEGRITY_CHECK_ID => INTEGRITY_CHECK.start(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.start(),
         TOOLS_CONTEXT_ID => TOOLS_CONTEXT.start(),
+        TOOLS_MODULE_ID => TOOLS_MODULE_TABLE.start(),
+        ERROR_LOG_ID => ERROR_LOG.start(),
         _ => return None,
     })
 }
@@ -554,6 +674,61 @@ mod tests {
         let got = hmac_md2(&[]);
         assert_eq!(got[0].to_le_bytes(), expected[..8]);
         assert_eq!(got[1].to_le_bytes(), expected[8..]);
+    }
+
+    #[test]
+    fn cufft_finds_slot_7_of_tools_module() {
+        // cuFFT refuses the table unless its size reaches past slot 7.
+        let t = table(&TOOLS_MODULE_ID).expect("served");
+        // SAFETY: the table has 99 slots.
+        let (size, slot7) = unsafe { (*t.cast::<usize>(), *t.cast::<usize>().add(7)) };
+        assert!(size > 0x37);
+        assert_eq!(slot7, module_functions as *const () as usize);
+    }
+
+    #[test]
+    fn module_functions_refuses_without_visiting() {
+        static VISITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        unsafe extern "C" fn visit(_: *mut c_void, _: *mut c_void) {
+            VISITED.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the arguments are as cuFFT passes them; nothing is dereferenced.
+        let rc =
+            unsafe { module_functions(0x10 as *mut c_void, 0x20 as *mut c_void, Some(visit), (&raw mut out).cast()) };
+        // Never 1, which cuFFT takes for success.
+        assert_eq!(rc, CuError::NOT_SUPPORTED.0);
+        assert!(!VISITED.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    /// A System V x86-64 `va_list` whose register areas are used up, so
+    /// that every argument comes from `stack`.
+    #[cfg(target_arch = "x86_64")]
+    #[repr(C)]
+    struct VaList {
+        gp_offset: u32,
+        fp_offset: u32,
+        overflow_arg_area: *mut u64,
+        reg_save_area: *mut c_void,
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn runtime_messages_are_formatted() {
+        let what = c"driver";
+        let mut stack: [u64; 3] = [what.as_ptr() as u64, 12090, 13000];
+        let mut list = VaList {
+            gp_offset: 48,
+            fp_offset: 304,
+            overflow_arg_area: stack.as_mut_ptr(),
+            reg_save_area: std::ptr::null_mut(),
+        };
+        // SAFETY: a format and a list holding its three arguments.
+        let text = unsafe { format_message(c"Insufficient %s: %d < %d".as_ptr(), (&raw mut list).cast()) };
+        assert_eq!(text, "Insufficient driver: 12090 < 13000");
+        // SAFETY: as above.
+        let rc = unsafe { runtime_message(c"CUDA".as_ptr(), 0, c"plain".as_ptr(), (&raw mut list).cast()) };
+        assert_eq!(rc, CUDA_SUCCESS);
     }
 
     #[test]
