@@ -50,6 +50,8 @@ pub struct Staging {
     pub slot_bytes: usize,
     /// Whether a copy the server has not finished may still use each slot.
     pub busy: Vec<bool>,
+    /// The slot the next staged copy starts in.
+    pub next: usize,
 }
 
 impl Staging {
@@ -193,6 +195,9 @@ impl Conn {
             e.to_string()
         })?;
         let region = Arc::new(Region::open(fd).map_err(|e| self.lose_with(format!("cannot map the region: {e}")))?);
+        if reply.slots == 0 || reply.slot_bytes == 0 {
+            return Err(self.lose_with("the server offered no staging slots".into()));
+        }
         let staging_bytes = reply.slot_bytes.checked_mul(reply.slots as u64).unwrap_or(u64::MAX);
         let layout = Layout { ring_bytes: reply.ring_bytes as usize, staging_bytes: staging_bytes as usize };
         let rings = gpuplex_transport::rings(region.clone(), layout, Side::Client)
@@ -203,6 +208,7 @@ impl Conn {
             offset: layout.staging_offset(),
             slot_bytes: reply.slot_bytes as usize,
             busy: vec![false; reply.slots as usize],
+            next: 0,
         });
         Ok(())
     }

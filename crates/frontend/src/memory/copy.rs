@@ -18,11 +18,14 @@
 
 use gpuplex_protocol::{calls, CuError, DevPtr, Stream};
 
-use super::{host, known_range};
+use super::{host, known_range, parallel};
 use crate::client::{self, Conn};
 
 /// Bytes per inline copy call: well under the frame limit.
 const INLINE_CHUNK: usize = 16 << 20;
+/// Smaller pageable copies travel inline even with shared memory: one
+/// frame costs less than a slot's bookkeeping.
+const STAGED_MIN: usize = 64 << 10;
 
 pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuError> {
     if src.is_empty() {
@@ -35,7 +38,7 @@ pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuEr
         return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
     }
     let mut conn = client::lock()?;
-    if known && conn.staging.is_some() {
+    if known && src.len() >= STAGED_MIN && conn.staging.is_some() {
         return staged_htod(&mut conn, dst, src, stream);
     }
     for (i, chunk) in src.chunks(INLINE_CHUNK).enumerate() {
@@ -56,7 +59,7 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
         return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
     }
     let mut conn = client::lock()?;
-    if known && conn.staging.is_some() {
+    if known && dst.len() >= STAGED_MIN && conn.staging.is_some() {
         return staged_dtoh(&mut conn, dst, src, stream);
     }
     for (i, chunk) in dst.chunks_mut(INLINE_CHUNK).enumerate() {
@@ -78,6 +81,15 @@ pub fn dtod(dst: u64, src: u64, n: usize, stream: Stream, sync: bool) -> Result<
     client::call(req).map(|_| ())
 }
 
+/// The slot after the last one used, so that back-to-back copies do not
+/// wait on each other's slot.
+fn next_slot(conn: &mut Conn, slots: usize) -> usize {
+    let staging = conn.staging.as_mut().expect("staged copies need staging");
+    let slot = staging.next;
+    staging.next = (slot + 1) % slots;
+    slot
+}
+
 /// Waits until the server's last copy through `slot` is done.
 fn free_slot(conn: &mut Conn, slot: usize) -> Result<(), CuError> {
     let staging = conn.staging.as_mut().expect("staged copies need staging");
@@ -94,10 +106,10 @@ fn free_slot(conn: &mut Conn, slot: usize) -> Result<(), CuError> {
 fn staged_htod(conn: &mut Conn, dst: u64, src: &[u8], stream: Stream) -> Result<(), CuError> {
     let (slot_bytes, slots) = conn.staging.as_ref().map(|s| (s.slot_bytes, s.busy.len())).expect("checked");
     for (i, chunk) in src.chunks(slot_bytes).enumerate() {
-        let slot = i % slots;
+        let slot = next_slot(conn, slots);
         free_slot(conn, slot)?;
         let staging = conn.staging.as_mut().expect("checked");
-        staging.slot(slot)[..chunk.len()].copy_from_slice(chunk);
+        parallel::copy(&mut staging.slot(slot)[..chunk.len()], chunk);
         staging.busy[slot] = true;
         conn.post(calls::MemcpyHtoDShared::Request {
             dst: DevPtr(dst + (i * slot_bytes) as u64),
@@ -117,8 +129,9 @@ fn staged_dtoh(conn: &mut Conn, dst: &mut [u8], src: u64, stream: Stream) -> Res
     let (slot_bytes, slots) = conn.staging.as_ref().map(|s| (s.slot_bytes, s.busy.len())).expect("checked");
     let total = dst.len();
     let chunks = total.div_ceil(slot_bytes);
+    let first = next_slot(conn, slots);
     let fill = |conn: &mut Conn, i: usize| -> Result<(), CuError> {
-        let slot = i % slots;
+        let slot = (first + i) % slots;
         free_slot(conn, slot)?;
         let size = slot_bytes.min(total - i * slot_bytes);
         conn.staging.as_mut().expect("checked").busy[slot] = true;
@@ -135,11 +148,11 @@ fn staged_dtoh(conn: &mut Conn, dst: &mut [u8], src: u64, stream: Stream) -> Res
         fill(conn, i)?;
     }
     for i in 0..chunks {
-        let slot = i % slots;
+        let slot = (first + i) % slots;
         free_slot(conn, slot)?;
         let at = i * slot_bytes;
         let size = slot_bytes.min(dst.len() - at);
-        dst[at..at + size].copy_from_slice(&conn.staging.as_mut().expect("checked").slot(slot)[..size]);
+        parallel::copy(&mut dst[at..at + size], &conn.staging.as_mut().expect("checked").slot(slot)[..size]);
         if i + slots < chunks {
             fill(conn, i + slots)?;
         }

@@ -8,6 +8,7 @@
 
 mod copy;
 mod host;
+mod parallel;
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;

@@ -115,14 +115,15 @@ pub trait Backend: Send + Sync {
     fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, sync: bool) -> BResult<()>;
 
     // Host memory shared with a client.
-    /// Pins and maps `len` bytes of host memory at `ptr` for every context
-    /// of every device; returns their device address (`ptr` itself under
-    /// unified addressing).
+    /// Pins and maps `len` bytes of host memory at `ptr`, from `ctx` (the
+    /// registration ends with it) for every context; returns their device
+    /// address (`ptr` itself under unified addressing).
     ///
     /// # Safety
-    /// The memory stays mapped until [`Backend::host_unregister`].
-    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> BResult<u64>;
-    fn host_unregister(&self, ptr: *mut u8) -> BResult<()>;
+    /// The memory stays mapped until [`Backend::host_unregister`] or the
+    /// context's end.
+    unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64>;
+    fn host_unregister(&self, ctx: Obj, ptr: *mut u8) -> BResult<()>;
     /// Copies registered host memory to device address `dst` in `stream`'s
     /// order: the GPU reads the host memory when the copy runs, so the
     /// caller keeps it unchanged until then (or asks for `sync`).

@@ -440,7 +440,8 @@ impl Api for Session {
         if req.flags & !KNOWN_FLAGS != 0 {
             return Err(invalid(format!("host allocation flags {:#x}", req.flags)));
         }
-        let (block, host) = self.shared.alloc(&*self.backend, req.size, req.at)?;
+        let (_, ctx) = self.current_ctx()?;
+        let (block, host) = self.shared.alloc(&*self.backend, ctx, req.size, req.at)?;
         let (address, devptr) = (host.region.as_ptr() as u64, host.devptr);
         // Kernels may use the memory through its device address.
         self.tables.add_region(devptr, Region { size: req.size, ctx: 0, owner: Some(Owner::HostBlock(block)) });
@@ -456,8 +457,8 @@ impl Api for Session {
 
     fn MemcpyHtoDShared(&mut self, req: MemcpyHtoDShared::Request) -> R<MemcpyHtoDShared::Reply> {
         self.tables.check_range(req.dst.0, req.size)?;
-        let host = self.shared.range(req.block, req.offset, req.size)?;
         let (ctx, stream) = self.stream(req.stream)?;
+        let host = self.shared.range(&*self.backend, ctx, req.block, req.offset, req.size)?;
         // SAFETY: a checked range of a registered block the session holds.
         unsafe { self.backend.memcpy_htod_host(ctx, req.dst.0, host.ptr, req.size as usize, stream, req.sync) }?;
         if let Some(slot) = host.slot {
@@ -468,8 +469,8 @@ impl Api for Session {
 
     fn MemcpyDtoHShared(&mut self, req: MemcpyDtoHShared::Request) -> R<MemcpyDtoHShared::Reply> {
         self.tables.check_range(req.src.0, req.size)?;
-        let host = self.shared.range(req.block, req.offset, req.size)?;
         let (ctx, stream) = self.stream(req.stream)?;
+        let host = self.shared.range(&*self.backend, ctx, req.block, req.offset, req.size)?;
         // SAFETY: as above.
         unsafe { self.backend.memcpy_dtoh_host(ctx, host.ptr, req.src.0, req.size as usize, stream, req.sync) }?;
         if let Some(slot) = host.slot {

@@ -225,7 +225,7 @@ impl Session {
         if !carrier.shares_memory() {
             return Ok(reply_error(carrier, header, unsupported)?);
         }
-        let (region, layout, reply) = match self.shared.connect(&*self.backend) {
+        let (region, layout, reply) = match self.shared.connect() {
             Ok(shared) => shared,
             Err(e) => return Ok(reply_error(carrier, header, e)?),
         };
@@ -242,10 +242,11 @@ impl Session {
 }
 
 impl Drop for Session {
-    /// Frees everything the client held: libraries first (they span
-    /// contexts), then every live context, which takes its memory, modules,
+    /// Frees everything the client held: shared host memory's
+    /// registrations, libraries (they span contexts), then every live context, which takes its memory, modules,
     /// streams and events with it.
     fn drop(&mut self) {
+        self.shared.teardown(&*self.backend);
         for (_, lib) in self.tables.all(Kind::Library) {
             if let Err(e) = self.backend.library_unload(lib.obj) {
                 warn!("teardown: library unload failed: {e}");
@@ -257,8 +258,6 @@ impl Drop for Session {
                 warn!("teardown: context destroy failed: {e}");
             }
         }
-        // Last: no context is left to DMA into the shared memory.
-        self.shared.teardown(&*self.backend);
     }
 }
 

@@ -10,6 +10,12 @@
 //! A staged copy marks its slot busy with an event recorded after it in its
 //! stream; the client waits for that event (`StagingWait`) before reusing
 //! the slot, which is what lets chunks pipeline.
+//!
+//! Registrations are made from the session's current context (portable, so
+//! every context may use them) and end with that context; memory whose
+//! context is gone is registered again from the current one on next use.
+//! (A server-wide context just for registrations would cost every embedded
+//! server one more context creation, about a tenth of a second.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,6 +51,8 @@ pub struct Shared {
 struct Connection {
     region: Arc<Region>,
     staging: usize,
+    /// The context the staging area is registered from, if any.
+    registered: Option<Obj>,
     /// Each slot's completion event and its context, once used.
     slot_events: Vec<Option<(Obj, Obj)>>,
 }
@@ -52,6 +60,7 @@ struct Connection {
 pub struct HostBlock {
     pub region: Region,
     pub devptr: u64,
+    registered: Option<Obj>,
 }
 
 /// A host range a copy may use: where it is in this process.
@@ -70,23 +79,20 @@ impl Shared {
         Shared { connection: None, blocks: HashMap::new(), next_block: STAGING + 1, host_bytes: 0 }
     }
 
-    /// Creates the connection's region and registers its staging area.
-    pub fn connect(&mut self, backend: &dyn Backend) -> Result<(Arc<Region>, Layout, SharedLayout), CallError> {
+    /// Creates the connection's region; its staging area is registered on
+    /// first use.
+    pub fn connect(&mut self) -> Result<(Arc<Region>, Layout, SharedLayout), CallError> {
         if self.connection.is_some() {
             return Err(invalid("memory is already shared"));
         }
         let layout = Layout { ring_bytes: RING_BYTES, staging_bytes: SLOT_BYTES * SLOTS };
         let region = Region::create("gpuplex-connection", layout.total())
             .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("shared region: {e}")))?;
-        // SAFETY: inside the region, which lives in `self.connection` until
-        // `teardown` unregisters it.
-        let staging = unsafe { region.as_ptr().add(layout.staging_offset()) };
-        // SAFETY: the region stays mapped until teardown unregisters it.
-        unsafe { backend.host_register(staging, layout.staging_bytes) }?;
         let region = Arc::new(region);
         self.connection = Some(Connection {
             region: region.clone(),
             staging: layout.staging_offset(),
+            registered: None,
             slot_events: vec![None; SLOTS],
         });
         let reply = SharedLayout { ring_bytes: RING_BYTES as u64, slot_bytes: SLOT_BYTES as u64, slots: SLOTS as u32 };
@@ -96,7 +102,13 @@ impl Shared {
     /// A new pinned block of `size` bytes, placed at `at` in this process
     /// if that is free (so that a client mapping it at the same address
     /// sees one address for host and device, as unified addressing does).
-    pub fn alloc(&mut self, backend: &dyn Backend, size: u64, at: u64) -> Result<(u64, &HostBlock), CallError> {
+    pub fn alloc(
+        &mut self,
+        backend: &dyn Backend,
+        ctx: Obj,
+        size: u64,
+        at: u64,
+    ) -> Result<(u64, &HostBlock), CallError> {
         if size == 0 {
             return Err(invalid("a host block of 0 bytes"));
         }
@@ -107,11 +119,11 @@ impl Shared {
         let region = Region::create_at("gpuplex-pinned", len, at)
             .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("host block: {e}")))?;
         // SAFETY: the region lives in `self.blocks` until it is unregistered.
-        let devptr = unsafe { backend.host_register(region.as_ptr(), len) }?;
+        let devptr = unsafe { backend.host_register(ctx, region.as_ptr(), len) }?;
         let id = self.next_block;
         self.next_block += 1;
         self.host_bytes = total;
-        Ok((id, self.blocks.entry(id).or_insert(HostBlock { region, devptr })))
+        Ok((id, self.blocks.entry(id).or_insert(HostBlock { region, devptr, registered: Some(ctx) })))
     }
 
     pub fn block(&self, id: u64) -> Option<&HostBlock> {
@@ -120,26 +132,48 @@ impl Shared {
 
     pub fn free(&mut self, backend: &dyn Backend, id: u64) -> Result<HostBlock, CallError> {
         let block = self.blocks.remove(&id).ok_or_else(|| invalid(format!("no host block {id}")))?;
-        backend.host_unregister(block.region.as_ptr())?;
+        if let Some(ctx) = block.registered {
+            backend.host_unregister(ctx, block.region.as_ptr())?;
+        }
         self.host_bytes -= block.region.len() as u64;
         Ok(block)
     }
 
-    /// `len` bytes at `offset` of block `id`, checked.
-    pub fn range(&self, id: u64, offset: u64, len: u64) -> Result<HostRange, CallError> {
+    /// `len` bytes at `offset` of block `id`, checked, and registered (from
+    /// `ctx` if their registration is gone).
+    pub fn range(
+        &mut self,
+        backend: &dyn Backend,
+        ctx: Obj,
+        id: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<HostRange, CallError> {
         let fail = || invalid(format!("{len} bytes at offset {offset} are outside host block {id}"));
         let end = offset.checked_add(len).ok_or_else(fail)?;
         let (base, size, slot) = if id == STAGING {
-            let c = self.connection.as_ref().ok_or_else(|| invalid("no staging without shared memory"))?;
+            let c = self.connection.as_mut().ok_or_else(|| invalid("no staging without shared memory"))?;
+            // SAFETY: the staging area lies inside the region (layout).
+            let staging = unsafe { c.region.as_ptr().add(c.staging) };
+            if c.registered.is_none() {
+                // SAFETY: the region stays mapped until teardown, which
+                // unregisters it first.
+                unsafe { backend.host_register(ctx, staging, SLOT_BYTES * SLOTS) }?;
+                c.registered = Some(ctx);
+            }
             let slot = (offset / SLOT_BYTES as u64) as usize;
             // A staged copy stays inside one slot, so that one event covers it.
             if len > 0 && (end - 1) / SLOT_BYTES as u64 != slot as u64 {
                 return Err(fail());
             }
-            // SAFETY: the staging area lies inside the region (layout).
-            (unsafe { c.region.as_ptr().add(c.staging) }, (SLOT_BYTES * SLOTS) as u64, Some(slot))
+            (staging, (SLOT_BYTES * SLOTS) as u64, Some(slot))
         } else {
-            let b = self.blocks.get(&id).ok_or_else(|| invalid(format!("no host block {id}")))?;
+            let b = self.blocks.get_mut(&id).ok_or_else(|| invalid(format!("no host block {id}")))?;
+            if b.registered.is_none() {
+                // SAFETY: the block stays mapped until it is unregistered.
+                unsafe { backend.host_register(ctx, b.region.as_ptr(), b.region.len()) }?;
+                b.registered = Some(ctx);
+            }
             (b.region.as_ptr(), b.region.len() as u64, None)
         };
         if end > size {
@@ -178,7 +212,7 @@ impl Shared {
         }
     }
 
-    /// Forgets the slot events of a context that is being destroyed.
+    /// Forgets what died with a context: slot events and registrations.
     pub fn context_gone(&mut self, ctx: Obj) {
         if let Some(c) = &mut self.connection {
             for e in &mut c.slot_events {
@@ -186,21 +220,35 @@ impl Shared {
                     *e = None;
                 }
             }
+            if c.registered == Some(ctx) {
+                c.registered = None;
+            }
+        }
+        for b in self.blocks.values_mut() {
+            if b.registered == Some(ctx) {
+                b.registered = None;
+            }
         }
     }
 
-    /// Unregisters everything; the mappings go when `self` does.
+    /// Unregisters what is still registered (before the contexts go, so
+    /// each registration is undone from its own context); the mappings go
+    /// when `self` does.
     pub fn teardown(&mut self, backend: &dyn Backend) {
         for (_, block) in self.blocks.drain() {
-            if let Err(e) = backend.host_unregister(block.region.as_ptr()) {
-                warn!("teardown: host block unregister failed: {e}");
+            if let Some(ctx) = block.registered {
+                if let Err(e) = backend.host_unregister(ctx, block.region.as_ptr()) {
+                    warn!("teardown: host block unregister failed: {e}");
+                }
             }
         }
-        if let Some(c) = &self.connection {
-            // SAFETY: the staging offset lies inside the region.
-            let staging = unsafe { c.region.as_ptr().add(c.staging) };
-            if let Err(e) = backend.host_unregister(staging) {
-                warn!("teardown: staging unregister failed: {e}");
+        if let Some(c) = &mut self.connection {
+            if let Some(ctx) = c.registered.take() {
+                // SAFETY: the staging offset lies inside the region.
+                let staging = unsafe { c.region.as_ptr().add(c.staging) };
+                if let Err(e) = backend.host_unregister(ctx, staging) {
+                    warn!("teardown: staging unregister failed: {e}");
+                }
             }
         }
     }

@@ -73,7 +73,6 @@ driver_api! {
     cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice);
     cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
     cuCtxDestroy_v2(ctx: CUcontext);
-    cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
     cuCtxSetCurrent(ctx: CUcontext);
     cuCtxPopCurrent_v2(ctx: *mut CUcontext);
     cuCtxSynchronize();
@@ -157,6 +156,19 @@ driver_api! {
     );
     cuOccupancyMaxActiveClusters(clusters: *mut c_int, func: CUfunction, config: *const LaunchConfig);
     cuOccupancyMaxPotentialClusterSize(size: *mut c_int, func: CUfunction, config: *const LaunchConfig);
+    cuLaunchKernel(
+        func: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        smem: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    );
     cuLaunchKernelEx(
         config: *const LaunchConfig,
         func: CUfunction,

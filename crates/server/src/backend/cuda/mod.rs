@@ -148,10 +148,6 @@ pub enum CudaError {
 pub struct Cuda {
     driver_version: i32,
     devices: Vec<DeviceInfo>,
-    /// Device 0's primary context, retained on first use for the lifetime
-    /// of the server: host memory is registered there (portable, so every
-    /// context sees it) because it outlives any session's contexts.
-    host_ctx: std::sync::OnceLock<BResult<Obj>>,
 }
 
 impl Cuda {
@@ -178,22 +174,7 @@ impl Cuda {
         // SAFETY: out-pointer to a local.
         check(unsafe { api::cuDeviceGetCount(&mut count) }).map_err(at("cuDeviceGetCount"))?;
         let devices = (0..count).map(device_info).collect::<Result<_, _>>()?;
-        Ok(Cuda { driver_version, devices, host_ctx: std::sync::OnceLock::new() })
-    }
-}
-
-impl Cuda {
-    fn host_ctx(&self) -> BResult<Obj> {
-        self.host_ctx
-            .get_or_init(|| {
-                let mut dev: sys::CUdevice = 0;
-                // SAFETY: out-pointer to a local; ordinal 0 exists (or the
-                // driver says not).
-                check(unsafe { api::cuDeviceGet(&mut dev, 0) })?;
-                // SAFETY: out-pointer to a local; a valid device.
-                handle(|c| unsafe { api::cuDevicePrimaryCtxRetain(c, dev) })
-            })
-            .clone()
+        Ok(Cuda { driver_version, devices })
     }
 }
 
@@ -494,8 +475,8 @@ impl Backend for Cuda {
         Ok(())
     }
 
-    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> BResult<u64> {
-        enter(self.host_ctx()?)?;
+    unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64> {
+        enter(ctx)?;
         const PORTABLE_DEVICEMAP: c_uint = 0x01 | 0x02;
         // SAFETY: the caller keeps `len` bytes at `ptr` mapped until
         // unregistering them.
@@ -504,8 +485,8 @@ impl Backend for Cuda {
         query(|d| unsafe { api::cuMemHostGetDevicePointer_v2(d, ptr.cast(), 0) })
     }
 
-    fn host_unregister(&self, ptr: *mut u8) -> BResult<()> {
-        enter(self.host_ctx()?)?;
+    fn host_unregister(&self, ctx: Obj, ptr: *mut u8) -> BResult<()> {
+        enter(ctx)?;
         // SAFETY: the driver checks that `ptr` starts a registration.
         check(unsafe { api::cuMemHostUnregister(ptr.cast()) })
     }
@@ -785,7 +766,17 @@ impl Backend for Cuda {
         // parameters before returning and only reads the buffer; live
         // function; the stream is live or special; the session checked the
         // attributes carry no handles.
-        check(unsafe { api::cuLaunchKernelEx(&config, raw(func), null_mut(), extra.as_mut_ptr()) })
+        check(unsafe {
+            if launch.attrs.is_empty() {
+                // The plain entry point: the driver's fastest path.
+                let [gx, gy, gz] = launch.grid;
+                let [bx, by, bz] = launch.block;
+                let (smem, stream) = (launch.shared_mem, raw(launch.stream));
+                api::cuLaunchKernel(raw(func), gx, gy, gz, bx, by, bz, smem, stream, null_mut(), extra.as_mut_ptr())
+            } else {
+                api::cuLaunchKernelEx(&config, raw(func), null_mut(), extra.as_mut_ptr())
+            }
+        })
     }
 
     fn stream_create(&self, ctx: Obj, flags: u32, priority: i32) -> BResult<Obj> {

@@ -29,8 +29,8 @@ pub enum Owner {
     Alloc { ctx: u64 },
     /// A module's global variable.
     Global { module: u64 },
-    /// Host memory registered by a session.
-    Host,
+    /// Host memory registered from a context.
+    Host { ctx: u64 },
 }
 
 pub struct Block {
@@ -118,20 +118,20 @@ impl Memory {
     ///
     /// # Safety
     /// The memory stays mapped and writable until [`Memory::unregister`].
-    pub unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> Result<u64, CuError> {
+    pub unsafe fn register(&mut self, ptr: *mut u8, len: usize, ctx: u64) -> Result<u64, CuError> {
         let addr = ptr as u64;
         let end = addr.checked_add(len as u64).ok_or(CuError::INVALID_VALUE)?;
         let overlaps = self.blocks.range(..end).next_back().is_some_and(|(&b, blk)| b + blk.data.len() as u64 > addr);
         if len == 0 || overlaps {
             return Err(CuError::INVALID_VALUE);
         }
-        self.blocks.insert(addr, Block { data: Storage::Host { ptr, len }, owner: Owner::Host });
+        self.blocks.insert(addr, Block { data: Storage::Host { ptr, len }, owner: Owner::Host { ctx } });
         Ok(addr)
     }
 
     pub fn unregister(&mut self, addr: u64) -> Result<(), CuError> {
         match self.blocks.get(&addr) {
-            Some(b) if b.owner == Owner::Host => {
+            Some(b) if matches!(b.owner, Owner::Host { .. }) => {
                 self.blocks.remove(&addr);
                 Ok(())
             }
@@ -156,7 +156,7 @@ impl Memory {
         let used = &mut self.used;
         self.blocks.retain(|_, b| {
             let keep = !dead(b.owner);
-            if !keep && b.owner != Owner::Host {
+            if !keep && !matches!(b.owner, Owner::Host { .. }) {
                 *used -= b.data.len() as u64;
             }
             keep

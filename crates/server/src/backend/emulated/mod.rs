@@ -298,7 +298,7 @@ impl State {
         }
         self.streams.retain(|_, s| s.ctx != ctx);
         self.events.retain(|_, e| e.ctx != ctx);
-        self.memory.free_where(|o| o == Owner::Alloc { ctx });
+        self.memory.free_where(|o| o == Owner::Alloc { ctx } || o == Owner::Host { ctx });
     }
 }
 
@@ -471,12 +471,14 @@ impl Backend for Emulated {
         Ok(())
     }
 
-    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> BResult<u64> {
+    unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
         // SAFETY: the caller keeps the memory mapped until unregistering.
-        Ok(unsafe { self.state().memory.register(ptr, len) }?)
+        Ok(unsafe { s.memory.register(ptr, len, ctx.0) }?)
     }
 
-    fn host_unregister(&self, ptr: *mut u8) -> BResult<()> {
+    fn host_unregister(&self, _ctx: Obj, ptr: *mut u8) -> BResult<()> {
         Ok(self.state().memory.unregister(ptr as u64)?)
     }
 
