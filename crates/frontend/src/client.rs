@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use gpuplex_protocol::{codec, Call, CuError, ErrorDetail, Header, Hello, Opcode, Welcome};
-use gpuplex_transport::{Address, Carrier};
+use gpuplex_transport::{Address, Carrier, Token};
 
 use crate::{context, log};
 
@@ -83,7 +83,15 @@ pub fn call<C: Call>(req: C) -> Result<C::Reply, CuError> {
 impl Client {
     fn connect() -> Result<Client, CuError> {
         let address = address()?;
-        let carrier = gpuplex_transport::connect(&address).map_err(|e| {
+        // GPUPLEX_TOKEN_FILE: only a TCP server asks for a token.
+        let token = match address {
+            Address::Tcp(_) => Token::from_env().map_err(|e| {
+                log::error(&e.to_string());
+                CuError::NO_DEVICE
+            })?,
+            _ => None,
+        };
+        let carrier = gpuplex_transport::connect(&address, token.as_ref()).map_err(|e| {
             log::error(&format!("cannot reach the gpuplex server at {address}: {e}"));
             CuError::NO_DEVICE
         })?;
