@@ -1,15 +1,16 @@
 //! `gpuplex info`, and the probe `run` uses to find a live server.
 
+use std::path::Path;
 use std::process::ExitCode;
 
-use gpuplex_protocol::{codec, Header, Opcode, ServerSummary};
-use gpuplex_transport::Address;
+use gpuplex_protocol::{codec, Header, Opcode, ServerSummary, SessionSummary};
+use gpuplex_transport::{Address, Token, TransportError};
 
 use crate::Error;
 
 /// Asks a server for its summary (a one-shot `ServerInfo` connection).
-pub fn query(address: &Address) -> Result<ServerSummary, Error> {
-    let mut carrier = gpuplex_transport::connect(address)?;
+pub fn query(address: &Address, token: Option<&Token>) -> Result<ServerSummary, Error> {
+    let mut carrier = gpuplex_transport::connect(address, token)?;
     carrier.send(&Header::request(Opcode::ServerInfo, 1, 0, 0), &[])?;
     let mut buf = Vec::new();
     let header = carrier.recv(&mut buf)?;
@@ -19,12 +20,23 @@ pub fn query(address: &Address) -> Result<ServerSummary, Error> {
     Ok(codec::decode(&buf)?)
 }
 
-pub fn info(server: Option<Address>) -> Result<ExitCode, Error> {
+/// Why `query` failed, for the user: no server, or one that will not have us.
+pub fn failure(address: &Address, e: &Error) -> String {
+    match e.downcast_ref::<TransportError>() {
+        Some(TransportError::Auth(_) | TransportError::Token(_)) => {
+            format!("cannot use the gpuplex server at {address}: {}", crate::chain(&**e))
+        }
+        _ => format!("no gpuplex server at {address}: {}", crate::chain(&**e)),
+    }
+}
+
+pub fn info(server: Option<Address>, token_file: Option<&Path>) -> Result<ExitCode, Error> {
     let address = match server {
         Some(a) => a,
         None => crate::default_server()?,
     };
-    let s = query(&address).map_err(|e| format!("no gpuplex server at {address}: {e}"))?;
+    let token = crate::client_token(&address, token_file)?;
+    let s = query(&address, token.as_ref()).map_err(|e| failure(&address, &e))?;
     println!("server   {address}");
     println!("backend  {}", s.backend);
     println!("driver   {}.{}", s.driver_version / 1000, s.driver_version % 1000 / 10);
@@ -37,12 +49,14 @@ pub fn info(server: Option<Address>) -> Result<ExitCode, Error> {
             "  {:>4} {:>8} {:>6} {:>4} {:>12} {:>10} {:>8}  program",
             "id", "pid", "uid", "ctx", "device MiB", "calls", "seconds"
         );
+        // Remote sessions have no pid or uid the kernel vouches for.
+        let known = |v: u32, none: u32| if v == none { "-".to_owned() } else { v.to_string() };
         for t in &s.sessions.0 {
             println!(
                 "  {:>4} {:>8} {:>6} {:>4} {:>12} {:>10} {:>8}  {}",
                 t.id,
-                t.pid,
-                t.uid,
+                known(t.pid, SessionSummary::NO_PID),
+                known(t.uid, SessionSummary::NO_UID),
                 t.contexts,
                 t.device_bytes >> 20,
                 t.calls,

@@ -5,11 +5,12 @@ mod bench;
 mod info;
 mod run;
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use gpuplex_server::BackendKind;
-use gpuplex_transport::Address;
+use gpuplex_transport::{Address, Token};
 
 /// Share GPUs between isolated guests: unmodified CUDA programs run against
 /// gpuplex's libcuda.so.1, which sends their driver calls to a gpuplex server
@@ -28,6 +29,11 @@ const EXAMPLES: &str = "Examples:
   gpuplex serve --listen unix:/run/gpuplex.sock
   GPUPLEX_SERVER=unix:/run/gpuplex.sock ./app   use a server without `gpuplex run`
                                      (needs gpuplex's libcuda.so.1 on LD_LIBRARY_PATH)
+  head -c 32 /dev/urandom | base64 > token && chmod 600 token
+  gpuplex serve --listen tcp:0.0.0.0:7070 --token-file token
+                                     serve remote guests that hold the same token (not encrypted)
+  gpuplex run --server tcp:gpu-host:7070 --token-file token -- ./app
+
   gpuplex run --backend emulated -- ./test   no GPU here: the host-memory test device
   gpuplex bench --json bench.json    microbenchmarks natively and through each carrier, side by side
   gpuplex bench --backend emulated --quick --carriers socket   a quick check without a GPU";
@@ -36,10 +42,15 @@ const EXAMPLES: &str = "Examples:
 enum Command {
     /// Run the server: own the GPUs and serve guests' CUDA calls.
     Serve {
-        /// Where to listen: unix:PATH. Default: $XDG_RUNTIME_DIR/gpuplex.sock,
-        /// or /tmp/gpuplex-UID.sock.
+        /// Where to listen: unix:PATH or tcp:HOST:PORT. Default:
+        /// $XDG_RUNTIME_DIR/gpuplex.sock, or /tmp/gpuplex-UID.sock.
         #[arg(long, value_name = "ADDR")]
         listen: Option<Address>,
+        /// The secret TCP clients must prove they hold (required with tcp:;
+        /// at least 16 bytes, readable by its owner only). TCP traffic is
+        /// not encrypted: use a trusted network, a VPN or an SSH tunnel.
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<PathBuf>,
         /// cuda drives the machine's GPUs; emulated is a host-memory test
         /// device for machines without one (it runs only registered test kernels).
         #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
@@ -52,9 +63,13 @@ enum Command {
     /// on the default socket, and if there is none it starts one inside this
     /// command for the program's lifetime.
     Run {
-        /// The server to use (unix:PATH); it must be reachable.
+        /// The server to use (unix:PATH or tcp:HOST:PORT); it must be reachable.
         #[arg(long, value_name = "ADDR")]
         server: Option<Address>,
+        /// The token of a TCP server (else GPUPLEX_TOKEN_FILE); passed on to
+        /// the program as GPUPLEX_TOKEN_FILE.
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<PathBuf>,
         /// The backend of the server started here when none is reachable.
         #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
         backend: BackendKind,
@@ -64,9 +79,13 @@ enum Command {
     },
     /// Show a server's backend, devices and live sessions.
     Info {
-        /// The server to ask (unix:PATH). Default: GPUPLEX_SERVER, else the default socket.
+        /// The server to ask (unix:PATH or tcp:HOST:PORT). Default:
+        /// GPUPLEX_SERVER, else the default socket.
         #[arg(long, value_name = "ADDR")]
         server: Option<Address>,
+        /// The token of a TCP server (else GPUPLEX_TOKEN_FILE).
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<PathBuf>,
     },
     /// Measure driver-call costs natively and through gpuplex, side by side.
     ///
@@ -111,9 +130,13 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 
     let result = match cli.command {
-        Command::Serve { listen, backend } => serve(listen.unwrap_or_else(Address::default_local), backend),
-        Command::Run { server, backend, command } => run::run(server, backend, &command),
-        Command::Info { server } => info::info(server),
+        Command::Serve { listen, token_file, backend } => {
+            serve(listen.unwrap_or_else(Address::default_local), token_file.as_deref(), backend)
+        }
+        Command::Run { server, token_file, backend, command } => {
+            run::run(server, token_file.as_deref(), backend, &command)
+        }
+        Command::Info { server, token_file } => info::info(server, token_file.as_deref()),
         Command::Bench { backend, carriers, json, quick } => {
             bench::bench(bench::Options { backend, carriers, json, quick })
         }
@@ -122,7 +145,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpuplex: {e}");
+            eprintln!("gpuplex: {}", chain(&*e));
             ExitCode::FAILURE
         }
     }
@@ -130,11 +153,41 @@ fn main() -> ExitCode {
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
-fn serve(address: Address, kind: BackendKind) -> Result<ExitCode, Error> {
+/// An error and its sources, as one line.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn serve(address: Address, token_file: Option<&Path>, kind: BackendKind) -> Result<ExitCode, Error> {
+    let token = token_file.map(Token::from_file).transpose()?;
+    // Before the backend: a refused address or token should not wait on the GPUs.
+    let listener =
+        gpuplex_transport::listen(&address, token).map_err(|e| format!("cannot listen on {address}: {}", chain(&e)))?;
+    if let Address::Tcp(_) = address {
+        tracing::warn!("frames over TCP are not encrypted: use a trusted network, a VPN or an SSH tunnel");
+    }
     let backend = gpuplex_server::open_backend(kind)?;
-    let listener = gpuplex_transport::listen(&address).map_err(|e| format!("cannot listen on {address}: {e}"))?;
     gpuplex_server::Server::new(backend).serve(listener.as_ref())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The token a client shows `address`: `--token-file`, else
+/// GPUPLEX_TOKEN_FILE. Only TCP uses one.
+pub fn client_token(address: &Address, token_file: Option<&Path>) -> Result<Option<Token>, Error> {
+    if !matches!(address, Address::Tcp(_)) {
+        return Ok(None);
+    }
+    Ok(match token_file {
+        Some(path) => Some(Token::from_file(path)?),
+        None => Token::from_env()?,
+    })
 }
 
 /// The server a client would use: GPUPLEX_SERVER, else the default socket.

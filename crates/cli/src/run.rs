@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use gpuplex_server::BackendKind;
-use gpuplex_transport::Address;
+use gpuplex_transport::{Address, TransportError, TOKEN_FILE_ENV};
 use tracing::info;
 
 use crate::Error;
@@ -48,21 +48,38 @@ pub fn frontend() -> Result<PathBuf, Error> {
     Ok(path)
 }
 
-pub fn run(server: Option<Address>, backend: BackendKind, command: &[OsString]) -> Result<ExitCode, Error> {
+pub fn run(
+    server: Option<Address>,
+    token_file: Option<&Path>,
+    backend: BackendKind,
+    command: &[OsString],
+) -> Result<ExitCode, Error> {
     let libdir = LibDir::create(&frontend()?)?;
     // Kept alive until the program ends.
     let mut embedded = None;
     let address = match server {
         Some(a) => {
-            crate::info::query(&a).map_err(|e| format!("no gpuplex server at {a}: {e}"))?;
+            let token = crate::client_token(&a, token_file)?;
+            crate::info::query(&a, token.as_ref()).map_err(|e| crate::info::failure(&a, &e))?;
             a
         }
         None => {
             let a = crate::default_server()?;
-            match crate::info::query(&a) {
+            let token = crate::client_token(&a, token_file)?;
+            match crate::info::query(&a, token.as_ref()) {
                 Ok(s) => {
                     info!(address = %a, backend = %s.backend, "using the running server");
                     a
+                }
+                // A server is there but will not have us: running elsewhere
+                // instead would hide that.
+                Err(e)
+                    if matches!(
+                        e.downcast_ref::<TransportError>(),
+                        Some(TransportError::Auth(_) | TransportError::Token(_))
+                    ) =>
+                {
+                    return Err(crate::info::failure(&a, &e).into());
                 }
                 Err(_) => {
                     let (a, thread) = start_embedded(&libdir.0, backend)?;
@@ -78,12 +95,12 @@ pub fn run(server: Option<Address>, backend: BackendKind, command: &[OsString]) 
         library_path.push(":");
         library_path.push(old);
     }
-    let status = Command::new(&command[0])
-        .args(&command[1..])
-        .env("LD_LIBRARY_PATH", library_path)
-        .env("GPUPLEX_SERVER", address.to_string())
-        .status()
-        .map_err(|e| format!("cannot run {}: {e}", command[0].to_string_lossy()))?;
+    let mut program = Command::new(&command[0]);
+    program.args(&command[1..]).env("LD_LIBRARY_PATH", library_path).env("GPUPLEX_SERVER", address.to_string());
+    if let Some(path) = token_file {
+        program.env(TOKEN_FILE_ENV, std::path::absolute(path)?);
+    }
+    let status = program.status().map_err(|e| format!("cannot run {}: {e}", command[0].to_string_lossy()))?;
     drop(embedded);
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => ExitCode::from(code as u8),
@@ -96,7 +113,7 @@ pub fn run(server: Option<Address>, backend: BackendKind, command: &[OsString]) 
 fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, std::thread::JoinHandle<()>), Error> {
     let backend = gpuplex_server::open_backend(kind)?;
     let address = Address::Unix(dir.join("server.sock"));
-    let listener = gpuplex_transport::listen(&address)?;
+    let listener = gpuplex_transport::listen(&address, None)?;
     info!(address = %address, backend = backend.kind(), "started an embedded server");
     let server = gpuplex_server::Server::new(backend);
     let thread = std::thread::Builder::new().name("gpuplex-server".into()).spawn(move || {

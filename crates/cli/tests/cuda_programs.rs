@@ -3,8 +3,9 @@
 //! runtime-API programs of `tests/cuda/runtime`, built by nvcc with the
 //! static and with the shared CUDA runtime, run through
 //! `gpuplex run --backend emulated`, with their stdout compared against
-//! `tests/cuda/expected`. Also: a killed client's memory comes back, and
-//! garbage on the server's socket harms no other client.
+//! `tests/cuda/expected`. Also: a killed client's memory comes back,
+//! garbage on the server's socket harms no other client, and programs run
+//! over TCP with the server's token, and not without it.
 //!
 //! Needs nvcc (`GPUPLEX_NVCC_DIR`, else `scripts/install-nvcc.sh`'s install,
 //! else PATH); without it the tests say so and pass, unless
@@ -14,6 +15,8 @@
 use std::env;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -124,7 +127,7 @@ impl Running {
         // No server a developer has running may be picked up by accident.
         let runtime = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("xdg-runtime");
         fs::create_dir_all(&runtime).expect("create runtime dir");
-        cmd.env_remove("GPUPLEX_SERVER").env("XDG_RUNTIME_DIR", runtime);
+        cmd.env_remove("GPUPLEX_SERVER").env_remove("GPUPLEX_TOKEN_FILE").env("XDG_RUNTIME_DIR", runtime);
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         let mut out = BufReader::new(child.stdout.take().expect("piped"));
@@ -525,4 +528,87 @@ fn garbage_on_the_socket_harms_no_one() {
     let want = fs::read_to_string(repo_root().join("tests/cuda/expected/copies.txt")).expect("expected/copies.txt");
     assert!(done.stdout == want, "copies beside garbage:\n{}", diff(&want, &done.stdout));
     server.mem_info(dir);
+}
+
+/// A private token file in the test's directory.
+fn token_file(name: &str, secret: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}.token", std::process::id()));
+    fs::write(&path, format!("{secret}\n")).expect("write token");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod token");
+    path
+}
+
+/// `gpuplex serve --backend emulated --listen tcp:127.0.0.1:PORT --token-file F`,
+/// killed on drop.
+struct TcpServer {
+    _process: Running,
+    address: String,
+    token: PathBuf,
+}
+
+impl TcpServer {
+    fn start() -> TcpServer {
+        let token = token_file("server", "a test token of thirty-two bytes");
+        // A port that was free a moment ago.
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let address = format!("tcp:127.0.0.1:{port}");
+        let mut cmd = Command::new(gpuplex());
+        cmd.args(["serve", "--backend", "emulated", "--listen", &address, "--token-file"]).arg(&token);
+        let process = Running::spawn(cmd);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "server did not listen on {address} within 10 s");
+            thread::sleep(Duration::from_millis(20));
+        }
+        TcpServer { _process: process, address, token }
+    }
+
+    /// `gpuplex run --server tcp:... [--token-file F] -- PROGRAM`.
+    fn run(&self, token: Option<&Path>, program: &Path) -> Command {
+        let mut cmd = Command::new(gpuplex());
+        cmd.args(["run", "--server", &self.address]);
+        if let Some(token) = token {
+            cmd.arg("--token-file").arg(token);
+        }
+        cmd.arg("--").arg(program);
+        cmd
+    }
+}
+
+#[test]
+fn programs_run_over_tcp_with_the_token() {
+    let _serial = serial();
+    let Some(dir) = programs() else { return };
+    let server = TcpServer::start();
+    for (program, expected) in [("copies", "copies.txt"), ("runtime/vector_add.shared", "runtime/vector_add.txt")] {
+        let out = run_to_end(server.run(Some(&server.token), &dir.join(program))).stdout;
+        let want = fs::read_to_string(repo_root().join("tests/cuda/expected").join(expected)).expect("expected");
+        assert!(out == want, "{program} over TCP:\n{}", diff(&want, &out));
+    }
+}
+
+/// Needs no nvcc: every refusal comes before the program would start.
+#[test]
+fn tcp_without_the_right_token_is_refused_clearly() {
+    let _serial = serial();
+    let server = TcpServer::start();
+    let never_run = Path::new("/bin/false");
+    let wrong = token_file("wrong", "not the token the server holds..");
+    for (token, says) in
+        [(None, "a TCP server needs its token"), (Some(wrong.as_path()), "the server refused our token")]
+    {
+        let done = Running::spawn(server.run(token, never_run)).finish(PROGRAM_TIMEOUT).expect("run ends");
+        assert!(!done.status.success(), "run with token {token:?} succeeded");
+        assert!(done.stderr.contains(says), "run with token {token:?}: want {says:?} in:\n{}", done.stderr);
+    }
+
+    let mut info = Command::new(gpuplex());
+    info.args(["info", "--server", &server.address, "--token-file"]).arg(&server.token);
+    let out = run_to_end(info).stdout;
+    assert!(out.contains("backend  emulated"), "info over TCP:\n{out}");
+
+    let mut open = Command::new(gpuplex());
+    open.args(["serve", "--backend", "emulated", "--listen", "tcp:127.0.0.1:0"]);
+    let done = Running::spawn(open).finish(PROGRAM_TIMEOUT).expect("serve ends");
+    assert!(!done.status.success() && done.stderr.contains("needs a token"), "serve without a token:\n{}", done.stderr);
 }

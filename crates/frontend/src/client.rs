@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use gpuplex_protocol::{codec, Call, CuError, ErrorDetail, Header, Hello, Opcode, SharedLayout, Welcome};
 use gpuplex_transport::shm::{Layout, Region, Side};
-use gpuplex_transport::{Address, Carrier};
+use gpuplex_transport::{Address, Carrier, Token};
 
 use crate::{context, log};
 
@@ -127,7 +127,15 @@ pub fn lock() -> Result<MutexGuard<'static, Conn>, CuError> {
 impl Client {
     fn connect() -> Result<Client, CuError> {
         let address = address()?;
-        let carrier = gpuplex_transport::connect(&address).map_err(|e| {
+        // GPUPLEX_TOKEN_FILE: only a TCP server asks for a token.
+        let token = match address {
+            Address::Tcp(_) => Token::from_env().map_err(|e| {
+                log::error(&e.to_string());
+                CuError::NO_DEVICE
+            })?,
+            _ => None,
+        };
+        let carrier = gpuplex_transport::connect(&address, token.as_ref()).map_err(|e| {
             log::error(&format!("cannot reach the gpuplex server at {address}: {e}"));
             CuError::NO_DEVICE
         })?;

@@ -62,6 +62,8 @@ wire_struct! {
     /// One live session, as `gpuplex info` lists it.
     pub struct SessionSummary {
         pub id: u64,
+        /// As the kernel reports them for a local peer; a remote peer has
+        /// none ([`SessionSummary::NO_PID`], [`SessionSummary::NO_UID`]).
         pub pid: u32,
         pub uid: u32,
         pub program: String,
@@ -70,6 +72,13 @@ wire_struct! {
         pub calls: u64,
         pub seconds: u64,
     }
+}
+
+impl SessionSummary {
+    /// The `pid` of a remote session (no process has pid 0).
+    pub const NO_PID: u32 = 0;
+    /// The `uid` of a remote session (`(uid_t)-1`, never a user).
+    pub const NO_UID: u32 = u32::MAX;
 }
 
 wire_struct! {

@@ -2,12 +2,15 @@
 //!
 //! A [`Server`] accepts connections on a [`Listener`] and runs each one as a
 //! [`session::Session`] on its own thread; sessions share only the
-//! [`Backend`] and the [`Registry`] of live sessions.
+//! [`Backend`] and the [`Registry`] of live sessions. The accept loop does no
+//! I/O with a peer: authentication (TCP) and the handshake run on the
+//! session's thread, so a slow or silent peer delays no one else.
 
 pub mod backend;
 mod registry;
 pub mod session;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gpuplex_transport::{Listener, TransportError};
@@ -45,7 +48,8 @@ pub fn open_backend(kind: BackendKind) -> Result<Arc<dyn Backend>, Box<dyn std::
     })
 }
 
-/// The most sessions served at once; more connections are refused.
+/// The most connections served at once, sessions and peers still proving
+/// themselves alike; more are refused.
 pub const MAX_SESSIONS: usize = 1024;
 /// Consecutive accept failures after which the listener is given up.
 const MAX_ACCEPT_FAILURES: u32 = 100;
@@ -53,11 +57,24 @@ const MAX_ACCEPT_FAILURES: u32 = 100;
 pub struct Server {
     backend: Arc<dyn Backend>,
     registry: Arc<Registry>,
+    /// Connection threads alive, counted from accept: unlike the registry,
+    /// this includes peers that have not authenticated yet, which must not
+    /// be able to start threads without bound.
+    connections: Arc<AtomicUsize>,
+}
+
+/// One connection thread, counted for as long as it lives.
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Server {
     pub fn new(backend: Arc<dyn Backend>) -> Server {
-        Server { backend, registry: Arc::new(Registry::default()) }
+        Server { backend, registry: Arc::new(Registry::default()), connections: Arc::new(AtomicUsize::new(0)) }
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -85,14 +102,17 @@ impl Server {
                 }
                 Err(e) => return Err(e),
             };
-            if self.registry.len() >= MAX_SESSIONS {
-                warn!(pid = carrier.peer().pid, "refusing a connection: {MAX_SESSIONS} sessions already");
+            if self.connections.load(Ordering::Relaxed) >= MAX_SESSIONS {
+                warn!(peer = %carrier.peer(), "refusing a connection: {MAX_SESSIONS} connections already");
                 continue;
             }
+            self.connections.fetch_add(1, Ordering::Relaxed);
+            let slot = ConnectionSlot(self.connections.clone());
             let (backend, registry) = (self.backend.clone(), self.registry.clone());
-            let spawned = std::thread::Builder::new()
-                .name("gpuplex-session".into())
-                .spawn(move || session::Session::run(carrier, backend, registry));
+            let spawned = std::thread::Builder::new().name("gpuplex-session".into()).spawn(move || {
+                let _slot = slot;
+                session::Session::run(carrier, backend, registry)
+            });
             if let Err(e) = spawned {
                 error!("cannot start a session thread: {e}");
             }

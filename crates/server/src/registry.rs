@@ -42,8 +42,8 @@ impl Registry {
             .values()
             .map(|m| SessionSummary {
                 id: m.id,
-                pid: m.peer.pid,
-                uid: m.peer.uid,
+                pid: m.peer.pid().unwrap_or(SessionSummary::NO_PID),
+                uid: m.peer.uid().unwrap_or(SessionSummary::NO_UID),
                 program: m.program.clone(),
                 contexts: m.contexts(),
                 device_bytes: m.device_bytes(),

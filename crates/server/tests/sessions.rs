@@ -1,16 +1,19 @@
 //! Sessions against a live server on the emulated backend: isolation,
-//! cleanup of vanished clients, and hostile input on the wire.
+//! cleanup of vanished clients, hostile input on the wire, and TCP peers
+//! that cannot prove the token.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{codec, Call, Ctx, CuError, DevPtr, Header, Hello, Opcode, ServerSummary, Stream, Welcome};
+use gpuplex_protocol::{
+    codec, Call, Ctx, CuError, DevPtr, Header, Hello, Opcode, ServerSummary, SessionSummary, Stream, Welcome,
+};
 use gpuplex_server::backend::emulated::Emulated;
 use gpuplex_server::Server;
-use gpuplex_transport::{Address, Carrier};
+use gpuplex_transport::{Address, AuthError, Carrier, Token, TransportError};
 use proptest::prelude::*;
 
 /// A server on its own socket, for the life of one test.
@@ -19,7 +22,20 @@ fn start_server(name: &str) -> Address {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let address = Address::Unix(PathBuf::from(&dir).join("s.sock"));
-    let listener = gpuplex_transport::listen(&address).unwrap();
+    let listener = gpuplex_transport::listen(&address, None).unwrap();
+    let server = Server::new(Arc::new(Emulated::new()));
+    std::thread::spawn(move || server.serve(listener.as_ref()));
+    address
+}
+
+fn token(s: &str) -> Token {
+    Token::new(s.as_bytes()).unwrap()
+}
+
+/// A server on a free loopback port, admitting peers by `token`.
+fn start_tcp_server(token: Token) -> Address {
+    let listener = gpuplex_transport::listen(&"tcp:127.0.0.1:0".parse().unwrap(), Some(token)).unwrap();
+    let address = listener.address();
     let server = Server::new(Arc::new(Emulated::new()));
     std::thread::spawn(move || server.serve(listener.as_ref()));
     address
@@ -35,7 +51,11 @@ struct Client {
 
 impl Client {
     fn connect(address: &Address) -> Client {
-        let mut carrier = gpuplex_transport::connect(address).unwrap();
+        Client::connect_with(address, None)
+    }
+
+    fn connect_with(address: &Address, token: Option<&Token>) -> Client {
+        let mut carrier = gpuplex_transport::connect(address, token).unwrap();
         let hello = codec::encode(&Hello { pid: 1, program: "test".into() });
         carrier.send(&Header::request(Opcode::Hello, 1, 0, hello.len()), &hello).unwrap();
         let mut buf = Vec::new();
@@ -69,7 +89,11 @@ impl Client {
 }
 
 fn summary(address: &Address) -> ServerSummary {
-    let mut c = gpuplex_transport::connect(address).unwrap();
+    summary_with(address, None)
+}
+
+fn summary_with(address: &Address, token: Option<&Token>) -> ServerSummary {
+    let mut c = gpuplex_transport::connect(address, token).unwrap();
     c.send(&Header::request(Opcode::ServerInfo, 1, 0, 0), &[]).unwrap();
     let mut buf = Vec::new();
     c.recv(&mut buf).unwrap();
@@ -109,7 +133,7 @@ fn garbage_ends_only_the_sender_s_session() {
     let mut good = Client::connect(&address);
     let p = good.alloc(64);
     let mut bad = Client::connect(&address);
-    let Address::Unix(path) = &address;
+    let Address::Unix(path) = &address else { unreachable!("a Unix server") };
     // Raw garbage from a fresh connection, and garbage after a handshake.
     std::os::unix::net::UnixStream::connect(path).unwrap().write_all(&[0x5a; 4096]).unwrap();
     let mut h = Header::request(Opcode::cuMemAlloc_v2, 99, bad.ctx.0, 4);
@@ -218,6 +242,41 @@ fn info_lists_live_sessions_with_their_usage() {
     assert_eq!(s.sessions.0.len(), 1);
     assert_eq!(s.sessions.0[0].device_bytes, 5 << 20);
     assert_eq!(s.sessions.0[0].contexts, 1);
+}
+
+/// Over TCP, only a peer with the token gets a session; strangers are hung
+/// up on without a frame being read, and one that stays silent (holding its
+/// thread until the timeout) stalls no one else.
+#[test]
+fn tcp_admits_only_the_token_and_strangers_stall_no_one() {
+    let right = token("the server's token, 32 bytes....");
+    let address = start_tcp_server(right.clone());
+    let Address::Tcp(host_port) = &address else { unreachable!("a TCP server") };
+
+    let _silent = std::net::TcpStream::connect(host_port).unwrap();
+    let start = Instant::now();
+    let mut good = Client::connect_with(&address, Some(&right));
+    good.alloc(1 << 20);
+    assert!(start.elapsed() < Duration::from_secs(2), "a silent peer delayed a good one: {:?}", start.elapsed());
+
+    // A well-formed Hello, sent without the opening, is never read as one.
+    let mut intruder = std::net::TcpStream::connect(host_port).unwrap();
+    let mut greeting = [0u8; 40];
+    intruder.read_exact(&mut greeting).unwrap();
+    let hello = codec::encode(&Hello { pid: 66, program: "an intruder with a long enough name".into() });
+    let h = Header::request(Opcode::Hello, 1, 0, hello.len());
+    intruder.write_all(&[zerocopy::IntoBytes::as_bytes(&h), &hello].concat()).unwrap();
+    let mut answer = Vec::new();
+    let _ = intruder.read_to_end(&mut answer);
+    assert!(answer.is_empty(), "the intruder got an answer: {answer:?}");
+
+    let wrong = gpuplex_transport::connect(&address, Some(&token("a wrong token, also 32 bytes....")));
+    assert!(matches!(wrong, Err(TransportError::Auth(AuthError::Refused))));
+
+    let s = summary_with(&address, Some(&right));
+    assert_eq!(s.sessions.0.len(), 1, "only the good client has a session");
+    assert_eq!((s.sessions.0[0].pid, s.sessions.0[0].uid), (SessionSummary::NO_PID, SessionSummary::NO_UID));
+    assert_eq!(s.sessions.0[0].device_bytes, 1 << 20);
 }
 
 proptest! {

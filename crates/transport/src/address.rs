@@ -1,4 +1,5 @@
-//! Server addresses as users write them (`unix:PATH`).
+//! Server addresses as users write them: `unix:PATH` for local guests,
+//! `tcp:HOST:PORT` for remote ones (`tcp:[::1]:9000` for IPv6).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,6 +9,9 @@ use crate::TransportError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Address {
     Unix(PathBuf),
+    /// `HOST:PORT` as written (a name, an IPv4 address or a bracketed IPv6
+    /// one), resolved when connecting or binding.
+    Tcp(String),
 }
 
 impl Address {
@@ -22,12 +26,24 @@ impl Address {
     }
 }
 
+/// Checks `HOST:PORT` up front, so that a typo is reported where it was
+/// written rather than as a failed name lookup later.
+fn valid_host_port(s: &str) -> bool {
+    let Some((host, port)) = s.rsplit_once(':') else { return false };
+    let host_ok = match host.strip_prefix('[') {
+        Some(v6) => v6.strip_suffix(']').is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => !host.is_empty() && !host.contains(':'),
+    };
+    host_ok && port.parse::<u16>().is_ok()
+}
+
 impl std::str::FromStr for Address {
     type Err = TransportError;
 
     fn from_str(s: &str) -> Result<Address, TransportError> {
         match s.split_once(':') {
             Some(("unix", path)) if !path.is_empty() => Ok(Address::Unix(PathBuf::from(path))),
+            Some(("tcp", host_port)) if valid_host_port(host_port) => Ok(Address::Tcp(host_port.to_owned())),
             _ => Err(TransportError::Address(s.to_owned())),
         }
     }
@@ -37,6 +53,7 @@ impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Address::Unix(path) => write!(f, "unix:{}", path.display()),
+            Address::Tcp(host_port) => write!(f, "tcp:{host_port}"),
         }
     }
 }
@@ -50,8 +67,26 @@ mod tests {
         let a: Address = "unix:/run/g.sock".parse().unwrap();
         assert_eq!(a, Address::Unix("/run/g.sock".into()));
         assert_eq!(a.to_string(), "unix:/run/g.sock");
-        assert!("tcp:1.2.3.4:5".parse::<Address>().is_err());
-        assert!("unix:".parse::<Address>().is_err());
-        assert!("/run/g.sock".parse::<Address>().is_err());
+        for tcp in ["tcp:1.2.3.4:5", "tcp:gpu-host.example:9000", "tcp:[::1]:9000", "tcp:[fe80::1]:0"] {
+            let a: Address = tcp.parse().unwrap();
+            assert_eq!(a, Address::Tcp(tcp[4..].to_owned()));
+            assert_eq!(a.to_string(), tcp);
+        }
+        for bad in [
+            "unix:",
+            "/run/g.sock",
+            "tcp:",
+            "tcp:host",
+            "tcp::9000",
+            "tcp:host:",
+            "tcp:host:65536",
+            "tcp:host:port",
+            "tcp:::1:9000",
+            "tcp:[::1:9000",
+            "tcp:[nonsense]:9000",
+            "udp:1.2.3.4:5",
+        ] {
+            assert!(bad.parse::<Address>().is_err(), "{bad} parsed");
+        }
     }
 }

@@ -1,30 +1,65 @@
 //! Carriers move frames between a front-end and the server.
 //!
 //! The API layer sees only [`Carrier`]: send one frame, receive one frame,
-//! know who the peer is. The first carrier is a Unix domain socket
-//! ([`unix`]); the shared-memory ring, TCP and VM carriers of later work
-//! implement the same trait (and add their own [`Address`] forms), so the
-//! client call path and the server session loop never change.
+//! know who the peer is. Local guests come in over a Unix domain socket
+//! ([`unix`]), remote ones over TCP ([`tcp`]), admitted by a shared
+//! [`Token`]; the shared-memory ring and VM carriers of later work implement
+//! the same trait (and add their own [`Address`] forms), so the client call
+//! path and the server session loop never change.
 
 mod address;
+mod auth;
 pub mod shm;
 mod stream;
+pub mod tcp;
+mod token;
 pub mod unix;
 
+use std::fmt;
+use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use gpuplex_protocol::{Header, HeaderError};
 
 pub use address::Address;
+pub use auth::AuthError;
+pub use token::{Token, MIN_TOKEN_LEN, TOKEN_FILE_ENV};
 
-/// Who is on the other end, as the kernel reports it (never as the peer
-/// claims it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Peer {
-    pub pid: u32,
-    pub uid: u32,
-    pub gid: u32,
+/// Who is on the other end, as the operating system reports it (never as
+/// the peer claims it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// A process on this machine, from `SO_PEERCRED`.
+    Local { pid: u32, uid: u32, gid: u32 },
+    /// A remote host: the kernel knows only its address, and the process
+    /// and user behind it are that host's business.
+    Remote(SocketAddr),
+}
+
+impl Peer {
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Peer::Local { pid, .. } => Some(*pid),
+            Peer::Remote(_) => None,
+        }
+    }
+
+    pub fn uid(&self) -> Option<u32> {
+        match self {
+            Peer::Local { uid, .. } => Some(*uid),
+            Peer::Remote(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Peer::Local { pid, uid, .. } => write!(f, "pid {pid} uid {uid}"),
+            Peer::Remote(addr) => write!(f, "{addr}"),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -35,16 +70,32 @@ pub enum TransportError {
     Header(#[from] HeaderError),
     #[error("transport I/O failed")]
     Io(#[from] std::io::Error),
-    #[error("unsupported address {0:?}: expected unix:PATH")]
+    #[error("unsupported address {0:?}: expected unix:PATH or tcp:HOST:PORT")]
     Address(String),
     #[error("shared memory: {0}")]
     Shared(String),
     #[error("this carrier cannot {0}")]
     Unsupported(&'static str),
+    /// A missing, unreadable or unfit token; the text says which and why.
+    #[error("{0}")]
+    Token(String),
+    // The reason is part of the message, not a source: it is the whole
+    // story, and logs print only the top error.
+    #[error("authentication failed: {0}")]
+    Auth(AuthError),
 }
 
 /// One end of a connection, moving whole frames.
 pub trait Carrier: Send {
+    /// Proves each side to the other where the carrier needs it (TCP: the
+    /// shared token); until it succeeds no frame moves. The server calls it
+    /// first on the session's own thread, so a slow or silent peer holds
+    /// only that thread; connecting clients have done it by the time
+    /// `connect` returns.
+    fn authenticate(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
+
     /// Sends a header and its payload as one frame.
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError>;
 
@@ -87,21 +138,36 @@ pub fn rings(region: Arc<shm::Region>, layout: shm::Layout, side: shm::Side) -> 
 
 /// Accepts connections for the server.
 pub trait Listener: Send {
+    /// The next connection. It may still need [`Carrier::authenticate`].
     fn accept(&self) -> Result<Box<dyn Carrier>, TransportError>;
     /// The address clients should use.
     fn address(&self) -> Address;
 }
 
-/// Connects to a server.
-pub fn connect(address: &Address) -> Result<Box<dyn Carrier>, TransportError> {
-    match address {
-        Address::Unix(path) => Ok(Box::new(unix::UnixCarrier::connect(path)?)),
+/// Connects to a server. A TCP server needs its token; a Unix socket
+/// ignores one (so one environment can serve both).
+pub fn connect(address: &Address, token: Option<&Token>) -> Result<Box<dyn Carrier>, TransportError> {
+    match (address, token) {
+        (Address::Unix(path), _) => Ok(Box::new(unix::UnixCarrier::connect(path)?)),
+        (Address::Tcp(host_port), Some(token)) => Ok(Box::new(tcp::TcpCarrier::connect(host_port, token)?)),
+        (Address::Tcp(_), None) => Err(TransportError::Token(format!(
+            "a TCP server needs its token: give --token-file or set {TOKEN_FILE_ENV}"
+        ))),
     }
 }
 
-/// Listens at an address.
-pub fn listen(address: &Address) -> Result<Box<dyn Listener>, TransportError> {
-    match address {
-        Address::Unix(path) => Ok(Box::new(unix::UnixListener::bind(path)?)),
+/// Listens at an address. TCP needs a token to admit peers by; a Unix
+/// socket refuses one, since it would not be checked (filesystem
+/// permissions guard it instead).
+pub fn listen(address: &Address, token: Option<Token>) -> Result<Box<dyn Listener>, TransportError> {
+    match (address, token) {
+        (Address::Unix(path), None) => Ok(Box::new(unix::UnixListener::bind(path)?)),
+        (Address::Unix(_), Some(_)) => Err(TransportError::Token(
+            "a token admits TCP peers only; a Unix socket is guarded by its file permissions".into(),
+        )),
+        (Address::Tcp(host_port), Some(token)) => Ok(Box::new(tcp::TcpListener::bind(host_port, token)?)),
+        (Address::Tcp(_), None) => {
+            Err(TransportError::Token("listening on TCP needs a token (--token-file) to admit peers by".into()))
+        }
     }
 }

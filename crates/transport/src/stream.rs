@@ -13,7 +13,17 @@ use crate::TransportError;
 /// front-end lives in.
 pub(crate) fn send(socket: &impl AsRawFd, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
     debug_assert_eq!(header.payload_len(), payload.len());
-    let parts = [header.as_bytes(), payload];
+    send_parts(socket, &[header.as_bytes(), payload]).map_err(|e| {
+        if is_disconnect(&e) {
+            TransportError::Closed
+        } else {
+            e.into()
+        }
+    })
+}
+
+/// Writes `parts` back to back, with `MSG_NOSIGNAL`.
+pub(crate) fn send_parts(socket: &impl AsRawFd, parts: &[&[u8]]) -> std::io::Result<()> {
     let (mut part, mut offset) = (0, 0);
     while part < parts.len() {
         let iov: Vec<libc::iovec> = parts[part..]
@@ -34,8 +44,7 @@ pub(crate) fn send(socket: &impl AsRawFd, header: &Header, payload: &[u8]) -> Re
             let e = std::io::Error::last_os_error();
             match e.kind() {
                 ErrorKind::Interrupted => continue,
-                _ if is_disconnect(&e) => return Err(TransportError::Closed),
-                _ => return Err(e.into()),
+                _ => return Err(e),
             }
         }
         let mut n = n as usize;
@@ -75,6 +84,6 @@ fn read_exact<R: Read>(r: &mut R, buf: &mut [u8], at_frame_start: bool) -> Resul
     Ok(())
 }
 
-fn is_disconnect(e: &std::io::Error) -> bool {
+pub(crate) fn is_disconnect(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted)
 }

@@ -101,7 +101,7 @@ fn peer_credentials(socket: &net::UnixStream) -> Result<Peer, TransportError> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error().into());
     }
-    Ok(Peer { pid: cred.pid as u32, uid: cred.uid, gid: cred.gid })
+    Ok(Peer::Local { pid: cred.pid as u32, uid: cred.uid, gid: cred.gid })
 }
 
 pub struct UnixListener {
@@ -159,7 +159,7 @@ mod tests {
         let mut buf = Vec::new();
         assert_eq!(b.recv(&mut buf).unwrap(), h);
         assert_eq!(buf, b"hello");
-        assert_eq!(b.peer().pid, std::process::id());
+        assert_eq!(b.peer().pid(), Some(std::process::id()));
     }
 
     #[test]
@@ -221,7 +221,7 @@ mod tests {
         drop(stale);
         assert!(path.exists());
         let l = UnixListener::bind(&path).unwrap();
-        let mut c = crate::connect(&l.address()).unwrap();
+        let mut c = crate::connect(&l.address(), None).unwrap();
         let mut s = l.accept().unwrap();
         c.send(&Header::request(Opcode::Hello, 1, 0, 0), &[]).unwrap();
         assert_eq!(s.recv(&mut Vec::new()).unwrap().request_id.get(), 1);

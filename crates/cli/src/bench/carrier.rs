@@ -110,7 +110,7 @@ impl Server {
                 return Err(failure_reason(&read_lossy(&self.log), &status.to_string()));
             }
             let ready = match probe {
-                Probe::Info(a) => crate::info::query(a).is_ok(),
+                Probe::Info(a) => crate::info::query(a, None).is_ok(),
                 Probe::Tcp(a) => TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok(),
             };
             if ready {

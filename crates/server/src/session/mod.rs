@@ -103,20 +103,26 @@ impl Session {
     }
 
     /// Serves one connection until it ends. Never panics on peer input.
+    /// The peer proves itself first (on this thread, so a slow one stalls
+    /// no one else); until it has, none of its bytes are read as a frame.
     pub fn run(mut carrier: Box<dyn Carrier>, backend: Arc<dyn Backend>, registry: Arc<Registry>) {
         let peer = carrier.peer();
+        if let Err(e) = carrier.authenticate() {
+            warn!(%peer, "refused a connection: {e}");
+            return;
+        }
         let mut buf = Vec::new();
         let (header, hello) = match handshake(carrier.as_mut(), &mut buf, &backend, &registry) {
             Ok(Some(opened)) => opened,
             Ok(None) => return,
             Err(e) => {
-                warn!(pid = peer.pid, "handshake failed: {e}");
+                warn!(%peer, "handshake failed: {e}");
                 return;
             }
         };
         let metrics = registry.open(peer, hello.program.clone());
         let id = metrics.id;
-        let span = tracing::info_span!("session", id, pid = peer.pid);
+        let span = tracing::info_span!("session", id, %peer);
         let _enter = span.enter();
         let mut session = Session::new(backend.clone(), metrics);
         let welcome = Welcome {
@@ -128,7 +134,8 @@ impl Session {
         };
         let end = match send_reply(carrier.as_mut(), &header, &codec::encode(&welcome)) {
             Ok(()) => {
-                info!(uid = peer.uid, program = %hello.program, "session opened");
+                // The pid is the client's own claim: the kernel's is in the span where it has one.
+                info!(program = %hello.program, client_pid = hello.pid, "session opened");
                 session.serve(carrier.as_mut(), &mut buf, &registry)
             }
             Err(e) => Err(e.into()),

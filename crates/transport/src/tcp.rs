@@ -1,0 +1,409 @@
+//! The TCP carrier: the way in for guests on other hosts.
+//!
+//! Frames travel as on the Unix socket (`stream.rs`, header validated
+//! before any payload is allocated). What TCP changes:
+//!
+//! - The kernel knows the peer only by address, so every connection opens
+//!   with a mutual proof of a shared [`Token`] (`auth.rs`): the client's in
+//!   [`TcpCarrier::connect`], the server's in [`Carrier::authenticate`],
+//!   which the server runs on the session's thread, not the accept loop.
+//!   Until it succeeds, `send` and `recv` refuse to move frames.
+//! - Nagle is off on both ends: every call is a small request waiting for
+//!   its reply, and delaying it for coalescing only adds latency.
+//! - Copies stream up to 16 MiB per frame, so the socket buffers are made
+//!   large where the kernel allows it (see `grow_buffers`).
+//!
+//! Nothing is encrypted: see the threat model in docs/ARCHITECTURE.md.
+
+use std::net::{self, SocketAddr, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use gpuplex_protocol::Header;
+
+pub use crate::auth::AuthError;
+use crate::{auth, stream, Address, Carrier, Listener, Peer, Token, TransportError};
+
+/// How long either side waits for the whole opening exchange.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client waits for each address of a host to accept.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The socket buffer size asked for, when the kernel allows it.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+pub struct TcpCarrier {
+    socket: net::TcpStream,
+    peer: SocketAddr,
+    /// The server's side of the opening, until it has succeeded.
+    pending: Option<PendingAuth>,
+}
+
+struct PendingAuth {
+    token: Token,
+    timeout: Duration,
+}
+
+impl TcpCarrier {
+    /// Connects to `host_port` (`HOST:PORT`, IPv6 hosts in brackets) and
+    /// runs the opening: returns only once both sides have proven the token.
+    pub fn connect(host_port: &str, token: &Token) -> Result<TcpCarrier, TransportError> {
+        TcpCarrier::connect_within(host_port, token, AUTH_TIMEOUT)
+    }
+
+    fn connect_within(host_port: &str, token: &Token, timeout: Duration) -> Result<TcpCarrier, TransportError> {
+        let mut last = None;
+        for addr in host_port.to_socket_addrs()? {
+            match net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+                Ok(socket) => {
+                    let mut carrier = TcpCarrier::new(socket, None)?;
+                    auth::client(&mut carrier.socket, token, timeout).map_err(TransportError::Auth)?;
+                    return Ok(carrier);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other(format!("{host_port} resolves to no address"))).into())
+    }
+
+    fn new(socket: net::TcpStream, pending: Option<PendingAuth>) -> Result<TcpCarrier, TransportError> {
+        socket.set_nodelay(true)?;
+        grow_buffers(&socket);
+        let peer = socket.peer_addr()?;
+        Ok(TcpCarrier { socket, peer, pending })
+    }
+
+    /// The underlying socket, for tests that must misbehave on the wire.
+    pub fn socket(&self) -> &net::TcpStream {
+        &self.socket
+    }
+
+    fn ready(&self) -> Result<(), TransportError> {
+        match self.pending {
+            Some(_) => Err(TransportError::Auth(AuthError::Pending)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Carrier for TcpCarrier {
+    fn authenticate(&mut self) -> Result<(), TransportError> {
+        let Some(pending) = &self.pending else { return Ok(()) };
+        if let Err(e) = auth::server(&mut self.socket, &pending.token, pending.timeout) {
+            // Whatever the caller does next, this peer gets nothing more.
+            let _ = self.socket.shutdown(net::Shutdown::Both);
+            return Err(TransportError::Auth(e));
+        }
+        self.pending = None;
+        Ok(())
+    }
+
+    fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
+        self.ready()?;
+        stream::send(&self.socket, header, payload)
+    }
+
+    fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
+        self.ready()?;
+        stream::recv(&mut self.socket, payload)
+    }
+
+    fn peer(&self) -> Peer {
+        Peer::Remote(self.peer)
+    }
+}
+
+pub struct TcpListener {
+    listener: net::TcpListener,
+    address: Address,
+    token: Token,
+    auth_timeout: Duration,
+}
+
+impl TcpListener {
+    /// Listens on `host_port`; port 0 picks a free one ([`Listener::address`]
+    /// tells which). Peers are admitted by `token`.
+    pub fn bind(host_port: &str, token: Token) -> Result<TcpListener, TransportError> {
+        let listener = net::TcpListener::bind(host_port)?;
+        let address = Address::Tcp(listener.local_addr()?.to_string());
+        Ok(TcpListener { listener, address, token, auth_timeout: AUTH_TIMEOUT })
+    }
+
+    /// How long a new peer has to complete the opening ([`AUTH_TIMEOUT`]
+    /// unless set).
+    pub fn with_auth_timeout(mut self, timeout: Duration) -> TcpListener {
+        self.auth_timeout = timeout;
+        self
+    }
+}
+
+impl Listener for TcpListener {
+    /// Returns at once; the opening runs in [`Carrier::authenticate`].
+    fn accept(&self) -> Result<Box<dyn Carrier>, TransportError> {
+        let (socket, _) = self.listener.accept()?;
+        let pending = PendingAuth { token: self.token.clone(), timeout: self.auth_timeout };
+        Ok(Box::new(TcpCarrier::new(socket, Some(pending))?))
+    }
+
+    fn address(&self) -> Address {
+        self.address.clone()
+    }
+}
+
+/// Asks for [`SOCKET_BUFFER`]-sized send and receive buffers, best effort.
+/// Linux grows a socket's buffers by itself (up to `tcp_wmem`/`tcp_rmem`'s
+/// maximum) until `SO_SNDBUF`/`SO_RCVBUF` is set, and caps a set size at
+/// `wmem_max`/`rmem_max`, often 208 KiB: asking where the cap is lower
+/// would shrink the window, so ask only where it allows the full size.
+fn grow_buffers(socket: &net::TcpStream) {
+    for (option, cap) in
+        [(libc::SO_SNDBUF, "/proc/sys/net/core/wmem_max"), (libc::SO_RCVBUF, "/proc/sys/net/core/rmem_max")]
+    {
+        let cap: usize = std::fs::read_to_string(cap).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        if cap < SOCKET_BUFFER {
+            continue;
+        }
+        let size = SOCKET_BUFFER as libc::c_int;
+        // SAFETY: `size` is a live c_int and the length passed is its size,
+        // as setsockopt for these options requires.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuplex_protocol::Opcode;
+    use hmac::Mac;
+    use std::io::{Read, Write};
+    use std::time::Instant;
+
+    fn token(s: &str) -> Token {
+        Token::new(s.as_bytes()).unwrap()
+    }
+
+    fn right() -> Token {
+        token("the right token, 32 bytes long..")
+    }
+
+    fn listener(t: Token) -> (TcpListener, String) {
+        let l = TcpListener::bind("127.0.0.1:0", t).unwrap();
+        let Address::Tcp(host_port) = l.address() else { unreachable!("a TCP listener") };
+        (l, host_port)
+    }
+
+    fn auth_error(r: Result<impl Sized, TransportError>) -> AuthError {
+        match r {
+            Err(TransportError::Auth(e)) => e,
+            Err(e) => panic!("want an authentication error, got {e:?}"),
+            Ok(_) => panic!("want an authentication error, got success"),
+        }
+    }
+
+    fn nodelay_and_buffers_hold(socket: &net::TcpStream) {
+        assert!(socket.nodelay().unwrap());
+        let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max").unwrap().trim().parse().unwrap();
+        if rmem_max >= SOCKET_BUFFER {
+            let mut size: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `size` and `len` are valid for writes and `len` holds the size of `size`.
+            let rc = unsafe {
+                libc::getsockopt(
+                    socket.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUF,
+                    (&mut size as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            assert!(size as usize >= SOCKET_BUFFER, "SO_RCVBUF {size}");
+        }
+    }
+
+    #[test]
+    fn the_right_token_connects_and_frames_flow() {
+        let (l, host_port) = listener(right());
+        let server = std::thread::spawn(move || {
+            let mut s = l.accept().unwrap();
+            s.authenticate().unwrap();
+            let mut buf = Vec::new();
+            let h = s.recv(&mut buf).unwrap();
+            s.send(&Header::reply(&h, 0, buf.len()), &buf).unwrap();
+            s.peer()
+        });
+        let mut c = TcpCarrier::connect(&host_port, &right()).unwrap();
+        nodelay_and_buffers_hold(c.socket());
+        let big: Vec<u8> = (0..(8 << 20)).map(|i| (i * 7) as u8).collect();
+        c.send(&Header::request(Opcode::Hello, 9, 0, big.len()), &big).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(c.recv(&mut buf).unwrap().request_id.get(), 9);
+        assert_eq!(buf, big);
+        let seen_by_server = server.join().unwrap();
+        assert_eq!(seen_by_server, Peer::Remote(c.socket().local_addr().unwrap()));
+        assert_eq!(seen_by_server.pid(), None);
+        assert!(matches!(c.peer(), Peer::Remote(a) if a.to_string() == host_port));
+    }
+
+    #[test]
+    fn a_wrong_token_is_refused_on_both_sides() {
+        let (l, host_port) = listener(right());
+        let server = std::thread::spawn(move || {
+            let mut s = l.accept().unwrap();
+            let e = auth_error(s.authenticate());
+            // Nothing moves afterwards either.
+            assert!(s.recv(&mut Vec::new()).is_err());
+            e
+        });
+        let e = auth_error(TcpCarrier::connect(&host_port, &token("a wrong token, also 32 bytes....")));
+        assert!(matches!(e, AuthError::Refused), "client: {e:?}");
+        let e = server.join().unwrap();
+        assert!(matches!(e, AuthError::WrongToken), "server: {e:?}");
+    }
+
+    #[test]
+    fn no_frame_moves_before_authentication() {
+        let (l, host_port) = listener(right());
+        let client = std::thread::spawn(move || TcpCarrier::connect(&host_port, &right()));
+        let mut s = l.accept().unwrap();
+        assert!(matches!(auth_error(s.recv(&mut Vec::new())), AuthError::Pending));
+        assert!(matches!(auth_error(s.send(&Header::request(Opcode::Hello, 1, 0, 0), &[])), AuthError::Pending));
+        s.authenticate().unwrap();
+        client.join().unwrap().unwrap();
+    }
+
+    /// A raw peer: frames, garbage, part of an answer, or nothing at all.
+    /// The server refuses each within its short timeout, and reads none of
+    /// it as a frame.
+    #[test]
+    fn garbage_and_silence_are_refused_in_time() {
+        let timeout = Duration::from_millis(300);
+        let (l, host_port) = listener(right());
+        let l = l.with_auth_timeout(timeout);
+        let hello = Header::request(Opcode::Hello, 1, 0, 64);
+        let mut frame = zerocopy::IntoBytes::as_bytes(&hello).to_vec();
+        frame.extend_from_slice(&[0u8; 64]);
+        let cases: [(&str, Vec<u8>, bool); 4] = [
+            ("a frame without the opening", frame, false),
+            ("random garbage", vec![0xa5; 4096], false),
+            ("half an answer", vec![0; 40], false),
+            ("a byte at a time", vec![0; 64], true),
+        ];
+        for (what, bytes, dribble) in cases {
+            let mut raw = net::TcpStream::connect(&host_port).unwrap();
+            let mut s = l.accept().unwrap();
+            let start = Instant::now();
+            let writer = std::thread::spawn(move || {
+                let mut greeting = [0u8; 40];
+                raw.read_exact(&mut greeting).unwrap();
+                assert_eq!(greeting[..8], auth::MAGIC);
+                if dribble {
+                    for b in bytes {
+                        if raw.write_all(&[b]).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                } else {
+                    let _ = raw.write_all(&bytes);
+                }
+                // The server's answer: only a hang-up.
+                let mut rest = Vec::new();
+                let _ = raw.read_to_end(&mut rest);
+                rest
+            });
+            let e = auth_error(s.authenticate());
+            let want_timeout = what == "half an answer" || dribble;
+            assert!(
+                if want_timeout { matches!(e, AuthError::Timeout(_)) } else { matches!(e, AuthError::WrongToken) },
+                "{what}: {e:?}"
+            );
+            assert!(start.elapsed() < timeout + Duration::from_secs(1), "{what}: took {:?}", start.elapsed());
+            assert!(matches!(auth_error(s.recv(&mut Vec::new())), AuthError::Pending), "{what}");
+            drop(s);
+            assert_eq!(writer.join().unwrap(), b"", "{what}: the server answered");
+        }
+        // Silence from the first byte.
+        let _silent = net::TcpStream::connect(&host_port).unwrap();
+        let mut s = l.accept().unwrap();
+        assert!(matches!(auth_error(s.authenticate()), AuthError::Timeout(_)));
+    }
+
+    /// An impostor server that skips the check and answers with a proof
+    /// under its own token, or reflects the client's proof: the client
+    /// refuses it and sends it no frame.
+    #[test]
+    fn a_server_that_cannot_prove_the_token_is_refused() {
+        for reflect in [false, true] {
+            let l = net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let host_port = l.local_addr().unwrap().to_string();
+            let impostor = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let nonce = [3u8; auth::NONCE_LEN];
+                s.write_all(&[&auth::MAGIC[..], &nonce].concat()).unwrap();
+                let mut reply = [0u8; 64];
+                s.read_exact(&mut reply).unwrap();
+                let answer = if reflect {
+                    reply[32..].to_vec()
+                } else {
+                    let own = token("the impostor's own token........");
+                    auth::prove(&own, auth::SERVER_LABEL, &reply[..32], &nonce).finalize().into_bytes().to_vec()
+                };
+                s.write_all(&answer).unwrap();
+                let mut rest = Vec::new();
+                let _ = s.read_to_end(&mut rest);
+                rest
+            });
+            let e = auth_error(TcpCarrier::connect(&host_port, &right()));
+            assert!(matches!(e, AuthError::ServerUnproven), "reflect={reflect}: {e:?}");
+            assert_eq!(impostor.join().unwrap(), b"", "reflect={reflect}: the client sent more");
+        }
+    }
+
+    #[test]
+    fn a_server_that_is_not_gpuplex_or_silent_is_refused() {
+        let l = net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let host_port = l.local_addr().unwrap().to_string();
+        let other = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.write_all(b"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13.5\r\n").unwrap();
+            drop(s);
+            let (_silent, _) = l.accept().unwrap();
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        assert!(matches!(auth_error(TcpCarrier::connect(&host_port, &right())), AuthError::NotGpuplex));
+        let e = auth_error(TcpCarrier::connect_within(&host_port, &right(), Duration::from_millis(200)));
+        assert!(matches!(e, AuthError::Timeout(_)), "{e:?}");
+        other.join().unwrap();
+    }
+
+    #[test]
+    fn tcp_needs_a_token_and_unix_listening_refuses_one() {
+        let tcp: Address = "tcp:127.0.0.1:1".parse().unwrap();
+        assert!(matches!(crate::connect(&tcp, None), Err(TransportError::Token(_))));
+        assert!(matches!(crate::listen(&tcp, None), Err(TransportError::Token(_))));
+        let unix = Address::Unix(std::env::temp_dir().join("gpuplex-never-bound.sock"));
+        assert!(matches!(crate::listen(&unix, Some(right())), Err(TransportError::Token(_))));
+    }
+
+    #[test]
+    fn listen_and_connect_by_address() {
+        let l = crate::listen(&"tcp:[::1]:0".parse().unwrap(), Some(right()))
+            .or_else(|_| crate::listen(&"tcp:127.0.0.1:0".parse().unwrap(), Some(right())))
+            .unwrap();
+        let address = l.address();
+        let client = std::thread::spawn(move || crate::connect(&address, Some(&right())));
+        let mut s = l.accept().unwrap();
+        s.authenticate().unwrap();
+        let mut c = client.join().unwrap().unwrap();
+        c.send(&Header::request(Opcode::Hello, 4, 0, 0), &[]).unwrap();
+        assert_eq!(s.recv(&mut Vec::new()).unwrap().request_id.get(), 4);
+    }
+}
