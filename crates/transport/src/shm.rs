@@ -222,13 +222,13 @@ impl Rings {
             Side::Client => (0, 1),
             Side::Server => (1, 0),
         };
-        Ok(Rings { writer: Writer(end(out)), reader: Reader(end(inn)), _region: region })
+        Ok(Rings { writer: Writer::new(end(out)), reader: Reader::new(end(inn)), _region: region })
     }
 
     /// Peer liveness is checked on `socket` while sleeping.
     pub(crate) fn watch(&mut self, socket: RawFd) {
-        self.writer.0.wait.socket = socket;
-        self.reader.0.wait.socket = socket;
+        self.writer.end.wait.socket = socket;
+        self.reader.end.wait.socket = socket;
     }
 }
 
@@ -271,58 +271,139 @@ impl RingEnd {
     }
 }
 
-pub(crate) struct Writer(RingEnd);
-pub(crate) struct Reader(RingEnd);
+pub(crate) struct Writer {
+    end: RingEnd,
+    /// The reader's position as last seen: re-read from shared memory only
+    /// when it no longer leaves room, so that the counter's cache line does
+    /// not bounce between the two cores on every frame.
+    seen_tail: u64,
+}
+
+pub(crate) struct Reader {
+    end: RingEnd,
+    /// The writer's position as last seen (as `seen_tail`).
+    seen_head: u64,
+    /// Small reads are served from here, filled with whatever the ring
+    /// holds, so a frame's header and payload cost one publication.
+    local: Vec<u8>,
+    taken: usize,
+}
+
+/// Reads this small go through the local buffer.
+const LOCAL_READ: usize = 4096;
+const LOCAL_BYTES: usize = 256 << 10;
 
 impl Writer {
-    /// Writes all of `bytes`, waiting for space as the reader drains.
-    pub(crate) fn write_all(&mut self, mut bytes: &[u8]) -> Result<(), TransportError> {
-        while !bytes.is_empty() {
-            let e = &self.0;
-            let free = e.wait.until(&e.ctl().space_bell.0, &e.ctl().writer_sleeps.0, || {
-                let tail = e.ctl().tail.0.load(SeqCst);
-                let used = e.pos.wrapping_sub(tail);
-                if used > e.cap {
-                    return Err(TransportError::Shared("peer moved the ring's tail past its head".into()));
+    fn new(end: RingEnd) -> Writer {
+        Writer { end, seen_tail: 0 }
+    }
+
+    /// Writes all of `parts` as one stream of bytes, waiting for space as
+    /// the reader drains, and tells the reader once everything that fits
+    /// is in.
+    pub(crate) fn write_all(&mut self, parts: &[&[u8]]) -> Result<(), TransportError> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let (mut part, mut offset, mut left) = (0, 0, total);
+        while left > 0 {
+            let free = self.free(left)?;
+            let mut n = free.min(left);
+            left -= n;
+            while n > 0 {
+                let bytes = &parts[part][offset..];
+                let k = bytes.len().min(n);
+                self.end.copy(self.end.pos, k, |ring, off, len| {
+                    // SAFETY: `ring` has room for `len` bytes (see `copy`);
+                    // `bytes` has `off + len`.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(off), ring, len) }
+                });
+                self.end.pos += k as u64;
+                n -= k;
+                offset += k;
+                if offset == parts[part].len() {
+                    part += 1;
+                    offset = 0;
                 }
-                Ok((e.cap - used) as usize)
-            })?;
-            let n = free.min(bytes.len());
-            e.copy(e.pos, n, |ring, off, len| {
-                // SAFETY: `ring` has room for `len` bytes (see `copy`);
-                // `bytes` has `off + len`.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(off), ring, len) }
-            });
-            self.0.pos += n as u64;
-            bytes = &bytes[n..];
-            let ctl = self.0.ctl();
-            ctl.head.0.store(self.0.pos, SeqCst);
+            }
+            let ctl = self.end.ctl();
+            ctl.head.0.store(self.end.pos, SeqCst);
             ring(&ctl.data_bell.0, &ctl.reader_sleeps.0);
         }
         Ok(())
     }
+
+    /// Free bytes, waiting for at least one; the shared tail is read only
+    /// when the last one seen leaves less than `want`.
+    fn free(&mut self, want: usize) -> Result<usize, TransportError> {
+        let e = &self.end;
+        let cached = e.cap - e.pos.wrapping_sub(self.seen_tail).min(e.cap);
+        if cached as usize >= want {
+            return Ok(cached as usize);
+        }
+        let mut seen = self.seen_tail;
+        let free = e.wait.until(&e.ctl().space_bell.0, &e.ctl().writer_sleeps.0, || {
+            let tail = e.ctl().tail.0.load(SeqCst);
+            let used = e.pos.wrapping_sub(tail);
+            if used > e.cap {
+                return Err(TransportError::Shared("peer moved the ring's tail past its head".into()));
+            }
+            seen = tail;
+            Ok((e.cap - used) as usize)
+        });
+        self.seen_tail = seen;
+        free
+    }
 }
 
 impl Reader {
-    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, TransportError> {
-        let e = &self.0;
-        let avail = e.wait.until(&e.ctl().data_bell.0, &e.ctl().reader_sleeps.0, || {
-            let head = e.ctl().head.0.load(SeqCst);
-            let avail = head.wrapping_sub(e.pos);
-            if avail > e.cap {
-                return Err(TransportError::Shared("peer moved the ring's head past its capacity".into()));
-            }
-            Ok(avail as usize)
-        })?;
-        let n = avail.min(buf.len());
+    fn new(end: RingEnd) -> Reader {
+        Reader { end, seen_head: 0, local: Vec::new(), taken: 0 }
+    }
+
+    /// Copies what the ring holds (at least one byte, at most `max`) into
+    /// `out`, waiting for it.
+    fn take(&mut self, out: *mut u8, max: usize) -> Result<usize, TransportError> {
+        let e = &self.end;
+        let mut avail = self.seen_head.wrapping_sub(e.pos) as usize;
+        if avail == 0 {
+            let mut seen = self.seen_head;
+            avail = e.wait.until(&e.ctl().data_bell.0, &e.ctl().reader_sleeps.0, || {
+                let head = e.ctl().head.0.load(SeqCst);
+                let avail = head.wrapping_sub(e.pos);
+                if avail > e.cap {
+                    return Err(TransportError::Shared("peer moved the ring's head past its capacity".into()));
+                }
+                seen = head;
+                Ok(avail as usize)
+            })?;
+            self.seen_head = seen;
+        }
+        let n = avail.min(max);
         e.copy(e.pos, n, |ring, off, len| {
-            // SAFETY: `ring` holds `len` readable bytes; `buf` has room.
-            unsafe { std::ptr::copy_nonoverlapping(ring, buf.as_mut_ptr().add(off), len) }
+            // SAFETY: `ring` holds `len` readable bytes; `out` has room for
+            // `off + len <= max`.
+            unsafe { std::ptr::copy_nonoverlapping(ring, out.add(off), len) }
         });
-        self.0.pos += n as u64;
-        let ctl = self.0.ctl();
-        ctl.tail.0.store(self.0.pos, SeqCst);
+        self.end.pos += n as u64;
+        let ctl = self.end.ctl();
+        ctl.tail.0.store(self.end.pos, SeqCst);
         ring(&ctl.space_bell.0, &ctl.writer_sleeps.0);
+        Ok(n)
+    }
+
+    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, TransportError> {
+        if self.taken == self.local.len() && buf.len() >= LOCAL_READ {
+            return self.take(buf.as_mut_ptr(), buf.len());
+        }
+        if self.taken == self.local.len() {
+            self.local.resize(LOCAL_BYTES, 0);
+            let local = self.local.as_mut_ptr();
+            let n = self.take(local, LOCAL_BYTES)?;
+            self.local.truncate(n);
+            self.taken = 0;
+        }
+        let n = buf.len().min(self.local.len() - self.taken);
+        buf[..n].copy_from_slice(&self.local[self.taken..self.taken + n]);
+        self.taken += n;
         Ok(n)
     }
 }
@@ -362,7 +443,7 @@ impl Wait {
         &self,
         bell: &AtomicU32,
         sleeps: &AtomicU32,
-        ready: impl Fn() -> Result<usize, TransportError>,
+        mut ready: impl FnMut() -> Result<usize, TransportError>,
     ) -> Result<usize, TransportError> {
         let start = Instant::now();
         let mut turns = 0u32;
@@ -503,7 +584,7 @@ mod tests {
         let (mut client, mut server) = pair();
         let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let expect = data.clone();
-        let t = std::thread::spawn(move || client.writer.write_all(&data).unwrap());
+        let t = std::thread::spawn(move || client.writer.write_all(&[&data[..10], &data[10..]]).unwrap());
         let mut got = vec![0u8; expect.len()];
         server.reader.read_exact(&mut got).unwrap();
         t.join().unwrap();
@@ -515,7 +596,7 @@ mod tests {
         let (client, mut server) = pair();
         // The guest claims the server's ring (guest to server) has more
         // bytes than it can hold.
-        let guest_to_server = client.writer.0.ctl();
+        let guest_to_server = client.writer.end.ctl();
         guest_to_server.head.0.store(10 * LAYOUT.ring_bytes as u64, SeqCst);
         let mut buf = [0u8; 16];
         assert!(matches!(server.reader.read_some(&mut buf), Err(TransportError::Shared(_))));
@@ -556,7 +637,7 @@ mod tests {
         server.watch(a.as_raw_fd());
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
-            client.writer.write_all(b"late").unwrap();
+            client.writer.write_all(&[b"late"]).unwrap();
             std::thread::sleep(Duration::from_millis(50));
             drop(b);
         });

@@ -45,10 +45,7 @@ impl UnixCarrier {
 impl Carrier for UnixCarrier {
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
         match &mut self.rings {
-            Some(rings) => {
-                rings.writer.write_all(header.as_bytes())?;
-                rings.writer.write_all(payload)
-            }
+            Some(rings) => rings.writer.write_all(&[header.as_bytes(), payload]),
             None => stream::send(&self.socket, header, payload),
         }
     }
