@@ -225,6 +225,7 @@ const TYPES: &[Type] = &[
     Type { name: "Name", wire: "String", c: "*const c_char", from_c: "crate::ffi::c_name({})?", to_c: "" },
     Type { name: "Bytes", wire: "Vec<u8>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u32>", wire: "Seq<u32>", c: "", from_c: "", to_c: "" },
+    Type { name: "Seq<u64>", wire: "Seq<u64>", c: "", from_c: "", to_c: "" },
 ];
 
 fn ty(name: &str) -> &'static Type {

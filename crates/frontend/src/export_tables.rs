@@ -437,9 +437,16 @@ type FunctionVisitor = unsafe extern "C" fn(user: *mut c_void, function: *mut c_
 /// function this reports; it treats the answer 1 (not 0) as success and
 /// needs the slot to exist (the table's size above 0x37).
 ///
-/// Listing a module's functions needs a call the server does not have yet
-/// (`cuModuleEnumerateFunctions` there, the functions registered as handles
-/// of the session); until then this fails, and cuFFT's plan with it.
+/// The functions come from the server (`ModuleFunctions`, the same handles
+/// cuModuleGetFunction gives). `context` is not checked: a module belongs to
+/// the one context it was loaded in and the server answers from that one,
+/// so the driver presumably has no use for it either (cuFFT passes the
+/// current context). The answer is 1 after visiting every function (also
+/// for a module without any: 1 reads as success, and cuFFT's modules have
+/// exactly one, so "success" and "count visited" agree there). Since
+/// CUDA_ERROR_INVALID_VALUE is also 1, no failure may answer 1: bad
+/// arguments answer CUDA_ERROR_INVALID_HANDLE, and an INVALID_VALUE from the
+/// server is answered as CUDA_ERROR_UNKNOWN.
 unsafe extern "C" fn module_functions(
     ctx: *mut c_void,
     module: *mut c_void,
@@ -447,7 +454,29 @@ unsafe extern "C" fn module_functions(
     user: *mut c_void,
 ) -> CUresult {
     let args = [ctx as u64, module as u64, visit.map_or(0, |f| f as usize as u64), user as u64];
-    refuse(TOOLS_MODULE, 7, "listing a module's functions needs a server call", &args)
+    let args: Vec<String> = args.iter().map(|a| format!("{a:#x}")).collect();
+    log::debug(&format!("{}[7]({})", NAMES[TOOLS_MODULE], args.join(", ")));
+    let rc = entry("TOOLS_MODULE[7]", || {
+        let visit = visit.ok_or(CuError::INVALID_HANDLE)?;
+        let funcs = module::functions(module)?;
+        log::debug(&format!("{}[7]: {} functions", NAMES[TOOLS_MODULE], funcs.len()));
+        for f in funcs {
+            // SAFETY: the caller's visitor, with the caller's `user`, as the
+            // driver calls it.
+            unsafe { visit(user, f) };
+        }
+        Ok(())
+    });
+    tools_module_answer(rc)
+}
+
+/// [7]'s answer for `rc`: 1 for success, never 1 for a failure.
+fn tools_module_answer(rc: CUresult) -> CUresult {
+    match rc {
+        CUDA_SUCCESS => 1,
+        rc if rc == CuError::INVALID_VALUE.0 => CuError::UNKNOWN.0,
+        rc => rc,
+    }
 }
 
 /// 99 slots; slot 93 is NULL in the real driver too.
@@ -686,19 +715,34 @@ mod tests {
         assert_eq!(slot7, module_functions as *const () as usize);
     }
 
+    static VISITED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    unsafe extern "C" fn count_visit(_: *mut c_void, _: *mut c_void) {
+        VISITED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     #[test]
-    fn module_functions_refuses_without_visiting() {
-        static VISITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        unsafe extern "C" fn visit(_: *mut c_void, _: *mut c_void) {
-            VISITED.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
+    fn module_functions_refuses_bad_arguments_without_visiting() {
         let mut out: *mut c_void = std::ptr::null_mut();
+        let user: *mut c_void = (&raw mut out).cast();
+        let ctx = 0x10 as *mut c_void;
         // SAFETY: the arguments are as cuFFT passes them; nothing is dereferenced.
-        let rc =
-            unsafe { module_functions(0x10 as *mut c_void, 0x20 as *mut c_void, Some(visit), (&raw mut out).cast()) };
-        // Never 1, which cuFFT takes for success.
-        assert_eq!(rc, CuError::NOT_SUPPORTED.0);
-        assert!(!VISITED.load(std::sync::atomic::Ordering::SeqCst));
+        let (no_module, no_visitor) = unsafe {
+            (
+                module_functions(ctx, std::ptr::null_mut(), Some(count_visit), user),
+                module_functions(ctx, 0x20 as *mut c_void, None, user),
+            )
+        };
+        // Never 1, which cuFFT takes for success; nothing was sent.
+        assert_eq!(no_module, CuError::INVALID_HANDLE.0);
+        assert_eq!(no_visitor, CuError::INVALID_HANDLE.0);
+        assert_eq!(VISITED.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn module_functions_answers_1_only_for_success() {
+        assert_eq!(tools_module_answer(CUDA_SUCCESS), 1);
+        assert_eq!(tools_module_answer(CuError::INVALID_VALUE.0), CuError::UNKNOWN.0);
+        assert_eq!(tools_module_answer(CuError::INVALID_HANDLE.0), CuError::INVALID_HANDLE.0);
     }
 
     /// A System V x86-64 `va_list` whose register areas are used up, so

@@ -288,6 +288,46 @@ fn write_global(dptr: *mut u64, bytes: *mut usize, reply: (DevPtr, u64)) -> Resu
     Ok(())
 }
 
+/// The functions of module `hmod`, as the handles cuModuleGetFunction
+/// gives them; a NULL module is CUDA_ERROR_INVALID_HANDLE, as the driver has
+/// it.
+pub fn functions(hmod: *mut c_void) -> Result<Vec<*mut c_void>, CuError> {
+    if hmod.is_null() {
+        return Err(CuError::INVALID_HANDLE);
+    }
+    let r = client::call(calls::ModuleFunctions::Request { hmod: Module(hmod as u64) })?;
+    Ok(r.funcs.0.into_iter().map(|f| f as usize as *mut c_void).collect())
+}
+
+/// Writes up to `max` of `funcs` to `out`; the driver takes `max` as the
+/// room in the buffer, not a count that must match.
+///
+/// # Safety
+/// `out` is valid for `max` writes.
+unsafe fn write_functions(out: *mut *mut c_void, max: u32, funcs: &[*mut c_void]) {
+    for (i, &f) in funcs.iter().take(max as usize).enumerate() {
+        // SAFETY: `i < max`, room the caller vouches for.
+        unsafe { out.add(i).write(f) };
+    }
+}
+
+/// # Safety
+/// `functions` is NULL or valid for `num_functions` writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleEnumerateFunctions(
+    functions: *mut *mut c_void,
+    num_functions: u32,
+    hmod: *mut c_void,
+) -> CUresult {
+    entry("cuModuleEnumerateFunctions", || {
+        check_out(functions)?;
+        let funcs = self::functions(hmod)?;
+        // SAFETY: checked non-NULL; room for `num_functions`, per the contract.
+        unsafe { write_functions(functions, num_functions, &funcs) };
+        Ok(())
+    })
+}
+
 /// Either out-pointer may be NULL, not both, as the driver has it.
 fn check_global_outs(dptr: *mut u64, bytes: *mut usize) -> Result<(), CuError> {
     if dptr.is_null() && bytes.is_null() {
@@ -332,6 +372,33 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn enumerate_writes_no_more_than_the_room_given() {
+        let funcs = [0x10 as *mut c_void, 0x20 as *mut c_void, 0x30 as *mut c_void];
+        let mut out = [std::ptr::null_mut::<c_void>(); 4];
+        // SAFETY: `out` has room for 4.
+        unsafe { write_functions(out.as_mut_ptr(), 2, &funcs) };
+        assert_eq!(out, [funcs[0], funcs[1], std::ptr::null_mut(), std::ptr::null_mut()]);
+        // SAFETY: as above.
+        unsafe { write_functions(out.as_mut_ptr(), 4, &funcs) };
+        assert_eq!(out[..3], funcs);
+        assert!(out[3].is_null());
+    }
+
+    #[test]
+    fn enumerate_refuses_null_arguments_before_sending() {
+        let mut out = [std::ptr::null_mut::<c_void>(); 1];
+        // SAFETY: NULL or room for 1; nothing is sent for these.
+        let (no_buffer, no_module) = unsafe {
+            (
+                cuModuleEnumerateFunctions(std::ptr::null_mut(), 1, 0x20 as *mut c_void),
+                cuModuleEnumerateFunctions(out.as_mut_ptr(), 1, std::ptr::null_mut()),
+            )
+        };
+        assert_eq!(no_buffer, CuError::INVALID_VALUE.0);
+        assert_eq!(no_module, CuError::INVALID_HANDLE.0);
+    }
 
     #[test]
     fn fatbin_length_comes_from_its_header() {

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{
-    codec, Call, Ctx, CuError, DevPtr, Header, Hello, Opcode, ServerSummary, SessionSummary, Stream, Welcome,
+    codec, Call, Ctx, CuError, DevPtr, Func, Header, Hello, Module, Opcode, ServerSummary, SessionSummary, Stream,
+    Welcome,
 };
 use gpuplex_server::backend::emulated::Emulated;
 use gpuplex_server::Server;
@@ -216,6 +217,36 @@ fn bogus_arguments_get_clear_errors() {
     assert_eq!(err(c.call(cuMemAlloc_v2::Request { bytesize: 8 })), CuError::INVALID_CONTEXT);
     c.ctx = Ctx(0);
     assert_eq!(err(c.call(cuMemAlloc_v2::Request { bytesize: 8 })), CuError::INVALID_CONTEXT);
+}
+
+#[test]
+fn module_functions_are_the_handles_get_function_gives() {
+    let address = start_server("modfuncs");
+    let mut c = Client::connect(&address);
+    let ptx = include_bytes!("../src/backend/emulated/testdata/kernels.ptx").to_vec();
+    let hmod = c.call(ModuleLoad::Request { digest: gpuplex_protocol::image_digest(&ptx), image: ptx }).unwrap().module;
+    // One name asked for before the listing, the others after it.
+    let scale = c.call(cuModuleGetFunction::Request { hmod, name: "_Z5scaleIfEvPT_S0_j".into() }).unwrap().hfunc;
+    let funcs = c.call(ModuleFunctions::Request { hmod }).unwrap().funcs.0;
+    assert_eq!(funcs.len(), 3);
+    assert_eq!(c.call(cuModuleGetFunctionCount::Request { hmod }).unwrap().count, 3);
+    let mut by_name = Vec::new();
+    for name in ["mixed", "_Z5scaleIfEvPT_S0_j", "reduce"] {
+        by_name.push(c.call(cuModuleGetFunction::Request { hmod, name: name.into() }).unwrap().hfunc.0);
+    }
+    assert!(by_name.contains(&scale.0));
+    let (mut listed, mut named) = (funcs.clone(), by_name);
+    listed.sort_unstable();
+    named.sort_unstable();
+    assert_eq!(listed, named);
+    // Asking again issues nothing new; each handle names its module.
+    assert_eq!(c.call(ModuleFunctions::Request { hmod }).unwrap().funcs.0, funcs);
+    for f in funcs {
+        assert_eq!(c.call(cuFuncGetModule::Request { hfunc: Func(f) }).unwrap().hmod, hmod);
+    }
+    assert_eq!(err(c.call(ModuleFunctions::Request { hmod: Module(0xdead0) })), CuError::INVALID_HANDLE);
+    c.call(cuModuleUnload::Request { hmod }).unwrap();
+    assert_eq!(err(c.call(ModuleFunctions::Request { hmod })), CuError::INVALID_HANDLE);
 }
 
 #[test]

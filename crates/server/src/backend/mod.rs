@@ -160,6 +160,8 @@ pub trait Backend: Send + Sync {
     /// `(address, size)` of a `__device__` variable.
     fn module_get_global(&self, ctx: Obj, module: Obj, name: &str) -> BResult<(u64, u64)>;
     fn module_function_count(&self, ctx: Obj, module: Obj) -> BResult<u32>;
+    /// Every function of the module, as `module_get_function` names them.
+    fn module_functions(&self, ctx: Obj, module: Obj) -> BResult<Vec<Obj>>;
     fn module_loading_mode(&self) -> BResult<i32>;
     /// Libraries belong to no context.
     fn library_load(&self, image: &[u8]) -> BResult<Obj>;

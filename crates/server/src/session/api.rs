@@ -553,6 +553,17 @@ impl Api for Session {
         Ok(cuModuleGetFunctionCount::Reply { count: self.backend.module_function_count(ctx, entry.obj)? })
     }
 
+    fn ModuleFunctions(&mut self, req: ModuleFunctions::Request) -> R<ModuleFunctions::Reply> {
+        let (ctx, entry) = self.module(req.hmod.0)?;
+        let funcs = self.backend.module_functions(ctx, entry.obj)?;
+        // The same handles cuModuleGetFunction issues for these functions.
+        let funcs = funcs
+            .into_iter()
+            .map(|obj| self.tables.add(Kind::Func, Entry { obj, ctx: entry.ctx, owner: Owner::Module(req.hmod.0) }))
+            .collect();
+        Ok(ModuleFunctions::Reply { funcs: Seq(funcs) })
+    }
+
     fn LibraryLoad(&mut self, req: LibraryLoad::Request) -> R<LibraryLoad::Reply> {
         let image = self.images.resolve(req.digest, req.image)?;
         let obj = self.backend.library_load(&image)?;

@@ -110,6 +110,7 @@ driver_api! {
     cuModuleGetFunction(func: *mut CUfunction, module: CUmodule, name: *const c_char);
     cuModuleGetGlobal_v2(ptr: *mut CUdeviceptr, size: *mut usize, module: CUmodule, name: *const c_char);
     cuModuleGetFunctionCount(count: *mut c_uint, module: CUmodule);
+    cuModuleEnumerateFunctions(functions: *mut CUfunction, count: c_uint, module: CUmodule);
     cuModuleGetLoadingMode(mode: *mut c_int);
     cuLibraryLoadData(
         library: *mut CUlibrary,

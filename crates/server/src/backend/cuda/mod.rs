@@ -562,6 +562,16 @@ impl Backend for Cuda {
         query(|n| unsafe { api::cuModuleGetFunctionCount(n, raw(module)) })
     }
 
+    fn module_functions(&self, ctx: Obj, module: Obj) -> BResult<Vec<Obj>> {
+        enter(ctx)?;
+        // SAFETY: out-pointer to a local; live module.
+        let count: c_uint = query(|n| unsafe { api::cuModuleGetFunctionCount(n, raw(module)) })?;
+        let mut funcs: Vec<sys::CUfunction> = vec![null_mut(); count as usize];
+        // SAFETY: `funcs` has room for `count` handles; live module.
+        check(unsafe { api::cuModuleEnumerateFunctions(funcs.as_mut_ptr(), count, raw(module)) })?;
+        Ok(funcs.into_iter().map(obj).collect())
+    }
+
     fn module_loading_mode(&self) -> BResult<i32> {
         // SAFETY: out-pointer to a local `int`.
         query(|m| unsafe { api::cuModuleGetLoadingMode(m) })

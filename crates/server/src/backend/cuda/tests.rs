@@ -150,6 +150,9 @@ fn drives_a_real_gpu() {
     let module = cuda.module_load(ctx, PTX.as_bytes()).unwrap();
     assert_eq!(cuda.module_function_count(ctx, module).unwrap(), 2);
     let add = cuda.module_get_function(ctx, module, "add").unwrap();
+    let listed = cuda.module_functions(ctx, module).unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.contains(&add));
     let err = cuda.module_get_function(ctx, module, "absent").unwrap_err();
     assert_eq!(err.code, CuError::NOT_FOUND);
     let slots: Vec<_> = cuda.param_layout(ctx, add).unwrap().iter().map(|s| (s.offset, s.size)).collect();

@@ -544,6 +544,14 @@ impl Backend for Emulated {
         Ok(m.image.kernels.len() as u32)
     }
 
+    fn module_functions(&self, ctx: Obj, module: Obj) -> BResult<Vec<Obj>> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        let m = s.modules.get(&module.0).ok_or(CuError::INVALID_HANDLE)?;
+        let names: Vec<String> = m.image.kernels.iter().map(|k| k.name.clone()).collect();
+        names.iter().map(|name| s.module_function(module.0, name).map(Obj)).collect()
+    }
+
     fn module_loading_mode(&self) -> BResult<i32> {
         // CU_MODULE_LAZY_LOADING: libraries load into a context on first use.
         Ok(2)
