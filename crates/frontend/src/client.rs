@@ -206,7 +206,7 @@ impl Conn {
         if reply.slots == 0 || reply.slot_bytes == 0 {
             return Err(self.lose_with("the server offered no staging slots".into()));
         }
-        let staging_bytes = reply.slot_bytes.checked_mul(reply.slots as u64).unwrap_or(u64::MAX);
+        let staging_bytes = reply.slot_bytes.saturating_mul(reply.slots as u64);
         let layout = Layout { ring_bytes: reply.ring_bytes as usize, staging_bytes: staging_bytes as usize };
         let rings = gpuplex_transport::rings(region.clone(), layout, Side::Client)
             .map_err(|e| self.lose_with(e.to_string()))?;

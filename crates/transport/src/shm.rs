@@ -161,7 +161,7 @@ impl Layout {
     /// staging.
     pub fn check(&self, region_len: usize) -> Result<(), TransportError> {
         let ring_ok = self.ring_bytes.is_power_of_two() && (64 << 10..=64 << 20).contains(&self.ring_bytes);
-        if !ring_ok || self.staging_bytes % 4096 != 0 || self.total() > region_len {
+        if !ring_ok || self.staging_bytes & 4095 != 0 || self.total() > region_len {
             return Err(TransportError::Shared(format!("bad shared layout {self:?} for {region_len} bytes")));
         }
         Ok(())
@@ -453,7 +453,7 @@ impl Wait {
                 return Ok(n);
             }
             turns = turns.wrapping_add(1);
-            if turns % 64 == 0 && start.elapsed() >= self.spin {
+            if turns & 63 == 0 && start.elapsed() >= self.spin {
                 break;
             }
             std::hint::spin_loop();

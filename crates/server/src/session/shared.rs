@@ -115,7 +115,7 @@ impl Shared {
         let total = self.host_bytes.checked_add(size).filter(|&t| t <= HOST_BUDGET);
         let total = total.ok_or_else(|| CallError::new(CuError::OUT_OF_MEMORY, "pinned host memory budget spent"))?;
         let len = usize::try_from(size).map_err(|_| invalid("host block too large"))?;
-        let at = if at % 4096 == 0 { at as usize as *mut u8 } else { std::ptr::null_mut() };
+        let at = if at & 4095 == 0 { at as usize as *mut u8 } else { std::ptr::null_mut() };
         let region = Region::create_at("gpuplex-pinned", len, at)
             .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("host block: {e}")))?;
         // SAFETY: the region lives in `self.blocks` until it is unregistered.
