@@ -285,7 +285,8 @@ pub(crate) struct Reader {
     seen_head: u64,
     /// Small reads are served from here, filled with whatever the ring
     /// holds, so a frame's header and payload cost one publication.
-    local: Vec<u8>,
+    local: Box<[u8]>,
+    filled: usize,
     taken: usize,
 }
 
@@ -356,7 +357,7 @@ impl Writer {
 
 impl Reader {
     fn new(end: RingEnd) -> Reader {
-        Reader { end, seen_head: 0, local: Vec::new(), taken: 0 }
+        Reader { end, seen_head: 0, local: vec![0; LOCAL_BYTES].into_boxed_slice(), filled: 0, taken: 0 }
     }
 
     /// Copies what the ring holds (at least one byte, at most `max`) into
@@ -391,17 +392,15 @@ impl Reader {
     }
 
     fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, TransportError> {
-        if self.taken == self.local.len() && buf.len() >= LOCAL_READ {
+        if self.taken == self.filled && buf.len() >= LOCAL_READ {
             return self.take(buf.as_mut_ptr(), buf.len());
         }
-        if self.taken == self.local.len() {
-            self.local.resize(LOCAL_BYTES, 0);
+        if self.taken == self.filled {
             let local = self.local.as_mut_ptr();
-            let n = self.take(local, LOCAL_BYTES)?;
-            self.local.truncate(n);
+            self.filled = self.take(local, LOCAL_BYTES)?;
             self.taken = 0;
         }
-        let n = buf.len().min(self.local.len() - self.taken);
+        let n = buf.len().min(self.filled - self.taken);
         buf[..n].copy_from_slice(&self.local[self.taken..self.taken + n]);
         self.taken += n;
         Ok(n)

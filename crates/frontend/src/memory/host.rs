@@ -79,6 +79,16 @@ pub fn shared_range(ptr: u64, len: usize) -> Option<(u64, u64)> {
     })
 }
 
+/// The host memory known here that holds `ptr`: `(start, size, device
+/// address of ptr if mapped)`.
+pub fn lookup(ptr: u64) -> Option<(u64, u64, Option<u64>)> {
+    with(|blocks| {
+        let (&start, b) = blocks.range(..=ptr).next_back()?;
+        (ptr - start < b.size as u64)
+            .then(|| (start, b.size as u64, b.shared.as_ref().map(|s| s.devptr + (ptr - s.base))))
+    })
+}
+
 /// Whether `ptr` lies in host memory known here.
 pub fn contains(ptr: u64) -> bool {
     with(|blocks| blocks.range(..=ptr).next_back().is_some_and(|(&start, b)| ptr - start < b.size as u64))

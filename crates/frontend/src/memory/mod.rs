@@ -20,20 +20,24 @@ use crate::client;
 use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
 use copy::{dtod, dtoh, htod};
 
-/// `cuMemAlloc` ranges of this process: base to size.
-static ALLOCATIONS: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+/// `cuMemAlloc` ranges of this process: base to (size, context).
+static ALLOCATIONS: Mutex<BTreeMap<u64, (u64, u64)>> = Mutex::new(BTreeMap::new());
 
-fn allocations<T>(f: impl FnOnce(&mut BTreeMap<u64, u64>) -> T) -> T {
+fn allocations<T>(f: impl FnOnce(&mut BTreeMap<u64, (u64, u64)>) -> T) -> T {
     f(&mut ALLOCATIONS.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// The allocation holding `ptr`: `(base, size, context)`.
+fn allocation(ptr: u64) -> Option<(u64, u64, u64)> {
+    allocations(|a| {
+        let (&base, &(size, ctx)) = a.range(..=ptr).next_back()?;
+        (ptr - base < size).then_some((base, size, ctx))
+    })
 }
 
 /// Whether `[ptr, ptr + len)` lies inside one allocation of this process.
 pub fn known_range(ptr: u64, len: usize) -> bool {
-    allocations(|a| {
-        a.range(..=ptr)
-            .next_back()
-            .is_some_and(|(&base, &size)| ptr.checked_add(len as u64).is_some_and(|end| end <= base + size))
-    })
+    allocation(ptr).is_some_and(|(base, size, _)| ptr.checked_add(len as u64).is_some_and(|end| end <= base + size))
 }
 
 /// # Safety
@@ -43,7 +47,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) -> CUres
     entry("cuMemAlloc_v2", || {
         check_out(dptr)?;
         let reply = client::call(calls::cuMemAlloc_v2::Request { bytesize: bytesize as u64 })?;
-        allocations(|a| a.insert(reply.dptr.0, bytesize as u64));
+        allocations(|a| a.insert(reply.dptr.0, (bytesize as u64, crate::context::current())));
         // SAFETY: checked non-NULL; the caller vouches for it.
         unsafe { write_out(dptr, reply.dptr.0) };
         Ok(())
@@ -70,7 +74,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         };
         let reply = client::call(req)?;
         let size = reply.pitch.checked_mul(height as u64).ok_or(CuError::UNKNOWN)?;
-        allocations(|a| a.insert(reply.dptr.0, size));
+        allocations(|a| a.insert(reply.dptr.0, (size, crate::context::current())));
         // SAFETY: checked non-NULL; the caller vouches for them.
         unsafe {
             write_out(dptr, reply.dptr.0);
@@ -95,6 +99,128 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
 /// Ranges are only a hint for posting, so forgetting too much is safe.
 pub fn forget_allocations() {
     allocations(|a| a.clear());
+}
+
+/// What `cuPointerGetAttribute` knows about a pointer.
+struct Pointer {
+    device: bool,
+    base: u64,
+    size: u64,
+    ctx: u64,
+    devptr: Option<u64>,
+}
+
+/// Device memory of this process (its allocations, else any range the
+/// server knows, such as module globals), or host memory known here.
+fn pointer(ptr: u64) -> Result<Option<Pointer>, CuError> {
+    if let Some((base, size, ctx)) = allocation(ptr) {
+        return Ok(Some(Pointer { device: true, base, size, ctx, devptr: Some(ptr) }));
+    }
+    if let Some((base, size, devptr)) = host::lookup(ptr) {
+        return Ok(Some(Pointer { device: false, base, size, ctx: crate::context::current(), devptr }));
+    }
+    match client::call(calls::cuMemGetAddressRange_v2::Request { dptr: DevPtr(ptr) }) {
+        Ok(r) => Ok(Some(Pointer {
+            device: true,
+            base: r.pbase.0,
+            size: r.psize,
+            ctx: crate::context::current(),
+            devptr: Some(ptr),
+        })),
+        Err(CuError::NOT_FOUND) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes attribute `attr` of `p` (at `ptr`) to `data`.
+///
+/// # Safety
+/// `data` is valid for a write of the attribute's type.
+unsafe fn write_attribute(data: *mut c_void, attr: i32, p: &Pointer, ptr: u64) -> Result<(), CuError> {
+    const CU_MEMORYTYPE_HOST: u32 = 1;
+    const CU_MEMORYTYPE_DEVICE: u32 = 2;
+    // SAFETY: per this function's contract, `data` takes each arm's type,
+    // the attribute's type in cuda.h.
+    unsafe {
+        match attr {
+            1 => write_out(data.cast::<u64>(), p.ctx),
+            2 => write_out(data.cast::<u32>(), if p.device { CU_MEMORYTYPE_DEVICE } else { CU_MEMORYTYPE_HOST }),
+            3 => write_out(data.cast::<u64>(), p.devptr.ok_or(CuError::INVALID_VALUE)?),
+            4 if p.device => return Err(CuError::INVALID_VALUE),
+            4 => write_out(data.cast::<u64>(), ptr),
+            6 | 8 => write_out(data.cast::<u8>(), 0), // SYNC_MEMOPS, IS_MANAGED: never set here
+            7 => write_out(data.cast::<u64>(), p.base), // BUFFER_ID: unique while the buffer lives
+            9 => {
+                let dev = client::call(calls::cuCtxGetDevice_v2::Request { ctx: gpuplex_protocol::Ctx(p.ctx) })?;
+                write_out(data.cast::<i32>(), dev.device)
+            }
+            11 => write_out(data.cast::<u64>(), p.base),
+            12 => write_out(data.cast::<usize>(), p.size as usize),
+            13 => write_out(data.cast::<u8>(), u8::from(p.devptr.is_some())),
+            _ => {
+                crate::log::warn(&format!("cuPointerGetAttribute: attribute {attr} is not supported by gpuplex"));
+                return Err(CuError::NOT_SUPPORTED);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `data` is valid for a write of the attribute's type.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attr: i32, ptr: u64) -> CUresult {
+    entry("cuPointerGetAttribute", || {
+        check_out(data)?;
+        client::client()?;
+        let p = pointer(ptr)?.ok_or(CuError::INVALID_VALUE)?;
+        // SAFETY: per this function's contract.
+        unsafe { write_attribute(data, attr, &p, ptr) }
+    })
+}
+
+/// Memory CUDA does not know reads as zeros, with success, as the driver
+/// answers it.
+///
+/// # Safety
+/// `attrs` holds `n` attributes and `data` `n` pointers, each valid for a
+/// write of its attribute's type.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttributes(n: u32, attrs: *mut i32, data: *mut *mut c_void, ptr: u64) -> CUresult {
+    entry("cuPointerGetAttributes", || {
+        client::client()?;
+        if n == 0 || attrs.is_null() || data.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let p = pointer(ptr)?;
+        for i in 0..n as usize {
+            // SAFETY: per this function's contract.
+            let (attr, out) = unsafe { (*attrs.add(i), *data.add(i)) };
+            if out.is_null() {
+                continue;
+            }
+            match &p {
+                // SAFETY: per this function's contract.
+                Some(p) => match unsafe { write_attribute(out, attr, p, ptr) } {
+                    Ok(()) | Err(CuError::INVALID_VALUE) => {}
+                    Err(e) => return Err(e),
+                },
+                // SAFETY: every attribute's type is at most 8 bytes; zero
+                // is "none" for each.
+                None => unsafe { std::ptr::write_bytes(out.cast::<u8>(), 0, attribute_size(attr)) },
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Bytes of an attribute's value in cuda.h.
+fn attribute_size(attr: i32) -> usize {
+    match attr {
+        2 | 9 => 4,
+        6 | 8 | 10 | 13 | 15 => 1,
+        _ => 8,
+    }
 }
 
 fn host_in<'a>(src: *const c_void, n: usize) -> Result<&'a [u8], CuError> {
