@@ -1,19 +1,23 @@
 //! Sessions against a live server on the emulated backend: isolation,
-//! cleanup of vanished clients, hostile input on the wire, and TCP peers
-//! that cannot prove the token.
+//! cleanup of vanished clients, hostile input on the wire, TCP peers that
+//! cannot prove the token, posted calls and their deferred errors, and
+//! shared memory (rings, staging slots, pinned host blocks) including a
+//! peer that lies on the rings' counters.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{
-    codec, Call, Ctx, CuError, DevPtr, Func, Header, Hello, Module, Opcode, ServerSummary, SessionSummary, Stream,
-    Welcome,
+    codec, Call, Ctx, CuError, DevPtr, ErrorDetail, Event, Func, Header, Hello, Module, Opcode, ServerSummary,
+    SessionSummary, SharedLayout, Stream, Welcome,
 };
 use gpuplex_server::backend::emulated::Emulated;
 use gpuplex_server::Server;
+use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::{Address, AuthError, Carrier, Token, TransportError};
 use proptest::prelude::*;
 
@@ -69,15 +73,56 @@ impl Client {
     }
 
     fn call<C: Call>(&mut self, req: C) -> Result<C::Reply, CuError> {
-        let payload = codec::encode(&req);
-        self.next += 1;
-        let header = Header::request(C::OPCODE, self.next, self.ctx.0, payload.len()).from_thread(self.thread);
-        self.carrier.send(&header, &payload).unwrap();
+        self.call_detail(req).map_err(|(e, _)| e)
+    }
+
+    /// As [`Client::call`], with the error's detail.
+    fn call_detail<C: Call>(&mut self, req: C) -> Result<C::Reply, (CuError, String)> {
+        self.send(req, false);
         let mut buf = Vec::new();
         let h = self.carrier.recv(&mut buf).unwrap();
-        assert_eq!(h.request_id.get(), self.next);
-        CuError::check(h.status.get())?;
+        assert_eq!(h.request_id.get(), self.next, "a reply to another request");
+        if let Err(e) = CuError::check(h.status.get()) {
+            return Err((e, codec::decode::<ErrorDetail>(&buf).unwrap().detail));
+        }
         Ok(codec::decode(&buf).unwrap())
+    }
+
+    /// Sends a call flagged posted: no reply comes.
+    fn post<C: Call>(&mut self, req: C) {
+        self.send(req, true);
+    }
+
+    fn send<C: Call>(&mut self, req: C, posted: bool) {
+        let payload = codec::encode(&req);
+        self.next += 1;
+        let mut header = Header::request(C::OPCODE, self.next, self.ctx.0, payload.len()).from_thread(self.thread);
+        if posted {
+            header = header.posted();
+        }
+        self.carrier.send(&header, &payload).unwrap();
+    }
+
+    /// Asks for shared memory and moves this client's frames onto the rings.
+    fn share_memory(&mut self) -> (Arc<Region>, SharedLayout) {
+        self.next += 1;
+        self.carrier.send(&Header::request(Opcode::SharedMemory, self.next, self.ctx.0, 0), &[]).unwrap();
+        let mut buf = Vec::new();
+        let h = self.carrier.recv(&mut buf).unwrap();
+        assert_eq!((h.request_id.get(), h.status.get()), (self.next, 0));
+        let layout: SharedLayout = codec::decode(&buf).unwrap();
+        let region = Arc::new(Region::open(self.carrier.recv_fd().unwrap()).unwrap());
+        let rings = gpuplex_transport::rings(region.clone(), ring_layout(&layout), Side::Client).unwrap();
+        self.carrier.attach_rings(rings).unwrap();
+        (region, layout)
+    }
+
+    fn write(&mut self, dst: DevPtr, data: &[u8]) {
+        self.call(MemcpyHtoD::Request { dst, data: data.to_vec(), stream: Stream::NULL, sync: true }).unwrap();
+    }
+
+    fn read(&mut self, src: DevPtr, size: u64) -> Vec<u8> {
+        self.call(MemcpyDtoH::Request { src, size, stream: Stream::NULL, sync: true }).unwrap().data
     }
 
     fn alloc(&mut self, n: u64) -> DevPtr {
@@ -308,6 +353,278 @@ fn tcp_admits_only_the_token_and_strangers_stall_no_one() {
     assert_eq!(s.sessions.0.len(), 1, "only the good client has a session");
     assert_eq!((s.sessions.0[0].pid, s.sessions.0[0].uid), (SessionSummary::NO_PID, SessionSummary::NO_UID));
     assert_eq!(s.sessions.0[0].device_bytes, 1 << 20);
+}
+
+/// Posted calls: no reply; the first failure answers the next waited-for
+/// call in its place (which does not run), and the call after that runs.
+#[test]
+fn a_failed_posted_call_answers_the_next_waited_call_in_its_place() {
+    let address = start_server("posted");
+    let mut c = Client::connect(&address);
+    let p = c.alloc(64);
+    let free = c.free_memory();
+    c.post(MemcpyHtoD::Request { dst: p, data: vec![5; 64], stream: Stream::NULL, sync: false });
+    c.post(cuEventRecord::Request { hEvent: Event(0xdead0), hStream: Stream::NULL });
+    // A second failure is dropped: only the first is kept.
+    c.post(MemcpyDtoD::Request { dst: DevPtr(0x1234), src: p, size: 8, stream: Stream::NULL, sync: false });
+    // `call_detail` checks that this reply answers the waited call, so a
+    // reply sent to any posted call above fails here.
+    let (code, detail) = c.call_detail(cuMemAlloc_v2::Request { bytesize: 1 << 20 }).err().unwrap();
+    assert_eq!(code, CuError::INVALID_HANDLE, "{detail}");
+    assert!(detail.contains("cuEventRecord") && detail.contains("posted"), "{detail}");
+    assert_eq!(c.free_memory(), free, "the waited call that got the deferred error must not run");
+    assert_eq!(c.read(p, 64), vec![5; 64], "a posted call that succeeds runs");
+    c.alloc(1 << 20);
+    assert!(c.free_memory() < free, "the error was reported once; later calls run");
+}
+
+#[test]
+fn a_posted_copy_to_nowhere_fails_the_next_call_only() {
+    let address = start_server("posted-copy");
+    let mut c = Client::connect(&address);
+    let p = c.alloc(64);
+    let free = c.free_memory();
+    c.post(MemcpyDtoD::Request { dst: DevPtr(0x1234), src: p, size: 8, stream: Stream::NULL, sync: false });
+    let (code, detail) = c.call_detail(cuMemAlloc_v2::Request { bytesize: 4 << 20 }).err().unwrap();
+    assert_eq!(code, CuError::INVALID_VALUE);
+    assert!(detail.contains("MemcpyDtoD") && detail.contains("posted"), "{detail}");
+    assert_eq!(c.free_memory(), free, "no allocation happened");
+    let q = c.alloc(4 << 20);
+    assert_ne!(q, p);
+    assert_eq!(c.free_memory(), free - (4 << 20));
+}
+
+fn ring_layout(l: &SharedLayout) -> Layout {
+    Layout { ring_bytes: l.ring_bytes as usize, staging_bytes: (l.slot_bytes * l.slots as u64) as usize }
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Writes `data` into the client's mapping of `region` at `at`.
+fn poke(region: &Region, at: usize, data: &[u8]) {
+    assert!(at + data.len() <= region.len());
+    // SAFETY: inside the mapping (checked above); the server reads it only
+    // for a copy asked for after this returns.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), region.as_ptr().add(at), data.len()) }
+}
+
+fn peek(region: &Region, at: usize, n: usize) -> Vec<u8> {
+    assert!(at + n <= region.len());
+    // SAFETY: inside the mapping; the copy that wrote it has completed.
+    unsafe { std::slice::from_raw_parts(region.as_ptr().add(at), n) }.to_vec()
+}
+
+#[test]
+fn calls_and_staged_copies_work_over_shared_memory() {
+    let address = start_server("shared");
+    let mut c = Client::connect(&address);
+    let (region, layout) = c.share_memory();
+    let slot_bytes = layout.slot_bytes;
+    assert!(layout.slots >= 4 && slot_bytes >= 4096);
+    assert!(ring_layout(&layout).total() <= region.len());
+
+    // Plain calls through the rings, larger than one ring for the read.
+    let p = c.alloc(8 << 20);
+    let inline = pattern(1000, 1);
+    c.write(p, &inline);
+    assert_eq!(c.read(p, 1000), inline);
+    let big = c.read(p, layout.ring_bytes + 4096);
+    assert_eq!(big.len() as u64, layout.ring_bytes + 4096);
+
+    // Staged: slot 3, not at its start.
+    let (slot, n) = (3u64, 100_000usize);
+    let offset = slot * slot_bytes + 16;
+    let staged = pattern(n, 7);
+    poke(&region, ring_layout(&layout).staging_offset() + offset as usize, &staged);
+    let dst = DevPtr(p.0 + 4096);
+    let copy = |block: u64, offset: u64, size: u64| MemcpyHtoDShared::Request {
+        dst,
+        block,
+        offset,
+        size,
+        stream: Stream::NULL,
+        sync: false,
+    };
+    c.call(copy(0, offset, n as u64)).unwrap();
+    c.call(StagingWait::Request { slot: slot as u32 }).unwrap();
+    assert_eq!(c.read(dst, n as u64), staged);
+
+    // And back out through slot 5.
+    let back = 5 * slot_bytes;
+    c.call(MemcpyDtoHShared::Request {
+        src: dst,
+        block: 0,
+        offset: back,
+        size: n as u64,
+        stream: Stream::NULL,
+        sync: false,
+    })
+    .unwrap();
+    c.call(StagingWait::Request { slot: 5 }).unwrap();
+    assert_eq!(peek(&region, ring_layout(&layout).staging_offset() + back as usize, n), staged);
+
+    // Ranges the client may not name.
+    let staging = slot_bytes * layout.slots as u64;
+    assert_eq!(err(c.call(copy(0, slot_bytes - 8, 16))), CuError::INVALID_VALUE, "across a slot boundary");
+    assert_eq!(err(c.call(copy(0, staging, 1))), CuError::INVALID_VALUE, "past the staging area");
+    assert_eq!(err(c.call(copy(0, u64::MAX - 4, 16))), CuError::INVALID_VALUE, "offset + size overflows");
+    assert_eq!(err(c.call(copy(0, u64::MAX, 1))), CuError::INVALID_VALUE, "offset + size overflows");
+    assert_eq!(err(c.call(copy(77, 0, 16))), CuError::INVALID_VALUE, "an unknown block");
+    assert_eq!(err(c.call(StagingWait::Request { slot: layout.slots })), CuError::INVALID_VALUE);
+    let twice = Header::request(Opcode::SharedMemory, 1000, c.ctx.0, 0);
+    c.carrier.send(&twice, &[]).unwrap();
+    let h = c.carrier.recv(&mut Vec::new()).unwrap();
+    assert_eq!((h.request_id.get(), h.status.get()), (1000, CuError::INVALID_VALUE.0), "shared twice");
+
+    // Refusals end nothing.
+    assert_eq!(c.read(p, 1000), inline);
+}
+
+#[test]
+fn staging_needs_shared_memory() {
+    let address = start_server("no-staging");
+    let mut c = Client::connect(&address);
+    let p = c.alloc(64);
+    let copy = MemcpyHtoDShared::Request { dst: p, block: 0, offset: 0, size: 8, stream: Stream::NULL, sync: true };
+    assert_eq!(err(c.call(copy)), CuError::INVALID_VALUE);
+    assert_eq!(err(c.call(StagingWait::Request { slot: 0 })), CuError::INVALID_VALUE);
+}
+
+#[test]
+fn host_blocks_are_shared_until_freed() {
+    let address = start_server("host-blocks");
+    let mut c = Client::connect(&address);
+    let _shared = c.share_memory();
+    let size = 1u64 << 16;
+    let host = c.call(HostAlloc::Request { size, flags: 0, at: 0 }).unwrap();
+    assert_ne!(host.block, 0, "block 0 is the staging area");
+    // The descriptor follows the reply.
+    let block = Region::open(c.carrier.recv_fd().unwrap()).unwrap();
+    assert_eq!(block.len() as u64, size);
+
+    let p = c.alloc(size);
+    let data = pattern(5000, 3);
+    poke(&block, 4096, &data);
+    let copy = |block: u64, offset: u64, len: u64| MemcpyHtoDShared::Request {
+        dst: p,
+        block,
+        offset,
+        size: len,
+        stream: Stream::NULL,
+        sync: true,
+    };
+    c.call(copy(host.block, 4096, data.len() as u64)).unwrap();
+    assert_eq!(c.read(p, data.len() as u64), data, "the server sees what the client wrote");
+    assert_eq!(c.read(DevPtr(host.devptr.0 + 4096), data.len() as u64), data, "through its device address");
+
+    let out = pattern(300, 9);
+    c.write(p, &out);
+    c.call(MemcpyDtoHShared::Request {
+        src: p,
+        block: host.block,
+        offset: 100,
+        size: 300,
+        stream: Stream::NULL,
+        sync: true,
+    })
+    .unwrap();
+    assert_eq!(peek(&block, 100, 300), out, "the client sees what the server wrote");
+
+    assert_eq!(err(c.call(copy(host.block, size - 8, 16))), CuError::INVALID_VALUE, "past the block's end");
+    assert_eq!(err(c.call(copy(host.block, u64::MAX - 4, 16))), CuError::INVALID_VALUE, "overflow");
+    assert_eq!(err(c.call(HostAlloc::Request { size: 0, flags: 0, at: 0 })), CuError::INVALID_VALUE);
+
+    c.call(HostFree::Request { block: host.block }).unwrap();
+    assert_eq!(err(c.call(copy(host.block, 4096, 16))), CuError::INVALID_VALUE, "freed");
+    assert_eq!(err(c.call(HostFree::Request { block: host.block })), CuError::INVALID_VALUE, "freed twice");
+    assert_eq!(
+        err(c.call(MemcpyDtoH::Request { src: host.devptr, size: 16, stream: Stream::NULL, sync: true })),
+        CuError::INVALID_VALUE,
+        "its device address died with it"
+    );
+}
+
+#[test]
+fn a_client_vanishing_with_frames_on_the_rings_leaves_nothing_behind() {
+    let address = start_server("vanish-rings");
+    let mut observer = Client::connect(&address);
+    let before = observer.free_memory();
+    let mut doomed = Client::connect(&address);
+    let _shared = doomed.share_memory();
+    doomed.alloc(1 << 30);
+    doomed.call(HostAlloc::Request { size: 1 << 16, flags: 0, at: 0 }).unwrap();
+    let _block = doomed.carrier.recv_fd().unwrap();
+    assert!(observer.free_memory() <= before - (1 << 30));
+    // Requests whose replies no one will read.
+    for _ in 0..16 {
+        doomed.send(cuMemAlloc_v2::Request { bytesize: 1 << 20 }, false);
+    }
+    drop(doomed);
+    wait_for("the dead client's memory to be freed", || observer.free_memory() == before);
+    wait_for("the session to leave the registry", || summary(&address).sessions.0.len() == 1);
+}
+
+/// Offsets in a connection region of each ring's counters (`RingControl`:
+/// six 64-byte lines, head first, then tail); ring 0 runs client to server.
+const CONTROL: usize = 6 * 64;
+
+/// A client that lies on a ring's counters ends its own session only.
+/// `then_call`: the liar makes a call after lying (for a lie the server
+/// sees only when it writes).
+fn lying_on_the_rings_ends_only_the_liar(name: &str, then_call: bool, lie: impl FnOnce(&Region, &SharedLayout)) {
+    let address = start_server(name);
+    let mut good = Client::connect(&address);
+    let p = good.alloc(64);
+    let before = good.free_memory();
+    let mut liar = Client::connect(&address);
+    let (region, layout) = liar.share_memory();
+    // Larger than a ring, so that answering it makes the server look at the
+    // reader's counter again (it trusts the last one seen while it leaves room).
+    let big = 2 * layout.ring_bytes;
+    let src = liar.alloc(big);
+    lie(&region, &layout);
+    if then_call {
+        liar.send(MemcpyDtoH::Request { src, size: big, stream: Stream::NULL, sync: true }, false);
+    }
+    let mut buf = Vec::new();
+    let start = Instant::now();
+    while liar.carrier.recv(&mut buf).is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(2), "the liar's session goes on");
+    }
+    wait_for("the liar's memory to be freed", || good.free_memory() == before);
+    wait_for("the liar's session to end", || summary(&address).sessions.0.len() == 1);
+    good.write(p, &[9; 64]);
+    assert_eq!(good.read(p, 64), vec![9; 64]);
+    let mut newcomer = Client::connect(&address);
+    newcomer.share_memory();
+    newcomer.alloc(1 << 20);
+}
+
+/// The counter at `at` in the region's control page.
+fn counter(region: &Region, at: usize) -> &AtomicU64 {
+    assert!(at % 8 == 0 && at + 8 <= 4096 && region.len() >= 4096);
+    // SAFETY: an aligned u64 in the mapped control page, which both sides
+    // only ever access atomically.
+    unsafe { &*region.as_ptr().add(at).cast::<AtomicU64>() }
+}
+
+#[test]
+fn a_head_past_capacity_ends_only_the_liar_s_session() {
+    // No call after: the liar's own writer would publish its true head.
+    lying_on_the_rings_ends_only_the_liar("lying-head", false, |region, layout| {
+        let head = counter(region, 0);
+        head.store(head.load(SeqCst) + 3 * layout.ring_bytes, SeqCst);
+    });
+}
+
+#[test]
+fn a_tail_past_the_head_ends_only_the_liar_s_session() {
+    lying_on_the_rings_ends_only_the_liar("lying-tail", true, |region, layout| {
+        let tail = counter(region, CONTROL + 64);
+        tail.store(tail.load(SeqCst).wrapping_sub(2 * layout.ring_bytes), SeqCst);
+    });
 }
 
 proptest! {

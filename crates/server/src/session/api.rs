@@ -175,7 +175,7 @@ impl Session {
     /// A launch as the backend takes it: the stream resolved, the attribute
     /// records split and checked to carry only plain values.
     fn launch_config(&mut self, dims: [u32; 6], shared_mem: u32, stream: Stream, attrs: &[u8]) -> R<backend::Launch> {
-        if !attrs.len().is_multiple_of(ATTR_RECORD) {
+        if attrs.len() % ATTR_RECORD != 0 {
             return Err(invalid("launch attributes are not whole records"));
         }
         let mut parsed = Vec::with_capacity(attrs.len() / ATTR_RECORD);
