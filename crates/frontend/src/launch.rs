@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use gpuplex_protocol::{calls, CuError, Func, Stream};
 
@@ -26,6 +26,8 @@ use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
 /// (`(offset, size)`), and the limits a launch is checked against.
 struct FuncInfo {
     layout: Vec<(u32, u32)>,
+    /// Bytes the packed parameters span.
+    packed: usize,
     max_threads: u32,
     static_shared: u32,
 }
@@ -42,8 +44,10 @@ fn info(func: u64) -> Result<Arc<FuncInfo>, CuError> {
     if reply.offsets.0.len() != reply.sizes.0.len() {
         return Err(CuError::UNKNOWN);
     }
+    let layout: Vec<(u32, u32)> = reply.offsets.0.into_iter().zip(reply.sizes.0).collect();
     let info = Arc::new(FuncInfo {
-        layout: reply.offsets.0.into_iter().zip(reply.sizes.0).collect(),
+        packed: layout.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0),
+        layout,
         max_threads: reply.maxThreads.max(0) as u32,
         static_shared: reply.staticShared.max(0) as u32,
     });
@@ -58,18 +62,24 @@ fn layout(func: u64) -> Result<Vec<(u32, u32)>, CuError> {
 /// Shared memory every launch may use without opting in.
 const DEFAULT_SHARED: u64 = 48 << 10;
 
-/// Whether the driver is sure to accept this launch (so it can be posted).
-fn surely_accepted(func: u64, g: &Grid, params: usize) -> Result<bool, CuError> {
-    let info = info(func)?;
-    let packed = info.layout.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0);
+/// The devices' launch limits (threads per block, block and grid
+/// dimensions), the tightest over all devices so that they hold for any;
+/// None without devices.
+fn device_limits() -> Result<Option<[u64; 7]>, CuError> {
+    static LIMITS: OnceLock<Option<[u64; 7]>> = OnceLock::new();
     let client = client::client()?;
-    // The tightest limits over the devices, so the answer holds for any.
-    let limit = |attr: usize| {
-        client.welcome.devices.0.iter().map(|d| d.attributes.0.get(attr).map_or(0, |a| a.value.max(0) as u64)).min()
-    };
-    let (Some(threads), Some(bx), Some(by), Some(bz), Some(gx), Some(gy), Some(gz)) =
-        (limit(1), limit(2), limit(3), limit(4), limit(5), limit(6), limit(7))
-    else {
+    Ok(*LIMITS.get_or_init(|| {
+        let devices = &client.welcome.devices.0;
+        let limit =
+            |attr: usize| devices.iter().map(|d| d.attributes.0.get(attr).map_or(0, |a| a.value.max(0) as u64)).min();
+        // CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, then MAX_BLOCK_DIM_X..Z, MAX_GRID_DIM_X..Z.
+        Some([limit(1)?, limit(2)?, limit(3)?, limit(4)?, limit(5)?, limit(6)?, limit(7)?])
+    }))
+}
+
+/// Whether the driver is sure to accept this launch (so it can be posted).
+fn surely_accepted(info: &FuncInfo, g: &Grid, params: usize) -> Result<bool, CuError> {
+    let Some([threads, bx, by, bz, gx, gy, gz]) = device_limits()? else {
         return Ok(false);
     };
     let [b0, b1, b2] = g.block.map(u64::from);
@@ -81,7 +91,7 @@ fn surely_accepted(func: u64, g: &Grid, params: usize) -> Result<bool, CuError> 
         .all(|(&d, max)| d >= 1 && d as u64 <= max);
     let threads_ok = b0 * b1 * b2 <= threads.min(info.max_threads as u64);
     let shared_ok = info.static_shared as u64 + g.shared_mem as u64 <= DEFAULT_SHARED;
-    Ok(dims_ok && threads_ok && shared_ok && params == packed && crate::context::current() != 0)
+    Ok(dims_ok && threads_ok && shared_ok && params == info.packed && crate::context::current() != 0)
 }
 
 /// Packs `kernelParams` by the function's layout.
@@ -89,11 +99,9 @@ fn surely_accepted(func: u64, g: &Grid, params: usize) -> Result<bool, CuError> 
 /// # Safety
 /// `params` holds one valid pointer per parameter of the function, each to
 /// a value of that parameter's size, as the CUDA API requires.
-unsafe fn pack(func: u64, params: *mut *mut c_void) -> Result<Vec<u8>, CuError> {
-    let info = info(func)?;
+unsafe fn pack(info: &FuncInfo, params: *mut *mut c_void) -> Result<Vec<u8>, CuError> {
     let layout = &info.layout;
-    let size = layout.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0);
-    let mut buf = vec![0u8; size];
+    let mut buf = vec![0u8; info.packed];
     if layout.is_empty() {
         return Ok(buf);
     }
@@ -165,16 +173,29 @@ unsafe fn launch(
     if func.is_null() {
         return Err(CuError::INVALID_HANDLE);
     }
-    let packed = match (params.is_null(), extra.is_null()) {
-        (false, false) => return Err(CuError::INVALID_VALUE),
+    if !params.is_null() && !extra.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // The function's layout (fetched once, then cached) packs
+    // `kernelParams` and bounds what may be posted.
+    let func = func as u64;
+    let (packed, known) = if extra.is_null() {
+        let known = info(func)?;
         // SAFETY: per this function's contract.
-        (true, false) => unsafe { extra_buffer(extra)? },
+        (unsafe { pack(&known, params)? }, Some(known))
+    } else {
         // SAFETY: per this function's contract.
-        _ => unsafe { pack(func as u64, params)? },
+        (unsafe { extra_buffer(extra)? }, None)
     };
-    let post = attrs.is_empty() && surely_accepted(func as u64, &g, packed.len())?;
+    let post = attrs.is_empty() && {
+        let known = match known {
+            Some(known) => known,
+            None => info(func)?,
+        };
+        surely_accepted(&known, &g, packed.len())?
+    };
     let req = calls::Launch::Request {
-        func: Func(func as u64),
+        func: Func(func),
         gridX: g.grid[0],
         gridY: g.grid[1],
         gridZ: g.grid[2],

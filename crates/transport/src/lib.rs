@@ -3,9 +3,10 @@
 //! The API layer sees only [`Carrier`]: send one frame, receive one frame,
 //! know who the peer is. Local guests come in over a Unix domain socket
 //! ([`unix`]), remote ones over TCP ([`tcp`]), admitted by a shared
-//! [`Token`]; the shared-memory ring and VM carriers of later work implement
-//! the same trait (and add their own [`Address`] forms), so the client call
-//! path and the server session loop never change.
+//! [`Token`]. A local connection can then move its frames onto rings in
+//! memory shared with the server ([`shm`]), behind the same trait, so the
+//! client call path and the server session loop do not change; a VM carrier
+//! would do the same.
 
 mod address;
 mod auth;

@@ -492,19 +492,27 @@ fn hung_up(socket: RawFd) -> bool {
     n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
-/// Sends one descriptor over a Unix socket (`SCM_RIGHTS`, one byte of data).
-pub(crate) fn send_fd(socket: RawFd, fd: BorrowedFd<'_>) -> Result<(), TransportError> {
-    let byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_ptr() as *mut libc::c_void, iov_len: 1 };
+/// A message of one byte with room for one descriptor, pointing at the
+/// buffers it is given (which must outlive its use).
+fn fd_message(byte: &mut [u8; 1], iov: &mut libc::iovec, control: &mut Vec<u8>) -> libc::msghdr {
+    *iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: zeroed msghdr is an empty message; we point it at live buffers.
+    control.resize(space, 0);
+    // SAFETY: zeroed msghdr is an empty message; we point it at the buffers.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
+    msg.msg_iov = iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
+    msg
+}
+
+/// Sends one descriptor over a Unix socket (`SCM_RIGHTS`, one byte of data).
+pub(crate) fn send_fd(socket: RawFd, fd: BorrowedFd<'_>) -> Result<(), TransportError> {
+    let (mut byte, mut iov, mut control) =
+        ([0u8; 1], libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }, Vec::new());
+    let msg = fd_message(&mut byte, &mut iov, &mut control);
     // SAFETY: `control` has room for one header with one descriptor.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
@@ -528,17 +536,9 @@ pub(crate) fn send_fd(socket: RawFd, fd: BorrowedFd<'_>) -> Result<(), Transport
 
 /// Receives one descriptor sent with [`send_fd`].
 pub(crate) fn recv_fd(socket: RawFd) -> Result<OwnedFd, TransportError> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: zeroed msghdr is an empty message; we point it at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let (mut byte, mut iov, mut control) =
+        ([0u8; 1], libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }, Vec::new());
+    let mut msg = fd_message(&mut byte, &mut iov, &mut control);
     let n = loop {
         // SAFETY: `msg` points at live buffers for the call.
         let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };

@@ -68,30 +68,40 @@ fn with<T>(f: impl FnOnce(&mut BTreeMap<u64, HostBlock>) -> T) -> T {
     f(&mut BLOCKS.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
+/// `f(start, block)` for the block holding `ptr`, if any.
+fn containing<T>(ptr: u64, f: impl FnOnce(u64, &HostBlock) -> T) -> Option<T> {
+    with(|blocks| {
+        let (&start, b) = blocks.range(..=ptr).next_back()?;
+        (ptr - start < b.size as u64).then(|| f(start, b))
+    })
+}
+
+impl HostBlock {
+    /// The device address of `ptr` (inside this block), if it is mapped.
+    fn device_address(&self, ptr: u64) -> Option<u64> {
+        self.shared.as_ref().map(|s| s.devptr + (ptr - s.base))
+    }
+}
+
 /// The shared block holding all of `[ptr, ptr + len)`, as `(block id,
 /// offset in the block)`.
 pub fn shared_range(ptr: u64, len: usize) -> Option<(u64, u64)> {
-    with(|blocks| {
-        let (&start, b) = blocks.range(..=ptr).next_back()?;
+    containing(ptr, |start, b| {
         let s = b.shared.as_ref()?;
         let end = ptr.checked_add(len as u64)?;
         (end <= start + b.size as u64).then(|| (s.id, ptr - s.base))
-    })
+    })?
 }
 
 /// The host memory known here that holds `ptr`: `(start, size, device
 /// address of ptr if mapped)`.
 pub fn lookup(ptr: u64) -> Option<(u64, u64, Option<u64>)> {
-    with(|blocks| {
-        let (&start, b) = blocks.range(..=ptr).next_back()?;
-        (ptr - start < b.size as u64)
-            .then(|| (start, b.size as u64, b.shared.as_ref().map(|s| s.devptr + (ptr - s.base))))
-    })
+    containing(ptr, |start, b| (start, b.size as u64, b.device_address(ptr)))
 }
 
 /// Whether `ptr` lies in host memory known here.
 pub fn contains(ptr: u64) -> bool {
-    with(|blocks| blocks.range(..=ptr).next_back().is_some_and(|(&start, b)| ptr - start < b.size as u64))
+    containing(ptr, |_, _| ()).is_some()
 }
 
 /// Asks the server for a block of `len` bytes (whole pages) and maps it
@@ -214,10 +224,7 @@ pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) -> C
     entry("cuMemHostGetFlags", || {
         check_out(flags)?;
         client::client()?;
-        let found = with(|b| {
-            let (&start, blk) = b.range(..=p as u64).next_back()?;
-            (p as u64 - start < blk.size as u64).then_some(blk.flags)
-        });
+        let found = containing(p as u64, |_, b| b.flags);
         // SAFETY: checked non-NULL; the caller vouches for it.
         unsafe { write_out(flags, found.ok_or(CuError::INVALID_VALUE)?) };
         Ok(())
@@ -234,10 +241,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(pdptr: *mut u64, p: *mut c
         if flags != 0 {
             return Err(CuError::INVALID_VALUE);
         }
-        let found = with(|b| {
-            let (&start, blk) = b.range(..=p as u64).next_back()?;
-            (p as u64 - start < blk.size as u64).then(|| blk.shared.as_ref().map(|s| s.devptr + (p as u64 - s.base)))
-        });
+        let found = containing(p as u64, |_, b| b.device_address(p as u64));
         match found {
             Some(Some(dptr)) => {
                 // SAFETY: checked non-NULL; the caller vouches for it.
