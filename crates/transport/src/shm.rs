@@ -6,7 +6,7 @@
 //! descriptor over the Unix socket with `SCM_RIGHTS`. The same kind of
 //! region holds pinned host memory that the GPU reads and writes directly.
 //!
-//! A connection's region starts with two [`Ring`]s, byte pipes carrying the
+//! A connection's region starts with two rings ([`Rings`]), byte pipes carrying the
 //! same frames the socket would (guest to server, server to guest), followed
 //! by a staging area for pageable copies. Each side keeps its own position
 //! privately and only publishes it, so a guest scribbling on the shared
