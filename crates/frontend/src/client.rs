@@ -5,7 +5,8 @@
 //! device table, so device queries never travel again. A local server is
 //! then asked to share memory: frames move to rings in a shared region and
 //! pageable copies are staged through its slots (`GPUPLEX_CARRIER=socket`
-//! keeps frames on the socket).
+//! keeps frames on the socket). Without shared memory, the first large copy
+//! opens bulk lanes instead (`memory/lanes.rs`).
 //!
 //! Calls go one at a time under one lock, each carrying the calling
 //! thread's current context: waited-for calls ([`call`]) read their reply,
@@ -18,14 +19,15 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use gpuplex_protocol::{codec, Call, CuError, ErrorDetail, Header, Hello, Opcode, SharedLayout, Welcome};
+use gpuplex_protocol::{codec, Call, CuError, ErrorDetail, Header, Hello, LaneOffer, Opcode, SharedLayout, Welcome};
 use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::{Address, Carrier, Token};
 
+use crate::memory::lanes::{LaneError, Lanes};
 use crate::{context, log};
 
 /// `CUDA_ERROR_DEVICE_UNAVAILABLE`: what a call gets once the server is gone.
-pub const SERVER_GONE: CuError = CuError(46);
+pub const SERVER_GONE: CuError = CuError::DEVICE_UNAVAILABLE;
 
 pub struct Client {
     conn: Mutex<Conn>,
@@ -41,6 +43,17 @@ pub struct Conn {
     broken: bool,
     /// The staging slots, when memory is shared with the server.
     pub staging: Option<Staging>,
+    /// Where the server is, and its token: lanes connect there too.
+    address: Address,
+    token: Option<Token>,
+    lanes: LaneState,
+}
+
+/// Bulk lanes are opened by the first copy that wants them.
+enum LaneState {
+    Untried,
+    Open(Lanes),
+    Unavailable,
 }
 
 /// Slots in the shared region through which pageable copies pass.
@@ -140,7 +153,16 @@ impl Client {
             CuError::NO_DEVICE
         })?;
         let pid = std::process::id();
-        let mut conn = Conn { carrier, next_id: 1, buf: Vec::new(), broken: false, staging: None };
+        let mut conn = Conn {
+            carrier,
+            next_id: 1,
+            buf: Vec::new(),
+            broken: false,
+            staging: None,
+            address: address.clone(),
+            token,
+            lanes: LaneState::Untried,
+        };
         let program = std::env::args().next().unwrap_or_default();
         let welcome: Welcome =
             conn.exchange(Opcode::Hello, 0, &codec::encode(&Hello { pid, program })).map_err(|e| {
@@ -181,12 +203,54 @@ impl Conn {
     }
 
     pub fn post<C: Call>(&mut self, req: C) -> Result<(), CuError> {
-        if self.broken {
-            return Err(SERVER_GONE);
-        }
+        self.send_call(req, true).map(|_| ())
+    }
+
+    /// Sends a call; unless it is `posted`, its reply is then due
+    /// ([`Conn::await_reply`]) with the id returned.
+    pub fn send_call<C: Call>(&mut self, req: C, posted: bool) -> Result<u64, CuError> {
         let payload = codec::encode(&req);
-        let header = self.header(C::OPCODE, context::current(), payload.len()).posted();
-        self.carrier.send(&header, &payload).map_err(|e| self.lose(&e.to_string()))
+        let header = self.header(C::OPCODE, context::current(), payload.len());
+        let header = if posted { header.posted() } else { header };
+        self.send(&header, &payload)
+    }
+
+    /// The reply to call `id`, sent by [`Conn::send_call`].
+    pub fn await_reply<C: Call>(&mut self, id: u64) -> Result<C::Reply, CuError> {
+        self.recv(C::OPCODE, id)
+    }
+
+    /// The connection's bulk lanes, opened on first use; `None` where memory
+    /// is shared or the server offers none.
+    pub fn lanes(&mut self) -> Option<&mut Lanes> {
+        if matches!(self.lanes, LaneState::Untried) && self.staging.is_none() && !self.broken {
+            self.lanes = match self.open_lanes() {
+                Ok(lanes) => LaneState::Open(lanes),
+                Err(why) => {
+                    log::info(&format!("large copies stay on one connection: {why}"));
+                    LaneState::Unavailable
+                }
+            };
+        }
+        match &mut self.lanes {
+            LaneState::Open(lanes) => Some(lanes),
+            _ => None,
+        }
+    }
+
+    fn open_lanes(&mut self) -> Result<Lanes, String> {
+        let offer: LaneOffer = self.exchange(Opcode::OpenLanes, 0, &[]).map_err(|e| format!("server: {e:?}"))?;
+        let lanes = Lanes::open(&offer, &self.address, self.token.as_ref())?;
+        log::info(&format!("{} lanes of {} KiB chunks for large copies", offer.lanes, offer.chunk_bytes >> 10));
+        Ok(lanes)
+    }
+
+    /// A lane failed mid-copy: the session is over.
+    pub fn lose_lanes(&mut self, e: LaneError) -> CuError {
+        match e {
+            LaneError::Lost(why) => self.lose(&format!("a lane failed: {why}")),
+            LaneError::Failed(e) => e,
+        }
     }
 
     /// The descriptor the server passed after its last reply.
@@ -234,13 +298,26 @@ impl Conn {
     }
 
     fn exchange<T: gpuplex_protocol::Wire>(&mut self, opcode: Opcode, ctx: u64, payload: &[u8]) -> Result<T, CuError> {
+        let header = self.header(opcode, ctx, payload.len());
+        let id = self.send(&header, payload)?;
+        self.recv(opcode, id)
+    }
+
+    /// Sends one frame; returns its request id.
+    fn send(&mut self, header: &Header, payload: &[u8]) -> Result<u64, CuError> {
         if self.broken {
             return Err(SERVER_GONE);
         }
-        let header = self.header(opcode, ctx, payload.len());
-        let id = header.request_id.get();
-        let result = self.carrier.send(&header, payload);
-        let header = result.and_then(|()| self.carrier.recv(&mut self.buf)).map_err(|e| self.lose(&e.to_string()))?;
+        self.carrier.send(header, payload).map_err(|e| self.lose(&e.to_string()))?;
+        Ok(header.request_id.get())
+    }
+
+    /// Receives the reply to request `id`.
+    fn recv<T: gpuplex_protocol::Wire>(&mut self, opcode: Opcode, id: u64) -> Result<T, CuError> {
+        if self.broken {
+            return Err(SERVER_GONE);
+        }
+        let header = self.carrier.recv(&mut self.buf).map_err(|e| self.lose(&e.to_string()))?;
         if header.request_id.get() != id || header.opcode.get() != opcode as u16 {
             return Err(self.lose("reply does not match the request"));
         }

@@ -15,6 +15,7 @@ impl CuError {
     pub const OUT_OF_MEMORY: CuError = CuError(2);
     pub const NOT_INITIALIZED: CuError = CuError(3);
     pub const DEINITIALIZED: CuError = CuError(4);
+    pub const DEVICE_UNAVAILABLE: CuError = CuError(46);
     pub const NO_DEVICE: CuError = CuError(100);
     pub const INVALID_DEVICE: CuError = CuError(101);
     pub const INVALID_IMAGE: CuError = CuError(200);

@@ -59,6 +59,24 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// The reply to `OpenLanes`: how many lane connections to open, the key
+    /// each presents in its `JoinLane`, and the bytes per chunk.
+    pub struct LaneOffer {
+        pub key: [u8; 32],
+        pub lanes: u32,
+        pub chunk_bytes: u64,
+    }
+}
+
+wire_struct! {
+    /// The first frame of a lane connection (opcode `JoinLane`).
+    pub struct LaneJoin {
+        pub key: [u8; 32],
+        pub index: u32,
+    }
+}
+
+wire_struct! {
     /// One live session, as `gpuplex info` lists it.
     pub struct SessionSummary {
         pub id: u64,

@@ -26,6 +26,10 @@
 //! A local client may then ask for `SharedMemory`: the reply (on the
 //! socket) gives a [`SharedLayout`], the region's descriptor follows it,
 //! and from then on frames travel through the region's rings.
+//! A client without shared memory may instead ask for `OpenLanes`: the
+//! reply ([`LaneOffer`]) names a key, and the client opens that many more
+//! connections, each starting with `JoinLane`; large copies then travel
+//! over them in chunks ([`lane`]), several connections at once.
 //! A frame that fails validation, an unknown opcode, or a payload that does
 //! not decode ends that session only.
 //!
@@ -50,6 +54,7 @@ mod error;
 mod handles;
 mod handshake;
 mod header;
+pub mod lane;
 
 pub use codec::{Seq, Wire};
 pub use digest::image_digest;

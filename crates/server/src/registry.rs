@@ -1,4 +1,5 @@
-//! The live sessions of a server, for `gpuplex info` and admission.
+//! The live sessions of a server, for `gpuplex info` and admission, and
+//! their lanes' keys, for lane connections to find them by.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,12 +9,15 @@ use gpuplex_protocol::{Seq, ServerSummary, SessionSummary};
 use gpuplex_transport::Peer;
 
 use crate::backend::Backend;
+use crate::session::lanes::Hubs;
 use crate::session::metrics::SessionMetrics;
 
 #[derive(Default)]
 pub struct Registry {
     next_id: AtomicU64,
     sessions: Mutex<BTreeMap<u64, Arc<SessionMetrics>>>,
+    /// Sessions' bulk lanes, for lane connections to join.
+    pub lanes: Hubs,
 }
 
 impl Registry {
@@ -26,6 +30,7 @@ impl Registry {
 
     pub fn close(&self, id: u64) {
         self.lock().remove(&id);
+        self.lanes.close(id);
     }
 
     pub fn len(&self) -> usize {

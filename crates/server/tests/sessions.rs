@@ -2,7 +2,8 @@
 //! cleanup of vanished clients, hostile input on the wire, TCP peers that
 //! cannot prove the token, posted calls and their deferred errors, and
 //! shared memory (rings, staging slots, pinned host blocks) including a
-//! peer that lies on the rings' counters.
+//! peer that lies on the rings' counters, and bulk lanes, including lanes
+//! that join where they may not or carry the wrong chunk.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -11,14 +12,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplex_protocol::calls::*;
+use gpuplex_protocol::lane::{self, ChunkHeader};
 use gpuplex_protocol::{
-    codec, Call, Ctx, CuError, DevPtr, ErrorDetail, Event, Func, Header, Hello, Module, Opcode, ServerSummary,
-    SessionSummary, SharedLayout, Stream, Welcome,
+    codec, Call, Ctx, CuError, DevPtr, ErrorDetail, Event, Func, Header, Hello, LaneJoin, LaneOffer, Module, Opcode,
+    ServerSummary, SessionSummary, SharedLayout, Stream, Welcome,
 };
 use gpuplex_server::backend::emulated::Emulated;
 use gpuplex_server::Server;
 use gpuplex_transport::shm::{Layout, Region, Side};
-use gpuplex_transport::{Address, AuthError, Carrier, Token, TransportError};
+use gpuplex_transport::{Address, AuthError, Carrier, Lane, Token, TransportError};
 use proptest::prelude::*;
 
 /// A server on its own socket, for the life of one test.
@@ -79,6 +81,15 @@ impl Client {
     /// As [`Client::call`], with the error's detail.
     fn call_detail<C: Call>(&mut self, req: C) -> Result<C::Reply, (CuError, String)> {
         self.send(req, false);
+        self.reply_detail::<C>()
+    }
+
+    /// The reply to the call sent last.
+    fn reply<C: Call>(&mut self) -> Result<C::Reply, CuError> {
+        self.reply_detail::<C>().map_err(|(e, _)| e)
+    }
+
+    fn reply_detail<C: Call>(&mut self) -> Result<C::Reply, (CuError, String)> {
         let mut buf = Vec::new();
         let h = self.carrier.recv(&mut buf).unwrap();
         assert_eq!(h.request_id.get(), self.next, "a reply to another request");
@@ -644,4 +655,147 @@ proptest! {
         let mut other = Client::connect(address);
         prop_assert!(other.free_memory() > 0);
     }
+}
+
+/// A session's lanes, driven by hand: one thread, chunks in order.
+struct Lanes {
+    lanes: Vec<Lane>,
+    chunk: u64,
+    key: [u8; 32],
+}
+
+impl Client {
+    fn open_lanes(&mut self, address: &Address, token: Option<&Token>) -> Lanes {
+        self.next += 1;
+        self.carrier.send(&Header::request(Opcode::OpenLanes, self.next, self.ctx.0, 0), &[]).unwrap();
+        let mut buf = Vec::new();
+        let h = self.carrier.recv(&mut buf).unwrap();
+        assert_eq!((h.request_id.get(), h.status.get()), (self.next, 0));
+        let offer: LaneOffer = codec::decode(&buf).unwrap();
+        assert!(offer.lanes >= 2 && offer.chunk_bytes >= 4096, "{offer:?}");
+        let lanes = (0..offer.lanes).map(|i| join_lane(address, token, offer.key, i).unwrap()).collect();
+        Lanes { lanes, chunk: offer.chunk_bytes, key: offer.key }
+    }
+}
+
+/// Connects a lane and joins it; a refusal gives its status.
+fn join_lane(address: &Address, token: Option<&Token>, key: [u8; 32], index: u32) -> Result<Lane, u32> {
+    let mut carrier = gpuplex_transport::connect(address, token).unwrap();
+    let join = codec::encode(&LaneJoin { key, index });
+    carrier.send(&Header::request(Opcode::JoinLane, 1, 0, join.len()), &join).unwrap();
+    let h = carrier.recv(&mut Vec::new()).unwrap();
+    match h.status.get() {
+        0 => Ok(carrier.into_lane().unwrap()),
+        status => Err(status),
+    }
+}
+
+impl Lanes {
+    fn send(&self, copy: u64, data: &[u8]) -> Result<(), TransportError> {
+        for (i, offset, len) in lane::chunks(data.len() as u64, self.chunk) {
+            let chunk = &data[offset as usize..(offset + len) as usize];
+            self.lanes[i as usize % self.lanes.len()].send_chunk(&ChunkHeader::new(copy, offset, len), chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Every chunk of a copy; a failed one gives its status.
+    fn receive(&self, copy: u64, size: u64) -> Result<Vec<u8>, u32> {
+        let mut data = vec![0u8; size as usize];
+        let mut failed = None;
+        for (i, offset, len) in lane::chunks(size, self.chunk) {
+            let lane = &self.lanes[i as usize % self.lanes.len()];
+            let h = lane.recv_header().unwrap();
+            assert!(h.is(copy, offset, len), "{h:?}: want chunk {offset} of copy {copy}");
+            match h.status.get() {
+                0 => lane.recv_exact(&mut data[offset as usize..(offset + len) as usize]).unwrap(),
+                status => failed = failed.or(Some(status)),
+            }
+        }
+        failed.map_or(Ok(data), Err)
+    }
+}
+
+fn lanes_htod(c: &mut Client, lanes: &Lanes, dst: DevPtr, copy: u64, data: &[u8]) -> Result<(), CuError> {
+    c.send(MemcpyHtoDLanes::Request { dst, size: data.len() as u64, stream: Stream::NULL, copy }, false);
+    lanes.send(copy, data).unwrap();
+    c.reply::<MemcpyHtoDLanes::Request>().map(|_| ())
+}
+
+fn lanes_dtoh(c: &mut Client, lanes: &Lanes, src: DevPtr, copy: u64, size: u64) -> (Result<Vec<u8>, u32>, CuError) {
+    c.send(MemcpyDtoHLanes::Request { src, size, stream: Stream::NULL, copy }, false);
+    let data = lanes.receive(copy, size);
+    (data, c.reply::<MemcpyDtoHLanes::Request>().err().unwrap_or(CuError(0)))
+}
+
+/// Over TCP, so that lanes prove the token too: copies of a few chunks and
+/// a ragged end cross both ways, and a failed copy still moves every chunk,
+/// so the next one finds its lanes in step.
+#[test]
+fn large_copies_cross_the_lanes_and_failures_keep_them_in_step() {
+    let t = token("a token for lanes, 32 bytes long");
+    let address = start_tcp_server(t.clone());
+    let mut c = Client::connect_with(&address, Some(&t));
+    let lanes = c.open_lanes(&address, Some(&t));
+    let size = lanes.chunk * (lanes.lanes.len() as u64 + 3) + 12345;
+    let p = c.alloc(size);
+    let data = pattern(size as usize, 3);
+    lanes_htod(&mut c, &lanes, p, 1, &data).unwrap();
+    assert_eq!(c.read(DevPtr(p.0 + size - 1000), 1000), data[data.len() - 1000..], "written through the lanes");
+    assert_eq!(lanes_dtoh(&mut c, &lanes, p, 2, size), (Ok(data.clone()), CuError(0)));
+
+    // Outside the allocation: refused, yet every chunk crossed.
+    let beyond = DevPtr(p.0 + 4096);
+    assert_eq!(lanes_htod(&mut c, &lanes, beyond, 3, &data), Err(CuError::INVALID_VALUE));
+    assert_eq!(lanes_dtoh(&mut c, &lanes, beyond, 4, size), (Err(CuError::INVALID_VALUE.0), CuError::INVALID_VALUE));
+    let other = pattern(size as usize, 9);
+    lanes_htod(&mut c, &lanes, p, 5, &other).unwrap();
+    assert_eq!(lanes_dtoh(&mut c, &lanes, p, 6, size).0, Ok(other));
+}
+
+/// A lane copy after a failed posted call answers with that error, but
+/// moves its chunks (and runs): the lanes must stay in step.
+#[test]
+fn a_deferred_error_answers_a_lane_copy_that_still_runs() {
+    let address = start_server("lanes-deferred");
+    let mut c = Client::connect(&address);
+    let lanes = c.open_lanes(&address, None);
+    let size = lanes.chunk * 2 + 7;
+    let p = c.alloc(size);
+    c.post(cuEventRecord::Request { hEvent: Event(0xdead0), hStream: Stream::NULL });
+    let data = pattern(size as usize, 5);
+    assert_eq!(lanes_htod(&mut c, &lanes, p, 1, &data), Err(CuError::INVALID_HANDLE));
+    assert_eq!(lanes_dtoh(&mut c, &lanes, p, 2, size), (Ok(data), CuError(0)));
+}
+
+/// Only the session's own peer joins, once per lane and with the key; a
+/// lane carrying a chunk other than the one due ends its session alone.
+#[test]
+fn lanes_refuse_strangers_and_end_only_a_liar_s_session() {
+    let address = start_server("lanes-liar");
+    let mut bystander = Client::connect(&address);
+    let p = bystander.alloc(64);
+    bystander.write(p, &[1; 64]);
+
+    let mut c = Client::connect(&address);
+    let lanes = c.open_lanes(&address, None);
+    let n = lanes.lanes.len() as u32;
+    let invalid = CuError::INVALID_VALUE.0;
+    assert_eq!(join_lane(&address, None, [7; 32], 0).err(), Some(invalid), "a wrong key");
+    assert_eq!(join_lane(&address, None, lanes.key, n).err(), Some(invalid), "no such lane");
+    assert_eq!(join_lane(&address, None, lanes.key, 0).err(), Some(invalid), "joined already");
+    let opened = Header::request(Opcode::OpenLanes, 900, c.ctx.0, 0);
+    c.carrier.send(&opened, &[]).unwrap();
+    let h = c.carrier.recv(&mut Vec::new()).unwrap();
+    assert_eq!((h.request_id.get(), h.status.get()), (900, invalid), "lanes opened twice");
+
+    let q = c.alloc(lanes.chunk * 2);
+    c.send(MemcpyHtoDLanes::Request { dst: q, size: lanes.chunk * 2, stream: Stream::NULL, copy: 1 }, false);
+    // The server may close the lanes before the second chunk is sent.
+    let _ = lanes.send(2, &vec![0; lanes.chunk as usize * 2]);
+    let h = c.carrier.recv(&mut Vec::new()).unwrap();
+    assert_eq!(h.status.get(), CuError::DEVICE_UNAVAILABLE.0, "the copy fails");
+    assert!(c.carrier.recv(&mut Vec::new()).is_err(), "then the liar's session ends");
+    assert_eq!(bystander.read(p, 64), vec![1; 64], "the bystander carries on");
+    wait_for("the liar's session to close", || summary(&address).sessions.0.len() == 1);
 }

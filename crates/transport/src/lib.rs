@@ -6,10 +6,12 @@
 //! [`Token`]. A local connection can then move its frames onto rings in
 //! memory shared with the server ([`shm`]), behind the same trait, so the
 //! client call path and the server session loop do not change; a VM carrier
-//! would do the same.
+//! would do the same. A session without shared memory may open more
+//! connections, [`Lane`]s, and spread large copies over them.
 
 mod address;
 mod auth;
+mod lane;
 pub mod shm;
 mod stream;
 pub mod tcp;
@@ -25,6 +27,7 @@ use gpuplex_protocol::{Header, HeaderError};
 
 pub use address::Address;
 pub use auth::AuthError;
+pub use lane::Lane;
 pub use token::{Token, MIN_TOKEN_LEN, TOKEN_FILE_ENV};
 
 /// Who is on the other end, as the operating system reports it (never as
@@ -73,6 +76,8 @@ pub enum TransportError {
     Io(#[from] std::io::Error),
     #[error("unsupported address {0:?}: expected unix:PATH or tcp:HOST:PORT")]
     Address(String),
+    #[error("a lane carried something other than a chunk")]
+    Chunk,
     #[error("shared memory: {0}")]
     Shared(String),
     #[error("this carrier cannot {0}")]
@@ -129,6 +134,12 @@ pub trait Carrier: Send {
     /// Receives a descriptor the peer passed with `send_fd`.
     fn recv_fd(&mut self) -> Result<OwnedFd, TransportError> {
         Err(TransportError::Unsupported("pass descriptors"))
+    }
+
+    /// Gives the connection over to bulk chunks ([`Lane`]), once it has
+    /// joined a session as one of its lanes.
+    fn into_lane(self: Box<Self>) -> Result<Lane, TransportError> {
+        Err(TransportError::Unsupported("carry a lane"))
     }
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use gpuplex_protocol::Header;
 
 pub use crate::auth::AuthError;
-use crate::{auth, stream, Address, Carrier, Listener, Peer, Token, TransportError};
+use crate::{auth, stream, Address, Carrier, Lane, Listener, Peer, Token, TransportError};
 
 /// How long either side waits for the whole opening exchange.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -104,7 +104,13 @@ impl Carrier for TcpCarrier {
 
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
         self.ready()?;
+        stream::await_readable(&self.socket);
         stream::recv(&mut self.socket, payload)
+    }
+
+    fn into_lane(self: Box<Self>) -> Result<Lane, TransportError> {
+        self.ready()?;
+        Ok(Lane::new(self.socket.into()))
     }
 
     fn peer(&self) -> Peer {

@@ -9,7 +9,7 @@ use gpuplex_protocol::Header;
 use zerocopy::IntoBytes;
 
 use crate::shm::{self, Rings};
-use crate::{stream, Address, Carrier, Listener, Peer, TransportError};
+use crate::{stream, Address, Carrier, Lane, Listener, Peer, TransportError};
 
 /// Frames go over the socket until shared rings are attached; from then on
 /// the socket carries only descriptors, and its closing tells either side
@@ -53,7 +53,17 @@ impl Carrier for UnixCarrier {
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
         match &mut self.rings {
             Some(rings) => stream::recv(&mut rings.reader, payload),
-            None => stream::recv(&mut self.socket, payload),
+            None => {
+                stream::await_readable(&self.socket);
+                stream::recv(&mut self.socket, payload)
+            }
+        }
+    }
+
+    fn into_lane(self: Box<Self>) -> Result<Lane, TransportError> {
+        match self.rings {
+            Some(_) => Err(TransportError::Unsupported("carry a lane once its frames are in shared memory")),
+            None => Ok(Lane::new(self.socket.into())),
         }
     }
 

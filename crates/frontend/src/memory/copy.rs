@@ -9,7 +9,9 @@
 //!   so that this process's memcpy of one chunk overlaps the DMA of others
 //!   (GViM's 1-copy path). A slot is reused once the server says its last
 //!   copy finished (`StagingWait`).
-//! - **Inline** (no shared memory): the bytes travel in the frames.
+//! - **Lanes** (large copies without shared memory): the bytes travel in
+//!   chunks over several more connections at once (see [`super::lanes`]).
+//! - **Inline** (smaller ones): the bytes travel in the frames.
 //!
 //! A copy is posted or staged only when this process knows the device range
 //! lies in one of its allocations (see [`super::known_range`]); anything
@@ -26,6 +28,8 @@ const INLINE_CHUNK: usize = 16 << 20;
 /// Smaller pageable copies travel inline even with shared memory: one
 /// frame costs less than a slot's bookkeeping.
 const STAGED_MIN: usize = 64 << 10;
+/// Without shared memory, copies from this size on go over the lanes.
+const LANES_MIN: usize = 1 << 20;
 
 pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuError> {
     if src.is_empty() {
@@ -40,6 +44,9 @@ pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuEr
     let mut conn = client::lock()?;
     if known && src.len() >= STAGED_MIN && conn.staging.is_some() {
         return staged_htod(&mut conn, dst, src, stream);
+    }
+    if src.len() >= LANES_MIN && conn.lanes().is_some() {
+        return lanes_htod(&mut conn, dst, src, stream, known && !sync);
     }
     for (i, chunk) in src.chunks(INLINE_CHUNK).enumerate() {
         let dst = DevPtr(dst + (i * INLINE_CHUNK) as u64);
@@ -61,6 +68,9 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
     let mut conn = client::lock()?;
     if known && dst.len() >= STAGED_MIN && conn.staging.is_some() {
         return staged_dtoh(&mut conn, dst, src, stream);
+    }
+    if dst.len() >= LANES_MIN && conn.lanes().is_some() {
+        return lanes_dtoh(&mut conn, dst, src, stream);
     }
     for (i, chunk) in dst.chunks_mut(INLINE_CHUNK).enumerate() {
         let src = DevPtr(src + (i * INLINE_CHUNK) as u64);
@@ -158,4 +168,34 @@ fn staged_dtoh(conn: &mut Conn, dst: &mut [u8], src: u64, stream: Stream) -> Res
         }
     }
     Ok(())
+}
+
+/// Host to device over the lanes: the call goes first, in order with every
+/// other, then the bytes; returns once they are all sent (and, unless
+/// `posted`, the copy is done). The server completes a lane copy before it
+/// takes the next call, so `sync` needs nothing more.
+fn lanes_htod(conn: &mut Conn, dst: u64, src: &[u8], stream: Stream, posted: bool) -> Result<(), CuError> {
+    let lanes = conn.lanes().expect("checked by the caller");
+    let copy = lanes.next_copy();
+    let req = calls::MemcpyHtoDLanes::Request { dst: DevPtr(dst), size: src.len() as u64, stream, copy };
+    let id = conn.send_call(req, posted)?;
+    let sent = conn.lanes().expect("still open").send(copy, src);
+    sent.map_err(|e| conn.lose_lanes(e))?;
+    if !posted {
+        conn.await_reply::<calls::MemcpyHtoDLanes::Request>(id)?;
+    }
+    Ok(())
+}
+
+/// Device to host over the lanes. A copy that fails still sends every
+/// chunk, as a bare header with the error, so the lanes stay in step.
+fn lanes_dtoh(conn: &mut Conn, dst: &mut [u8], src: u64, stream: Stream) -> Result<(), CuError> {
+    let lanes = conn.lanes().expect("checked by the caller");
+    let copy = lanes.next_copy();
+    let req = calls::MemcpyDtoHLanes::Request { src: DevPtr(src), size: dst.len() as u64, stream, copy };
+    let id = conn.send_call(req, false)?;
+    let received = conn.lanes().expect("still open").receive(copy, dst);
+    let replied = conn.await_reply::<calls::MemcpyDtoHLanes::Request>(id);
+    received.map_err(|e| conn.lose_lanes(e))?;
+    replied.map(|_| ())
 }

@@ -8,6 +8,7 @@
 
 mod copy;
 mod host;
+pub mod lanes;
 mod parallel;
 
 use std::collections::BTreeMap;

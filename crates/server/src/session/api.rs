@@ -85,7 +85,7 @@ impl Session {
         if let Some(obj) = self.tables.ctx(h)?.obj {
             self.tables.drop_context_contents(h);
             self.tables.contexts.insert(h, CtxEntry { obj: None, device: dev as i32, primary: true });
-            self.shared.context_gone(obj);
+            self.context_gone(obj);
             self.backend.ctx_destroy(obj)?;
         }
         Ok(())
@@ -226,7 +226,7 @@ impl Api for Session {
         self.tables.drop_context_contents(req.ctx.0);
         self.tables.contexts.remove(&req.ctx.0);
         if let Some(obj) = entry.obj {
-            self.shared.context_gone(obj);
+            self.context_gone(obj);
             self.backend.ctx_destroy(obj)?;
         }
         Ok(CtxDestroy::Reply {})
@@ -477,6 +477,21 @@ impl Api for Session {
             self.shared.mark_slot(&*self.backend, slot, ctx, stream)?;
         }
         Ok(MemcpyDtoHShared::Reply {})
+    }
+
+    fn MemcpyHtoDLanes(&mut self, req: MemcpyHtoDLanes::Request) -> R<MemcpyHtoDLanes::Reply> {
+        // A failed check still takes the copy's chunks off the lanes.
+        let target = self.tables.check_range(req.dst.0, req.size).and_then(|()| self.stream(req.stream));
+        let lanes = self.lanes.as_mut().ok_or_else(|| invalid("no lanes are open"))?;
+        lanes.htod(&*self.backend, target, req.dst.0, req.size, req.copy)?;
+        Ok(MemcpyHtoDLanes::Reply {})
+    }
+
+    fn MemcpyDtoHLanes(&mut self, req: MemcpyDtoHLanes::Request) -> R<MemcpyDtoHLanes::Reply> {
+        let target = self.tables.check_range(req.src.0, req.size).and_then(|()| self.stream(req.stream));
+        let lanes = self.lanes.as_mut().ok_or_else(|| invalid("no lanes are open"))?;
+        lanes.dtoh(&*self.backend, target, req.src.0, req.size, req.copy)?;
+        Ok(MemcpyDtoHLanes::Reply {})
     }
 
     fn StagingWait(&mut self, req: StagingWait::Request) -> R<StagingWait::Reply> {

@@ -12,6 +12,7 @@
 
 mod api;
 mod images;
+pub mod lanes;
 pub mod metrics;
 mod shared;
 pub mod tables;
@@ -20,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpuplex_protocol::{
-    codec, dispatch, CallError, Ctx, CuError, DecodeError, ErrorDetail, Header, Hello, Opcode, Welcome,
+    codec, dispatch, CallError, Ctx, CuError, DecodeError, ErrorDetail, Header, Hello, LaneJoin, Opcode, Welcome,
 };
 use gpuplex_transport::shm::Side;
 use gpuplex_transport::{Carrier, TransportError};
@@ -50,6 +51,8 @@ pub struct Session {
     images: images::Images,
     metrics: Arc<SessionMetrics>,
     shared: shared::Shared,
+    /// Bulk lanes, once the client opened them.
+    lanes: Option<lanes::Lanes>,
     /// A host block whose descriptor follows the reply being sent.
     fd_after_reply: Option<u64>,
     /// The first error of a posted call, reported to the next waited-for one.
@@ -97,6 +100,7 @@ impl Session {
             images: images::Images::default(),
             metrics,
             shared: shared::Shared::new(),
+            lanes: None,
             fd_after_reply: None,
             deferred: None,
         }
@@ -113,8 +117,9 @@ impl Session {
         }
         let mut buf = Vec::new();
         let (header, hello) = match handshake(carrier.as_mut(), &mut buf, &backend, &registry) {
-            Ok(Some(opened)) => opened,
-            Ok(None) => return,
+            Ok(Opening::Session(header, hello)) => (header, hello),
+            Ok(Opening::Lane(header, join)) => return lanes::run_lane(carrier, &header, join, &registry.lanes),
+            Ok(Opening::Answered) => return,
             Err(e) => {
                 warn!(%peer, "handshake failed: {e}");
                 return;
@@ -164,12 +169,15 @@ impl Session {
             };
             self.metrics.count_call();
             match opcode {
-                Opcode::Hello => return Err(SessionError::Protocol("second Hello".into())),
+                Opcode::Hello | Opcode::JoinLane => {
+                    return Err(SessionError::Protocol(format!("{} inside a session", opcode.name())))
+                }
                 Opcode::ServerInfo => {
                     let summary = registry.summary(&*self.backend);
                     send_reply(carrier, &header, &codec::encode(&summary))?;
                 }
                 Opcode::SharedMemory => self.share_memory(carrier, &header)?,
+                Opcode::OpenLanes => self.open_lanes(carrier, &header, registry)?,
                 call if header.is_posted() => {
                     if let Err(e) = self.run_call(call, &header, buf)? {
                         debug!(call = call.name(), code = e.code.0, detail = %e.detail, "posted call failed");
@@ -177,17 +185,26 @@ impl Session {
                     }
                 }
                 call => {
-                    let outcome = match self.deferred.take() {
-                        Some((posted, e)) => {
-                            Err(CallError::new(e.code, format!("{} (posted): {}", posted.name(), e.detail)))
-                        }
-                        None => match self.run_call(call, &header, buf) {
-                            Ok(outcome) => outcome,
+                    // A call after a failed posted one answers with that
+                    // error instead of running, except a lane copy: its
+                    // chunks must cross, or the lanes fall out of step.
+                    let lane_copy = matches!(call, Opcode::MemcpyHtoDLanes | Opcode::MemcpyDtoHLanes);
+                    let ran = if self.deferred.is_none() || lane_copy {
+                        match self.run_call(call, &header, buf) {
+                            Ok(outcome) => Some(outcome),
                             Err(e) => {
                                 reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
                                 return Err(e.into());
                             }
-                        },
+                        }
+                    } else {
+                        None
+                    };
+                    let outcome = match self.deferred.take() {
+                        Some((posted, e)) => {
+                            Err(CallError::new(e.code, format!("{} (posted): {}", posted.name(), e.detail)))
+                        }
+                        None => ran.expect("run when nothing was deferred"),
                     };
                     match outcome {
                         Ok(reply) => {
@@ -203,6 +220,9 @@ impl Session {
                         }
                     }
                 }
+            }
+            if let Some(why) = self.lanes.as_ref().and_then(|l| l.lost()) {
+                return Err(SessionError::Protocol(why.to_owned()));
             }
         }
     }
@@ -243,6 +263,35 @@ impl Session {
         Ok(())
     }
 
+    /// Answers `OpenLanes` with the key and shape of the session's lanes.
+    fn open_lanes(
+        &mut self,
+        carrier: &mut dyn Carrier,
+        header: &Header,
+        registry: &Registry,
+    ) -> Result<(), SessionError> {
+        if self.lanes.is_some() {
+            let again = CallError::new(CuError::INVALID_VALUE, "lanes are open already");
+            return Ok(reply_error(carrier, header, again)?);
+        }
+        match lanes::Lanes::open(self.metrics.id, carrier.peer(), &registry.lanes) {
+            Ok((lanes, offer)) => {
+                self.lanes = Some(lanes);
+                debug!(lanes = offer.lanes, chunk = offer.chunk_bytes, "lanes offered");
+                Ok(send_reply(carrier, header, &codec::encode(&offer))?)
+            }
+            Err(e) => Ok(reply_error(carrier, header, e)?),
+        }
+    }
+
+    /// Forgets what died with a backend context.
+    fn context_gone(&mut self, ctx: Obj) {
+        self.shared.context_gone(ctx);
+        if let Some(lanes) = &mut self.lanes {
+            lanes.context_gone(ctx);
+        }
+    }
+
     fn live_contexts(&self) -> u32 {
         self.tables.contexts.values().filter(|c| c.obj.is_some()).count() as u32
     }
@@ -254,6 +303,9 @@ impl Drop for Session {
     /// streams and events with it.
     fn drop(&mut self) {
         self.shared.teardown(&*self.backend);
+        if let Some(lanes) = &mut self.lanes {
+            lanes.teardown(&*self.backend);
+        }
         for (_, lib) in self.tables.all(Kind::Library) {
             if let Err(e) = self.backend.library_unload(lib.obj) {
                 warn!("teardown: library unload failed: {e}");
@@ -268,21 +320,30 @@ impl Drop for Session {
     }
 }
 
-/// Reads the first frame. `Hello` opens a session (the caller answers it
-/// once the session is registered); `ServerInfo` is a one-shot query
-/// (`gpuplex info`) answered without one.
+/// What a connection's first frame opened.
+enum Opening {
+    /// `Hello`: a session (the caller answers it once it is registered).
+    Session(Header, Hello),
+    /// `JoinLane`: one more lane of a session.
+    Lane(Header, LaneJoin),
+    /// `ServerInfo`, a one-shot query (`gpuplex info`), answered already.
+    Answered,
+}
+
+/// Reads the first frame.
 fn handshake(
     carrier: &mut dyn Carrier,
     buf: &mut Vec<u8>,
     backend: &Arc<dyn Backend>,
     registry: &Registry,
-) -> Result<Option<(Header, Hello)>, SessionError> {
+) -> Result<Opening, SessionError> {
     let header = carrier.recv(buf)?;
     match header.opcode() {
-        Ok(Opcode::Hello) => Ok(Some((header, codec::decode(buf)?))),
+        Ok(Opcode::Hello) => Ok(Opening::Session(header, codec::decode(buf)?)),
+        Ok(Opcode::JoinLane) => Ok(Opening::Lane(header, codec::decode(buf)?)),
         Ok(Opcode::ServerInfo) => {
             send_reply(carrier, &header, &codec::encode(&registry.summary(&**backend)))?;
-            Ok(None)
+            Ok(Opening::Answered)
         }
         other => {
             let what = format!("expected Hello, got {other:?}");

@@ -76,7 +76,7 @@ pub struct HostRange {
 ///
 /// # Safety
 /// The memory stays mapped until it is unregistered or that context ends.
-unsafe fn register_once(
+pub(super) unsafe fn register_once(
     backend: &dyn Backend,
     ctx: Obj,
     registered: &mut Option<Obj>,

@@ -1,0 +1,101 @@
+//! What a bulk lane carries once joined: chunks of copies.
+//!
+//! A lane is one more connection of a session (see `LaneOffer`). After its
+//! `JoinLane` frame it carries only chunks, each a [`ChunkHeader`] and,
+//! unless the chunk failed, `length` bytes. Chunks need no frame header:
+//! the lane has no calls, and the session knows which chunk it expects next.
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// `"GPXC"` read as a little-endian u32.
+pub const CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"GPXC");
+
+/// 32 bytes, little-endian. `status` is 0, or the CUDA error that kept the
+/// server from reading this chunk from the device (no bytes follow then).
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub magic: U32,
+    pub status: U32,
+    /// The copy it belongs to, numbered by the client.
+    pub copy: U64,
+    /// Where it starts in the copy.
+    pub offset: U64,
+    pub length: U64,
+}
+
+pub const CHUNK_HEADER_SIZE: usize = std::mem::size_of::<ChunkHeader>();
+const _: () = assert!(CHUNK_HEADER_SIZE == 32);
+
+impl ChunkHeader {
+    pub fn new(copy: u64, offset: u64, length: u64) -> ChunkHeader {
+        ChunkHeader {
+            magic: CHUNK_MAGIC.into(),
+            status: 0.into(),
+            copy: copy.into(),
+            offset: offset.into(),
+            length: length.into(),
+        }
+    }
+
+    /// The same chunk, failed with `status`: its bytes do not follow.
+    pub fn failed(self, status: u32) -> ChunkHeader {
+        ChunkHeader { status: status.into(), ..self }
+    }
+
+    /// The bytes that follow this header on the lane.
+    pub fn payload_len(&self) -> u64 {
+        if self.status.get() == 0 {
+            self.length.get()
+        } else {
+            0
+        }
+    }
+
+    /// Reads a header, checking only its magic: the reader checks the rest
+    /// against the chunk it expects.
+    pub fn parse(bytes: &[u8; CHUNK_HEADER_SIZE]) -> Option<ChunkHeader> {
+        let h = ChunkHeader::read_from_bytes(bytes).expect("size checked by the array type");
+        (h.magic.get() == CHUNK_MAGIC).then_some(h)
+    }
+
+    /// Whether this is chunk `offset..offset + length` of `copy`.
+    pub fn is(&self, copy: u64, offset: u64, length: u64) -> bool {
+        (self.copy.get(), self.offset.get(), self.length.get()) == (copy, offset, length)
+    }
+}
+
+/// The chunks of a `size`-byte copy cut in `chunk`-byte pieces: `(index,
+/// offset, length)` in order.
+pub fn chunks(size: u64, chunk: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+    let count = if chunk == 0 { 0 } else { size.div_ceil(chunk) };
+    (0..count).map(move |i| (i, i * chunk, chunk.min(size - i * chunk)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_bad_magic_is_refused() {
+        let h = ChunkHeader::new(7, 1 << 20, 4096);
+        let bytes: [u8; CHUNK_HEADER_SIZE] = h.as_bytes().try_into().unwrap();
+        assert_eq!(ChunkHeader::parse(&bytes), Some(h));
+        assert!(h.is(7, 1 << 20, 4096) && !h.is(8, 1 << 20, 4096));
+        assert_eq!(h.payload_len(), 4096);
+        assert_eq!(h.failed(700).payload_len(), 0);
+        let mut bad = bytes;
+        bad[0] ^= 1;
+        assert_eq!(ChunkHeader::parse(&bad), None);
+    }
+
+    #[test]
+    fn chunks_cover_a_copy_exactly() {
+        let all: Vec<_> = chunks(10, 4).collect();
+        assert_eq!(all, [(0, 0, 4), (1, 4, 4), (2, 8, 2)]);
+        assert_eq!(chunks(8, 4).count(), 2);
+        assert_eq!(chunks(0, 4).count(), 0);
+        assert_eq!(chunks(5, 0).count(), 0);
+    }
+}
