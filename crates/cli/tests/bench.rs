@@ -1,7 +1,8 @@
 //! `gpuplex bench --quick` on the emulated backend: every path the bench
 //! drives works end to end, its data checks pass, and its JSON holds a
-//! positive value for every row. The numbers themselves mean nothing here
-//! (a debug build, no GPU). Needs the front-end built next to the `gpuplex`
+//! positive value for every row, the median of as many samples in every
+//! column, with their spread. The numbers themselves mean nothing here (a
+//! debug build, no GPU). Needs the front-end built next to the `gpuplex`
 //! binary (`cargo build` of the workspace).
 
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ fn quick_bench_on_the_emulated_backend() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "gpuplex bench failed: {}\n{stdout}\n{stderr}", out.status);
     assert!(stdout.contains("empty-kernel launch, async") && stdout.contains("n/a"), "{stdout}");
+    assert!(stdout.contains("median of 5 samples"), "{stdout}");
 
     let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
     assert_eq!(report["backend"], "emulated");
@@ -46,6 +48,7 @@ fn quick_bench_on_the_emulated_backend() {
 
     let rows = report["rows"].as_array().expect("rows");
     assert!(rows.len() >= 5 + 4 * 3, "{} rows", rows.len());
+    let mut spread_somewhere = false;
     for row in rows {
         assert!(row["native"].is_null(), "{row}");
         assert!(["lower", "higher"].contains(&row["better"].as_str().unwrap_or_default()), "{row}");
@@ -56,5 +59,21 @@ fn quick_bench_on_the_emulated_backend() {
         // shm (which may still fall back to the socket) has a value or says why not.
         let shm = &row["carriers"]["shm"];
         assert!(shm["value"].as_f64().is_some_and(|v| v > 0.0) || shm["error"].is_string(), "{row}");
+        // Every measured cell: the median of 5 samples, within their range.
+        for (carrier, cell) in row["carriers"].as_object().expect("carriers") {
+            if cell["value"].is_null() {
+                assert!(cell.get("samples").is_none() && cell.get("min").is_none(), "{carrier}: {row}");
+                continue;
+            }
+            assert_eq!(cell["samples"], 5, "{carrier}: {row}");
+            let (min, value, max) = (cell["min"].as_f64(), cell["value"].as_f64(), cell["max"].as_f64());
+            assert!(
+                min > Some(0.0) && min <= value && value <= max && max.is_some_and(f64::is_finite),
+                "{carrier}: {row}"
+            );
+            spread_somewhere |= min < max;
+        }
     }
+    // Timings never come out all alike: identical extremes everywhere would mean one sample reported as five.
+    assert!(spread_somewhere, "no cell's samples differ");
 }

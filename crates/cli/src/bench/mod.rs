@@ -9,6 +9,13 @@
 //! driver's state, crashes and memory out of the others' numbers and out of
 //! this process. `report.rs` names the metrics and holds the report;
 //! `table.rs` prints it.
+//!
+//! Every value is the median of several independent samples, reported with
+//! their count, minimum and maximum: with one sample per metric, the same
+//! GPU's numbers spread widely from run to run (async launch from x1.02 to
+//! x1.49 of native, pinned 64 MiB bandwidth from x0.89 to x0.98). Every
+//! column runs the same worker with the same plan, so native and gpuplex
+//! are sampled alike and their medians compare.
 
 mod carrier;
 mod driver;

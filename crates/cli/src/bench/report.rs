@@ -2,6 +2,9 @@
 //! worker and the parent share (so a row can never be measured under one name
 //! and printed under another), the worker's answer, and the report that is
 //! printed as a table or written as JSON.
+//!
+//! Every value is the median of [`SAMPLES`] independent samples, reported
+//! with their count, minimum and maximum (see [`Summary`]).
 
 use std::collections::BTreeMap;
 
@@ -9,6 +12,10 @@ use serde::{Deserialize, Serialize};
 
 pub const KIB: usize = 1 << 10;
 pub const MIB: usize = 1 << 20;
+
+/// Independent samples per metric, for every column and with `--quick` alike.
+/// Odd, so that the median is a measured sample.
+pub const SAMPLES: usize = 5;
 
 /// The transfer sizes of the bandwidth rows.
 const BANDWIDTH_SIZES: [usize; 4] = [4 * KIB, MIB, 64 * MIB, 256 * MIB];
@@ -116,12 +123,37 @@ pub fn catalog(quick: bool) -> Vec<Metric> {
     rows
 }
 
-/// One measurement: a value in the row's unit, or why there is none.
+/// One measurement: its samples summarised, or why there is none.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
-    Value(f64),
+    Measured(Summary),
     Error(String),
+}
+
+/// A metric's samples, in the row's unit. The median is the value reported:
+/// one sample per metric varied widely from run to run on a real GPU, and a
+/// median, unlike a mean, is not moved by one slow or fast sample. The
+/// extremes show how far the samples spread.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub samples: usize,
+}
+
+impl Summary {
+    /// The summary of `samples`, in any order; `None` if there are none.
+    pub fn of(samples: &[f64]) -> Option<Summary> {
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let (&min, &max) = (sorted.first()?, sorted.last()?);
+        let mid = sorted.len() / 2;
+        // An even count has no middle sample: the mean of the two beside the middle.
+        let median = if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 };
+        Some(Summary { median, min, max, samples: sorted.len() })
+    }
 }
 
 /// The data checks one worker ran: each copy path round-trips a pattern.
@@ -209,13 +241,22 @@ pub struct Row {
     pub carriers: BTreeMap<String, Cell>,
 }
 
-/// One value; `ratio` is gpuplex / native, for times and bandwidths alike.
+/// One value, the median of its samples; `ratio` is gpuplex / native (of
+/// the medians), for times and bandwidths alike.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Cell {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub value: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub ratio: Option<f64>,
+    /// The smallest and largest sample: how far they spread around `value`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub max: Option<f64>,
+    /// How many samples `value` is the median of.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub samples: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
 }
@@ -229,7 +270,13 @@ impl Report {
         let cell = |outcome: &Result<WorkerReport, String>, name: &str| match outcome {
             Err(e) => Cell { error: Some(e.clone()), ..Cell::default() },
             Ok(w) => match w.results.get(name) {
-                Some(Outcome::Value(v)) => Cell { value: Some(*v), ..Cell::default() },
+                Some(Outcome::Measured(s)) => Cell {
+                    value: Some(s.median),
+                    min: Some(s.min),
+                    max: Some(s.max),
+                    samples: Some(s.samples),
+                    ..Cell::default()
+                },
                 Some(Outcome::Error(e)) => Cell { error: Some(e.clone()), ..Cell::default() },
                 None => Cell { error: Some("not measured".into()), ..Cell::default() },
             },
@@ -288,33 +335,64 @@ mod tests {
         Column { data_checks: Some(Checks { passed: 1, failed: vec![] }), ..Column::new(name) }
     }
 
-    fn worker(values: &[(&str, f64)]) -> WorkerReport {
+    /// A worker that measured each named metric as the given samples.
+    fn worker(measured: &[(&str, &[f64])]) -> WorkerReport {
         WorkerReport {
             library: "x".into(),
             gpuplex: false,
             device: "d".into(),
             driver_version: 13000,
-            results: values.iter().map(|&(n, v)| (n.to_owned(), Outcome::Value(v))).collect(),
+            results: measured
+                .iter()
+                .map(|&(n, samples)| (n.to_owned(), Outcome::Measured(Summary::of(samples).unwrap())))
+                .collect(),
             checks: Checks::default(),
         }
     }
 
     #[test]
-    fn ratios_are_carrier_over_native() {
+    fn summaries_take_the_middle_sample_whatever_the_order() {
+        let s = Summary::of(&[9.0, 1.0, 4.0, 7.0, 3.0]).unwrap();
+        assert_eq!(s, Summary { median: 4.0, min: 1.0, max: 9.0, samples: 5 });
+        // One wild sample moves a mean, not the median.
+        assert_eq!(Summary::of(&[4.0, 1000.0, 3.9, 4.1, 4.0]).unwrap().median, 4.0);
+        assert_eq!(Summary::of(&[2.0, 8.0, 4.0, 6.0]).unwrap().median, 5.0);
+        assert_eq!(Summary::of(&[2.5]).unwrap(), Summary { median: 2.5, min: 2.5, max: 2.5, samples: 1 });
+        assert_eq!(Summary::of(&[]), None);
+    }
+
+    #[test]
+    fn cells_are_medians_with_their_spread_and_ratios_are_of_medians() {
         let columns = vec![
-            (column(NATIVE), Ok(worker(&[(LAUNCH_ASYNC, 4.0), ("h2d_pinned_1MiB", 50.0)]))),
-            (column("socket"), Ok(worker(&[(LAUNCH_ASYNC, 5.0), ("h2d_pinned_1MiB", 25.0)]))),
+            (column(NATIVE), Ok(worker(&[(LAUNCH_ASYNC, &[4.0, 9.0, 3.0]), ("h2d_pinned_1MiB", &[50.0])]))),
+            (column("socket"), Ok(worker(&[(LAUNCH_ASYNC, &[7.0, 1.0, 5.0]), ("h2d_pinned_1MiB", &[25.0])]))),
             (column("tcp"), Err("unavailable: no".into())),
         ];
         let rows = Report::rows(&columns, false);
         let row = |n: &str| rows.iter().find(|r| r.name == n).unwrap();
-        assert_eq!(row(LAUNCH_ASYNC).carriers["socket"].ratio, Some(1.25));
+        let native = row(LAUNCH_ASYNC).native.clone().unwrap();
+        assert_eq!((native.value, native.min, native.max, native.samples), (Some(4.0), Some(3.0), Some(9.0), Some(3)));
+        let socket = &row(LAUNCH_ASYNC).carriers["socket"];
+        assert_eq!((socket.value, socket.min, socket.max, socket.samples), (Some(5.0), Some(1.0), Some(7.0), Some(3)));
+        // 5 / 4 (medians), not 13/3 / 16/3 (means).
+        assert_eq!(socket.ratio, Some(1.25));
         assert_eq!(row("h2d_pinned_1MiB").carriers["socket"].ratio, Some(0.5));
         assert_eq!(row("h2d_pinned_1MiB").better, Better::Higher);
-        assert_eq!(row(LAUNCH_ASYNC).carriers["tcp"].error.as_deref(), Some("unavailable: no"));
+        let tcp = &row(LAUNCH_ASYNC).carriers["tcp"];
+        assert_eq!(tcp.error.as_deref(), Some("unavailable: no"));
+        assert!(tcp.value.is_none() && tcp.samples.is_none() && tcp.min.is_none());
         assert_eq!(row(LAUNCH_SYNC).carriers["socket"].error.as_deref(), Some("not measured"));
         // Without a native column there are no ratios.
         let rows = Report::rows(&columns[1..], false);
         assert!(rows[0].native.is_none() && rows[0].carriers["socket"].ratio.is_none());
+    }
+
+    #[test]
+    fn cell_json_keeps_value_and_adds_the_spread_only_when_measured() {
+        let measured = Cell { value: Some(2.0), min: Some(1.0), max: Some(3.0), samples: Some(5), ..Cell::default() };
+        let json = serde_json::to_value(&measured).unwrap();
+        assert_eq!(json, serde_json::json!({"value": 2.0, "min": 1.0, "max": 3.0, "samples": 5}));
+        let failed = Cell { error: Some("no".into()), ..Cell::default() };
+        assert_eq!(serde_json::to_value(&failed).unwrap(), serde_json::json!({"error": "no"}));
     }
 }

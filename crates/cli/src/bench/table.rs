@@ -1,9 +1,10 @@
 //! The report as a plain text table: what was measured where, then one row
 //! per metric with the native value and each carrier's value and ratio.
+//! Values are medians; their spread is in the JSON only, to keep rows short.
 
 use std::fmt::{self, Write};
 
-use super::report::{Better, Cell, Column, Report, NATIVE};
+use super::report::{Better, Cell, Column, Report, NATIVE, SAMPLES};
 
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
@@ -34,6 +35,7 @@ fn write(out: &mut String, r: &Report) -> fmt::Result {
     } else {
         writeln!(out, "Times (us): lower is better. Bandwidths (GB/s, 1e9 bytes/s): higher is better.")?;
     }
+    writeln!(out, "Each value is the median of {SAMPLES} samples; --json also gives their min and max.")?;
     writeln!(out)?;
 
     // Errors shown once each: a whole column's in its line above, others as numbered notes.
@@ -114,7 +116,7 @@ fn number(v: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::report::{Checks, Machine, Outcome, WorkerReport, LAUNCH_ASYNC, LAUNCH_SYNC};
+    use super::super::report::{Checks, Machine, Outcome, Summary, WorkerReport, LAUNCH_ASYNC, LAUNCH_SYNC};
     use super::*;
 
     fn column(name: &str, error: Option<&str>) -> Column {
@@ -137,13 +139,18 @@ mod tests {
         })
     }
 
+    /// Samples whose median is `v`, spread far around it.
+    fn median(v: f64) -> Outcome {
+        Outcome::Measured(Summary::of(&[v * 3.0, v, v / 3.0]).unwrap())
+    }
+
     #[test]
-    fn cells_show_ratios_and_each_error_once() {
+    fn cells_show_medians_ratios_and_each_error_once() {
         let columns = vec![
-            (column(NATIVE, None), worker(&[(LAUNCH_ASYNC, Outcome::Value(4.0)), (LAUNCH_SYNC, Outcome::Value(9.0))])),
+            (column(NATIVE, None), worker(&[(LAUNCH_ASYNC, median(4.0)), (LAUNCH_SYNC, median(9.0))])),
             (
                 column("socket", None),
-                worker(&[(LAUNCH_ASYNC, Outcome::Value(5.0)), (LAUNCH_SYNC, Outcome::Error("it broke".into()))]),
+                worker(&[(LAUNCH_ASYNC, median(5.0)), (LAUNCH_SYNC, Outcome::Error("it broke".into()))]),
             ),
             (column("tcp", Some("unavailable: no tcp")), Err("unavailable: no tcp".into())),
         ];
@@ -164,6 +171,7 @@ mod tests {
         assert!(words(line("empty-kernel launch + stream")).ends_with("us lower 9.00 failed [1] -"), "{text}");
         assert!(line("tcp").contains("unavailable: no tcp"), "{text}");
         assert!(text.contains("\n[1] it broke\n") && text.matches("it broke").count() == 1, "{text}");
+        assert!(text.contains(&format!("median of {SAMPLES} samples")), "{text}");
     }
 
     #[test]

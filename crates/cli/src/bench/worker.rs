@@ -4,6 +4,12 @@
 //! It prints a [`WorkerReport`] as one JSON line on stdout. A failed
 //! measurement is reported in its row and the others still run; only a
 //! failure to reach a device at all ends the worker.
+//!
+//! Each metric is sampled [`SAMPLES`] times and reported as the median of
+//! its samples, with their minimum and maximum: a single sample varied
+//! widely from run to run on a real GPU (launch overhead, bandwidth), and a
+//! median is not moved by one disturbed sample. A latency sample is one
+//! timed loop of calls; a bandwidth sample is one slice of the copy time.
 
 use std::collections::BTreeMap;
 use std::ffi::CStr;
@@ -13,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use super::driver::{self, DeviceBuffer, Driver, Function, Stream};
 use super::report::{
-    bandwidth_metric, bandwidth_sizes, size_label, Checks, Direction, HostMemory, Outcome, WorkerReport,
-    ALLOC_FREE_1MIB, COPY_DTOH_4B, COPY_HTOD_4B, LAUNCH_ASYNC, LAUNCH_SYNC, MIB,
+    bandwidth_metric, bandwidth_sizes, size_label, Checks, Direction, HostMemory, Outcome, Summary, WorkerReport,
+    ALLOC_FREE_1MIB, COPY_DTOH_4B, COPY_HTOD_4B, LAUNCH_ASYNC, LAUNCH_SYNC, MIB, SAMPLES,
 };
 use crate::Error;
 
@@ -31,7 +37,8 @@ const EMPTY_KERNEL_PTX: &CStr = c".version 8.0
 ";
 const EMPTY_KERNEL: &CStr = c"gpuplex_bench_empty";
 
-/// How much of each measurement to do.
+/// How much of each measurement to do: the counts are per sample, the copy
+/// time is for all of a size's samples together.
 struct Plan {
     /// Launches queued before the one synchronize.
     async_launches: u32,
@@ -39,7 +46,7 @@ struct Plan {
     sync_launches: u32,
     small_copies: u32,
     allocations: u32,
-    /// Bandwidth: repeat a copy until this much time has passed.
+    /// Bandwidth: how long each size is copied each way, all samples together.
     copy_time: Duration,
     sizes: &'static [usize],
 }
@@ -108,42 +115,57 @@ fn measure(d: &Driver, plan: &Plan) -> Result<WorkerReport, Error> {
     Ok(WorkerReport { library: d.path.clone(), gpuplex: d.is_gpuplex, device, driver_version, results, checks })
 }
 
-/// Mean microseconds per call of `op`, after a warm-up.
-fn mean_us(n: u32, mut op: impl FnMut() -> driver::Result<()>) -> driver::Result<f64> {
+/// [`SAMPLES`] values from `one`, summarised; the first error ends the sampling.
+fn sample<E>(mut one: impl FnMut() -> Result<f64, E>) -> Result<Summary, E> {
+    let samples = (0..SAMPLES).map(|_| one()).collect::<Result<Vec<f64>, E>>()?;
+    Ok(Summary::of(&samples).expect("SAMPLES is not zero"))
+}
+
+fn micros_per_call(elapsed: Duration, calls: u32) -> f64 {
+    elapsed.as_secs_f64() * 1e6 / calls as f64
+}
+
+/// Microseconds per call of `op`: after one warm-up, each sample is the mean of `n` calls.
+fn latency_us(n: u32, mut op: impl FnMut() -> driver::Result<()>) -> driver::Result<Summary> {
     for _ in 0..warmup(n) {
         op()?;
     }
-    let start = Instant::now();
-    for _ in 0..n {
-        op()?;
-    }
-    Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+    sample(|| {
+        let start = Instant::now();
+        for _ in 0..n {
+            op()?;
+        }
+        Ok(micros_per_call(start.elapsed(), n))
+    })
 }
 
 /// `n` launches queued without waiting, then one synchronize: microseconds per launch.
-fn launch_async(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver::Result<f64> {
+fn launch_async(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver::Result<Summary> {
     for _ in 0..warmup(n) {
         d.launch_empty(f, s)?;
     }
     s.synchronize()?;
-    let start = Instant::now();
-    for _ in 0..n {
-        d.launch_empty(f, s)?;
-    }
-    s.synchronize()?;
-    Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+    sample(|| {
+        let start = Instant::now();
+        for _ in 0..n {
+            d.launch_empty(f, s)?;
+        }
+        // Each sample waits for its own launches, so none runs on into the next.
+        s.synchronize()?;
+        Ok(micros_per_call(start.elapsed(), n))
+    })
 }
 
 /// A launch then a synchronize of its stream: microseconds per pair.
-fn launch_sync(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver::Result<f64> {
-    mean_us(n, || {
+fn launch_sync(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver::Result<Summary> {
+    latency_us(n, || {
         d.launch_empty(f, s)?;
         s.synchronize()
     })
 }
 
-fn outcome(r: driver::Result<f64>) -> Outcome {
-    r.map_or_else(|e| Outcome::Error(e.to_string()), Outcome::Value)
+fn outcome(r: driver::Result<Summary>) -> Outcome {
+    r.map_or_else(|e| Outcome::Error(e.to_string()), Outcome::Measured)
 }
 
 /// The same error for both directions.
@@ -167,12 +189,12 @@ fn small_copies(d: &Driver, n: u32, checks: &mut Checks) -> (Outcome, Outcome) {
         return both("data check failed (4 B round trip)");
     }
     checks.passed += 1;
-    (outcome(mean_us(n, || d.htod(&dev, &src))), outcome(mean_us(n, || d.dtoh(&mut dst, &dev))))
+    (outcome(latency_us(n, || d.htod(&dev, &src))), outcome(latency_us(n, || d.dtoh(&mut dst, &dev))))
 }
 
 /// 1 MiB allocated and freed: microseconds per pair.
-fn alloc_free(d: &Driver, n: u32) -> driver::Result<f64> {
-    mean_us(n, || d.alloc(MIB)?.free())
+fn alloc_free(d: &Driver, n: u32) -> driver::Result<Summary> {
+    latency_us(n, || d.alloc(MIB)?.free())
 }
 
 /// Host buffers of one kind, as large as the largest transfer.
@@ -199,7 +221,8 @@ impl<'d> HostBuffers<'d> {
 }
 
 /// Every bandwidth row: for each kind of host memory and size, synchronous
-/// copies host->device then device->host, in GB/s.
+/// copies host->device then device->host, in GB/s. Each way, each size is
+/// copied for `plan.copy_time` in all, split evenly among the samples.
 fn bandwidth(d: &Driver, plan: &Plan, checks: &mut Checks) -> Vec<(String, Outcome)> {
     let largest = plan.sizes.iter().copied().max().unwrap_or(0);
     let mut out = Vec::new();
@@ -234,7 +257,7 @@ fn bandwidth(d: &Driver, plan: &Plan, checks: &mut Checks) -> Vec<(String, Outco
             let (htod, dtoh) = match (htod, dtoh) {
                 (Ok(h), Ok(t)) if src[..bytes] == dst[..bytes] => {
                     checks.passed += 1;
-                    (Outcome::Value(gb_per_s(bytes, h)), Outcome::Value(gb_per_s(bytes, t)))
+                    (Outcome::Measured(h), Outcome::Measured(t))
                 }
                 (Ok(_), Ok(_)) => {
                     let what = format!("{} {} round trip", mem.name(), size_label(bytes));
@@ -252,7 +275,7 @@ fn bandwidth(d: &Driver, plan: &Plan, checks: &mut Checks) -> Vec<(String, Outco
     out
 }
 
-fn unchecked(r: Result<f64, String>) -> Outcome {
+fn unchecked(r: Result<Summary, String>) -> Outcome {
     Outcome::Error(r.err().unwrap_or_else(|| "not checked: the copy the other way failed".into()))
 }
 
@@ -261,27 +284,40 @@ fn gb_per_s(bytes: usize, seconds: f64) -> f64 {
 }
 
 /// Fills `src` with a pattern, times copies of it to the device, poisons
-/// `dst`, then times copies back into it: seconds per copy each way. The
-/// caller compares `dst` with `src`, which checks the last copy each way.
+/// `dst`, then times copies back into it: GB/s each way. The caller
+/// compares `dst` with `src`, which checks the last copy each way.
 fn copy_pair(
     d: &Driver,
     dev: &DeviceBuffer<'_>,
     src: &mut [u8],
     dst: &mut [u8],
-    min_time: Duration,
+    copy_time: Duration,
     seed: u64,
-) -> (Result<f64, String>, Result<f64, String>) {
+) -> (Result<Summary, String>, Result<Summary, String>) {
     fill_pattern(src, seed);
-    let htod = repeat_for(min_time, || d.htod(dev, src)).map_err(|e| e.to_string());
+    let bytes = src.len();
+    let htod = copy_bandwidth(bytes, copy_time, || d.htod(dev, src)).map_err(|e| e.to_string());
     // A copy that moves nothing leaves the poison, and fails the check.
     dst.fill(0xA5);
-    let dtoh = repeat_for(min_time, || d.dtoh(dst, dev)).map_err(|e| e.to_string());
+    let dtoh = copy_bandwidth(bytes, copy_time, || d.dtoh(dst, dev)).map_err(|e| e.to_string());
     (htod, dtoh)
 }
 
-/// Seconds per call of `op`, repeated until `min_time` has passed (after one warm-up call).
+/// GB/s of `copy`, which moves `bytes`: after one warm-up copy, each sample
+/// repeats it for an equal share of `copy_time`, so that the samples take
+/// about as long together as a single timing of `copy_time` would.
+fn copy_bandwidth(
+    bytes: usize,
+    copy_time: Duration,
+    mut copy: impl FnMut() -> driver::Result<()>,
+) -> driver::Result<Summary> {
+    copy()?;
+    let share = copy_time / SAMPLES as u32;
+    sample(|| Ok(gb_per_s(bytes, repeat_for(share, &mut copy)?)))
+}
+
+/// Seconds per call of `op`, repeated until `min_time` has passed (at least once).
 fn repeat_for(min_time: Duration, mut op: impl FnMut() -> driver::Result<()>) -> driver::Result<f64> {
-    op()?;
     let (start, mut n) = (Instant::now(), 0u32);
     loop {
         op()?;
@@ -316,6 +352,54 @@ fn fill_pattern(buf: &mut [u8], seed: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampling_takes_samples_many_and_stops_at_an_error() {
+        let mut values = [9.0, 1.0, 4.0, 7.0, 3.0, 100.0].into_iter();
+        let s = sample(|| values.next().ok_or("ran out")).unwrap();
+        assert_eq!(SAMPLES, 5);
+        assert_eq!(s, Summary { median: 4.0, min: 1.0, max: 9.0, samples: 5 });
+        assert_eq!(values.next(), Some(100.0), "no sample beyond SAMPLES");
+        let mut calls = 0;
+        let failed = sample(|| {
+            calls += 1;
+            if calls == 2 {
+                Err("broke")
+            } else {
+                Ok(1.0)
+            }
+        });
+        assert_eq!((failed, calls), (Err("broke"), 2));
+    }
+
+    #[test]
+    fn latency_samples_are_whole_loops_after_one_warm_up() {
+        let mut calls = 0u32;
+        let s = latency_us(40, || {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(calls, warmup(40) + SAMPLES as u32 * 40);
+        assert_eq!(s.samples, SAMPLES);
+        assert!(s.min <= s.median && s.median <= s.max, "{s:?}");
+    }
+
+    #[test]
+    fn bandwidth_samples_share_the_copy_time_and_are_in_gb_per_s() {
+        // Copies of at least 2 ms: each sample's share (1 ms) holds just one.
+        let mut copies = 0u32;
+        let s = copy_bandwidth(4_000_000, Duration::from_millis(SAMPLES as u64), || {
+            copies += 1;
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(copies, 1 + SAMPLES as u32, "a warm-up, then one copy per sample");
+        assert_eq!(s.samples, SAMPLES);
+        // 4 MB in 2 ms or more is at most 2 GB/s.
+        assert!(0.0 < s.min && s.min <= s.median && s.median <= s.max && s.max <= 2.0, "{s:?}");
+    }
 
     #[test]
     fn patterns_differ_by_seed_and_do_not_repeat_at_powers_of_two() {
