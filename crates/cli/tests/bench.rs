@@ -21,7 +21,6 @@ fn quick_bench_on_the_emulated_backend() {
     );
     let json = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench.json");
     let _ = std::fs::remove_file(&json);
-    // tcp: measured once that carrier exists, until then reported unavailable; never fatal.
     let out = Command::new(&gpuplex)
         .args(["bench", "--backend", "emulated", "--quick", "--carriers", "socket,shm,tcp", "--json"])
         .arg(&json)
@@ -39,12 +38,13 @@ fn quick_bench_on_the_emulated_backend() {
     let column = |name: &str| columns.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no {name} column"));
     assert!(columns.iter().all(|c| c["name"] != "native"), "no native column on the emulated backend");
 
-    let socket = column("socket");
-    assert!(socket["error"].is_null(), "{socket}");
-    assert!(socket["data_checks"]["passed"].as_u64() > Some(0), "{socket}");
-    assert_eq!(socket["data_checks"]["failed"], Value::Array(vec![]), "{socket}");
-    let tcp = column("tcp");
-    assert!(tcp["error"].is_null() || tcp["error"].as_str().is_some_and(|e| e.starts_with("unavailable: ")), "{tcp}");
+    // Socket and TCP move their large copies over lanes: the checks cover them.
+    for name in ["socket", "tcp"] {
+        let c = column(name);
+        assert!(c["error"].is_null(), "{c}");
+        assert!(c["data_checks"]["passed"].as_u64() > Some(0), "{c}");
+        assert_eq!(c["data_checks"]["failed"], Value::Array(vec![]), "{c}");
+    }
 
     let rows = report["rows"].as_array().expect("rows");
     assert!(rows.len() >= 5 + 4 * 3, "{} rows", rows.len());

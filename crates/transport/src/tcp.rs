@@ -10,8 +10,9 @@
 //!   Until it succeeds, `send` and `recv` refuse to move frames.
 //! - Nagle is off on both ends: every call is a small request waiting for
 //!   its reply, and delaying it for coalescing only adds latency.
-//! - Copies stream up to 16 MiB per frame, so the socket buffers are made
-//!   large where the kernel allows it (see `grow_buffers`).
+//! - Bulk bytes stream in large frames and chunks (a session's lanes are
+//!   TCP connections too), so the socket buffers are made large where the
+//!   kernel allows it (see `grow_buffers`).
 //!
 //! Nothing is encrypted: see the threat model in docs/ARCHITECTURE.md.
 

@@ -59,6 +59,12 @@ pub struct Region {
     pub owner: Option<Owner>,
 }
 
+/// The bytes a region counts as allocated: `cuMemAlloc`'s, not globals' or
+/// host blocks'.
+fn allocation_bytes(region: Option<Region>) -> u64 {
+    region.filter(|r| r.owner.is_none()).map_or(0, |r| r.size)
+}
+
 #[derive(Default)]
 pub struct Tables {
     next: u64,
@@ -68,6 +74,8 @@ pub struct Tables {
     /// module yields the same handle, as the real driver does.
     issued: HashMap<(u8, u64, u64), u64>,
     regions: BTreeMap<u64, Region>,
+    /// Bytes of `cuMemAlloc` regions, kept up to date: every call reports it.
+    allocated: u64,
 }
 
 impl Tables {
@@ -146,6 +154,7 @@ impl Tables {
             let _ = self.remove(kind, h);
         }
         self.regions.retain(|_, r| r.ctx != ctx);
+        self.recount();
     }
 
     /// All live objects of one kind, for teardown.
@@ -160,10 +169,16 @@ impl Tables {
             let _ = self.remove(kind, h);
         }
         self.regions.retain(|_, r| r.owner != Some(owner));
+        self.recount();
+    }
+
+    fn recount(&mut self) {
+        self.allocated = self.regions.values().copied().map(Some).map(allocation_bytes).sum();
     }
 
     pub fn add_region(&mut self, base: u64, region: Region) {
-        self.regions.insert(base, region);
+        let replaced = self.regions.insert(base, region);
+        self.allocated = self.allocated + allocation_bytes(Some(region)) - allocation_bytes(replaced);
     }
 
     /// The region starting exactly at `base`.
@@ -172,7 +187,8 @@ impl Tables {
     }
 
     pub fn remove_region(&mut self, base: u64) {
-        self.regions.remove(&base);
+        let removed = self.regions.remove(&base);
+        self.allocated -= allocation_bytes(removed);
     }
 
     /// The region holding `ptr`, as `(base, region)`.
@@ -200,7 +216,7 @@ impl Tables {
 
     /// Bytes held by `cuMemAlloc` allocations.
     pub fn allocated_bytes(&self) -> u64 {
-        self.regions.values().filter(|r| r.owner.is_none()).map(|r| r.size).sum()
+        self.allocated
     }
 }
 
@@ -248,9 +264,16 @@ mod tests {
         let s = t.add(Kind::Stream, entry(20, c, Owner::Ctx(c)));
         let s2 = t.add(Kind::Stream, entry(21, d, Owner::Ctx(d)));
         t.add_region(0x9000, Region { size: 64, ctx: c, owner: None });
+        t.add_region(0xa000, Region { size: 32, ctx: d, owner: None });
+        t.add_region(0xb000, Region { size: 16, ctx: d, owner: Some(Owner::Module(s2)) });
+        assert_eq!(t.allocated_bytes(), 96, "globals are not allocations");
         t.drop_context_contents(c);
         assert!(t.get(Kind::Stream, s).is_err());
         assert!(t.get(Kind::Stream, s2).is_ok());
+        assert_eq!(t.allocated_bytes(), 32);
+        t.add_region(0xa000, Region { size: 48, ctx: d, owner: None });
+        assert_eq!(t.allocated_bytes(), 48, "a region replaced at its base counts once");
+        t.remove_region(0xa000);
         assert_eq!(t.allocated_bytes(), 0);
     }
 
