@@ -204,11 +204,22 @@ impl Lanes {
         Ok(())
     }
 
-    /// Registers the slots from `ctx` if they are not registered.
-    fn register(&mut self, backend: &dyn Backend, ctx: Obj) -> Result<(), CallError> {
+    /// Readies a copy: every lane's end, and the slots registered from the
+    /// target's context. The inner result is the copy's outcome so far (the
+    /// target's own error, if it has one); the outer one, lost lanes.
+    fn start(
+        &mut self,
+        backend: &dyn Backend,
+        target: &Result<(Obj, Obj), CallError>,
+    ) -> Result<Result<(), CallError>, CallError> {
+        self.ends()?;
+        let (ctx, _) = match target {
+            Ok(target) => *target,
+            Err(e) => return Ok(Err(e.clone())),
+        };
         let region = &self.hub.slots.region;
         // SAFETY: the region lives in the hub until teardown unregisters it.
-        unsafe { register_once(backend, ctx, &mut self.registered, region.as_ptr(), region.len()) }
+        Ok(unsafe { register_once(backend, ctx, &mut self.registered, region.as_ptr(), region.len()) })
     }
 
     /// Host to device: takes every chunk of `copy` off the lanes, in order,
@@ -222,11 +233,7 @@ impl Lanes {
         size: u64,
         copy: u64,
     ) -> Result<(), CallError> {
-        self.ends()?;
-        let mut outcome = target.clone().map(|_| ());
-        if let Ok((ctx, _)) = target {
-            outcome = self.register(backend, ctx);
-        }
+        let mut outcome = self.start(backend, &target)?;
         let lanes = self.ends.len();
         // DMAs not yet known complete: (lane, slot).
         let mut pending = Vec::with_capacity(lanes);
@@ -296,11 +303,7 @@ impl Lanes {
         size: u64,
         copy: u64,
     ) -> Result<(), CallError> {
-        self.ends()?;
-        let mut outcome = target.clone().map(|_| ());
-        if let Ok((ctx, _)) = target {
-            outcome = self.register(backend, ctx);
-        }
+        let mut outcome = self.start(backend, &target)?;
         let lanes = self.ends.len();
         let mut round = Vec::with_capacity(lanes);
         let mut chunks = lane::chunks(size, self.hub.slots.chunk as u64).peekable();
