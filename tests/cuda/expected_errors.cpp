@@ -3,6 +3,9 @@
 // NULL: a garbage handle may crash the real driver.
 #include "common.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 EMBED(vector_add_fatbin, "vector_add.fatbin");
 
 // Prints a call's status as the driver names and describes it.
@@ -123,6 +126,20 @@ int main() {
     SHOW(cuStreamSynchronize(nullptr));
     CHECK(cuEventDestroy(e1));
     CHECK(cuEventDestroy(e2));
+
+    // A child forked after initialization may not use its parent's CUDA
+    // state: its calls fail, and the parent's go on working.
+    fflush(stdout);
+    pid_t child = fork();
+    EXPECT(child >= 0, "fork failed");
+    if (child == 0) {
+        CUdeviceptr c;
+        printf("forked child's cuMemAlloc fails: %s\n", yes_no(cuMemAlloc(&c, 16) != CUDA_SUCCESS));
+        fflush(stdout);
+        _exit(0);
+    }
+    int status = 0;
+    EXPECT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed");
 
     // The context is still healthy after all of the above.
     CHECK(cuMemAlloc(&d, 16));

@@ -32,8 +32,6 @@ pub const SERVER_GONE: CuError = CuError::DEVICE_UNAVAILABLE;
 pub struct Client {
     conn: Mutex<Conn>,
     pub welcome: Welcome,
-    /// The process that connected; a forked child must not share the stream.
-    pid: u32,
 }
 
 pub struct Conn {
@@ -81,6 +79,14 @@ impl Staging {
 
 static CLIENT: OnceLock<Result<Client, CuError>> = OnceLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
+/// Set in a child forked after connecting: the connection is the parent's,
+/// and a child must not share its stream. A flag set by `pthread_atfork`
+/// instead of comparing `getpid()` on every call, which is a system call.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn forked() {
+    FORKED.store(true, Ordering::Relaxed);
+}
 
 /// The server address: `GPUPLEX_SERVER`, else the default local socket.
 fn address() -> Result<Address, CuError> {
@@ -97,7 +103,7 @@ fn address() -> Result<Address, CuError> {
 pub fn connection() -> Result<&'static Client, CuError> {
     let client = CLIENT.get_or_init(Client::connect);
     match client {
-        Ok(c) if c.pid == std::process::id() => Ok(c),
+        Ok(c) if !FORKED.load(Ordering::Relaxed) => Ok(c),
         Ok(_) => {
             log::error("CUDA used in a forked child of an initialized process; gpuplex does not support that");
             Err(CuError::NOT_INITIALIZED)
@@ -153,6 +159,11 @@ impl Client {
             CuError::NO_DEVICE
         })?;
         let pid = std::process::id();
+        // SAFETY: registers a handler that only stores to an atomic.
+        if unsafe { libc::pthread_atfork(None, None, Some(forked)) } != 0 {
+            log::error("pthread_atfork failed: out of memory");
+            return Err(CuError::OUT_OF_MEMORY);
+        }
         let mut conn = Conn {
             carrier,
             next_id: 1,
@@ -188,7 +199,7 @@ impl Client {
             welcome.backend,
             welcome.devices.0.len()
         ));
-        Ok(Client { conn: Mutex::new(conn), welcome, pid })
+        Ok(Client { conn: Mutex::new(conn), welcome })
     }
 
     fn lock(&self) -> MutexGuard<'_, Conn> {

@@ -18,7 +18,8 @@ pub trait Wire: Sized {
 
 /// Encodes one value into a fresh buffer.
 pub fn encode<T: Wire>(value: &T) -> Vec<u8> {
-    let mut out = Vec::new();
+    // Room for most calls at once, instead of growing field by field.
+    let mut out = Vec::with_capacity(256);
     value.put(&mut out);
     out
 }

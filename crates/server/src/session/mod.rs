@@ -17,7 +17,6 @@ pub mod metrics;
 mod shared;
 pub mod tables;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpuplex_protocol::{
@@ -30,7 +29,7 @@ use tracing::{debug, info, warn};
 use crate::backend::{Backend, Obj};
 use crate::registry::Registry;
 use metrics::SessionMetrics;
-use tables::{Kind, Tables};
+use tables::{HandleMap, Kind, Tables};
 
 pub struct Session {
     backend: Arc<dyn Backend>,
@@ -43,11 +42,11 @@ pub struct Session {
     thread: u64,
     /// Each client thread's per-thread default stream in each context,
     /// as a stream handle: `(thread, context) -> stream`.
-    per_thread_streams: HashMap<(u64, u64), u64>,
+    per_thread_streams: HandleMap<(u64, u64), u64>,
     /// Bytes of packed parameters each function takes, by client handle
     /// (never reused, so never stale). The driver does not check a short
     /// buffer, so the session does.
-    param_bytes: HashMap<u64, usize>,
+    param_bytes: HandleMap<u64, usize>,
     images: images::Images,
     metrics: Arc<SessionMetrics>,
     shared: shared::Shared,
@@ -95,8 +94,8 @@ impl Session {
             primaries,
             current: Ctx(0),
             thread: 0,
-            per_thread_streams: HashMap::new(),
-            param_bytes: HashMap::new(),
+            per_thread_streams: HandleMap::default(),
+            param_bytes: HandleMap::default(),
             images: images::Images::default(),
             metrics,
             shared: shared::Shared::new(),

@@ -7,10 +7,46 @@
 //! a library drops every handle that died with it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use gpuplex_protocol::{CallError, CuError, FIRST_HANDLE};
 
 use crate::backend::Obj;
+
+/// A map keyed by handles and other small integers, hashed cheaply: every
+/// call looks up several handles, and SipHash was the larger part of the
+/// session's own cost per kernel launch. The server issues the handles, so a
+/// client cannot pile keys into one bucket; maps it keys itself
+/// (per-thread streams) are bounded.
+pub type HandleMap<K, V> = HashMap<K, V, BuildHasherDefault<HandleHasher>>;
+
+/// Multiplies each word in and folds the 128-bit product, so that handles,
+/// which step by 16, still spread over the low bits the table indexes with.
+#[derive(Default)]
+pub struct HandleHasher(u64);
+
+impl Hasher for HandleHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(n.into());
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        let product = u128::from(self.0 ^ n) * 0x9e37_79b9_7f4a_7c15;
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CtxEntry {
@@ -68,11 +104,11 @@ fn allocation_bytes(region: Option<Region>) -> u64 {
 #[derive(Default)]
 pub struct Tables {
     next: u64,
-    pub contexts: HashMap<u64, CtxEntry>,
-    objects: HashMap<u64, (Kind, Entry)>,
+    pub contexts: HandleMap<u64, CtxEntry>,
+    objects: HandleMap<u64, (Kind, Entry)>,
     /// Reverse map so that asking twice for the same function, kernel or
     /// module yields the same handle, as the real driver does.
-    issued: HashMap<(u8, u64, u64), u64>,
+    issued: HandleMap<(u8, u64, u64), u64>,
     regions: BTreeMap<u64, Region>,
     /// Bytes of `cuMemAlloc` regions, kept up to date: every call reports it.
     allocated: u64,
@@ -226,6 +262,16 @@ mod tests {
 
     fn entry(obj: u64, ctx: u64, owner: Owner) -> Entry {
         Entry { obj: Obj(obj), ctx, owner }
+    }
+
+    #[test]
+    fn handles_spread_over_the_low_bits() {
+        use std::collections::HashSet;
+        use std::hash::BuildHasher;
+        // Handles step by 16; a table indexes with the hash's low bits.
+        let build = BuildHasherDefault::<HandleHasher>::default();
+        let buckets: HashSet<u64> = (0..1024u64).map(|i| build.hash_one(FIRST_HANDLE + 16 * i) & 1023).collect();
+        assert!(buckets.len() > 600, "1024 handles fell into only {} of 1024 buckets", buckets.len());
     }
 
     #[test]
