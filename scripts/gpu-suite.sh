@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite: every test program of tests/cuda (driver API; runtime API
 # with static and shared cudart, as rt/NAME.static and rt/NAME.shared; the
-# cuBLAS and cuFFT programs as lib/NAME.*), natively and through
+# cuBLAS and cuFFT programs as lib/NAME.*; tests/python/torch_smoke.py where
+# PyTorch is installed), natively and through
 # `gpuplex run --backend cuda`, with stdout and exit status compared and both
 # timed; then the cuda-backend checks that a killed client's memory comes
 # back and that garbage on the server's socket harms no other client.
@@ -127,6 +128,17 @@ if [ -d "$progs/libraries" ]; then
     done
 else
     say "lib/*: not built: no cuBLAS/cuFFT in $cuda/lib64"
+fi
+
+# PyTorch, where python3 has it: a real framework on top of the runtime,
+# cuBLAS and cuDNN; no expected file, since its output names the GPU.
+if python3 -c "import torch" 2>/dev/null; then
+    torch_smoke=$work/torch_smoke
+    printf '#!/bin/sh\nexec python3 %s\n' "$root/tests/python/torch_smoke.py" >"$torch_smoke"
+    chmod +x "$torch_smoke"
+    compare "py/torch_smoke" "$torch_smoke" ""
+else
+    say "py/torch_smoke: skipped: python3 cannot import torch"
 fi
 
 # The server-side checks, on a server of our own.

@@ -114,6 +114,19 @@ int main() {
     printf("cuEventQuery on a never-recorded event: %s\n", err_name(cuEventQuery(never)));
     printf("cuEventSynchronize on a never-recorded event: %s\n", err_name(cuEventSynchronize(never)));
 
+    // Nothing captures here: every stream says so, and a thread's capture
+    // mode is exchanged as given.
+    CUstreamCaptureStatus capturing;
+    CHECK(cuStreamIsCapturing(s[1], &capturing));
+    printf("cuStreamIsCapturing non-blocking: %d\n", (int)capturing);
+    CHECK(cuStreamIsCapturing(nullptr, &capturing));
+    printf("cuStreamIsCapturing null stream: %d\n", (int)capturing);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    printf("capture mode was %d\n", (int)mode);
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    printf("capture mode was %d\n", (int)mode);
+
     CUevent others[] = {start, stop, untimed, never, done};
     for (CUevent e : others) CHECK(cuEventDestroy(e));
     for (int i = 0; i < NS; i++) {

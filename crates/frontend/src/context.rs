@@ -16,6 +16,10 @@ use crate::ffi::{check_out, entry, write_out, CUresult};
 
 thread_local! {
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// The thread's stream capture mode (`CU_STREAM_CAPTURE_MODE_*`, global
+    /// by default). Only kept and exchanged: gpuplex starts no captures, so
+    /// no call is ever refused for it.
+    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     static THREAD_ID: u64 = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -224,4 +228,23 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: i32) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: i32) -> CUresult {
     entry("cuDevicePrimaryCtxReset", || reset_primary(dev))
+}
+
+/// # Safety
+/// `mode` is valid for reads and writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CUresult {
+    entry("cuThreadExchangeStreamCaptureMode", || {
+        check_out(mode)?;
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        let wanted = unsafe { mode.read() };
+        // GLOBAL, THREAD_LOCAL, RELAXED.
+        if wanted > 2 {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let old = CAPTURE_MODE.with(|m| m.replace(wanted));
+        // SAFETY: as above.
+        unsafe { write_out(mode, old) };
+        Ok(())
+    })
 }

@@ -65,8 +65,10 @@ struct Reader<'a>(&'a Lane);
 
 impl std::io::Read for Reader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // WAITALL: the kernel fills the whole chunk before returning, instead
+        // of one system call and wake-up for every segment that arrives.
         // SAFETY: `buf` is valid for writes of its length.
-        let n = unsafe { libc::recv(self.0.socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        let n = unsafe { libc::recv(self.0.socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_WAITALL) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             return if e.kind() == ErrorKind::Interrupted { self.read(buf) } else { Err(e) };

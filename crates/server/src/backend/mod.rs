@@ -207,6 +207,8 @@ pub trait Backend: Send + Sync {
     fn stream_priority(&self, ctx: Obj, stream: Obj) -> BResult<i32>;
     fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32>;
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64>;
+    /// `CUstreamCaptureStatus` (0: not capturing).
+    fn stream_capture_status(&self, ctx: Obj, stream: Obj) -> BResult<u32>;
     fn event_create(&self, ctx: Obj, flags: u32) -> BResult<Obj>;
     fn event_destroy(&self, ctx: Obj, event: Obj) -> BResult<()>;
     fn event_record(&self, ctx: Obj, event: Obj, stream: Obj, flags: u32) -> BResult<()>;

@@ -831,6 +831,11 @@ impl Api for Session {
         Ok(cuStreamGetPriority::Reply { priority: self.backend.stream_priority(ctx, stream)? })
     }
 
+    fn cuStreamIsCapturing(&mut self, req: cuStreamIsCapturing::Request) -> R<cuStreamIsCapturing::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        Ok(cuStreamIsCapturing::Reply { captureStatus: self.backend.stream_capture_status(ctx, stream)? })
+    }
+
     fn cuStreamGetFlags(&mut self, req: cuStreamGetFlags::Request) -> R<cuStreamGetFlags::Reply> {
         let (ctx, stream) = self.stream(req.hStream)?;
         Ok(cuStreamGetFlags::Reply { flags: self.backend.stream_flags(ctx, stream)? })

@@ -185,6 +185,7 @@ driver_api! {
     cuStreamGetPriority(stream: CUstream, priority: *mut c_int);
     cuStreamGetFlags(stream: CUstream, flags: *mut c_uint);
     cuStreamGetId(stream: CUstream, id: *mut c_ulonglong);
+    cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
     cuEventCreate(event: *mut CUevent, flags: c_uint);
     cuEventDestroy_v2(event: CUevent);
     cuEventRecord(event: CUevent, stream: CUstream);

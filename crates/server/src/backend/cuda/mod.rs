@@ -824,6 +824,13 @@ impl Backend for Cuda {
         query(|p| unsafe { api::cuStreamGetPriority(raw(stream), p) })
     }
 
+    fn stream_capture_status(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
+        enter(ctx)?;
+        // SAFETY: the stream is live or special; out-pointer to a local (the
+        // status is a C enum, an int).
+        query(|p| unsafe { api::cuStreamIsCapturing(raw(stream), p) })
+    }
+
     fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
         enter(ctx)?;
         // SAFETY: the stream is live or special; out-pointer to a local.

@@ -852,6 +852,11 @@ impl Backend for Emulated {
         self.state().stream(ctx, stream).map(|_| stream.0)
     }
 
+    /// The emulated device cannot capture.
+    fn stream_capture_status(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
+        self.state().stream(ctx, stream).map(|_| 0)
+    }
+
     fn event_create(&self, ctx: Obj, flags: u32) -> BResult<Obj> {
         let mut s = self.state();
         s.ctx(ctx)?;
