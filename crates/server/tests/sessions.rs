@@ -227,6 +227,33 @@ fn an_undecodable_payload_ends_the_session() {
 }
 
 #[test]
+fn short_and_long_reads_survive_contexts_coming_and_going() {
+    let address = start_server("reads");
+    let mut c = Client::connect(&address);
+    // Short reads go through a pinned buffer registered from the copy's
+    // context; long ones through the heap. Both must read what was written,
+    // in every context, also after the context they were pinned from ends.
+    let check = |c: &mut Client, seed: u8| {
+        for n in [4usize, 4096, 64 << 10, (64 << 10) + 1, 200 << 10] {
+            let p = c.alloc(n as u64);
+            let data = pattern(n, seed);
+            c.write(p, &data);
+            assert_eq!(c.read(p, n as u64), data, "{n} bytes, seed {seed}");
+            c.call(cuMemFree_v2::Request { dptr: p }).unwrap();
+        }
+    };
+    check(&mut c, 1);
+    let primary = c.ctx;
+    c.ctx = c.call(CtxCreate::Request { dev: 0, flags: 0 }).unwrap().ctx;
+    check(&mut c, 2);
+    c.call(CtxDestroy::Request { ctx: c.ctx }).unwrap();
+    c.ctx = primary;
+    c.call(PrimaryCtxReset::Request { dev: 0 }).unwrap();
+    c.ctx = c.call(cuDevicePrimaryCtxRetain::Request { dev: 0 }).unwrap().pctx;
+    check(&mut c, 3);
+}
+
+#[test]
 fn sessions_cannot_touch_each_other() {
     let address = start_server("isolation");
     let mut a = Client::connect(&address);

@@ -422,7 +422,12 @@ impl Api for Session {
         }
         self.tables.check_range(req.src.0, req.size)?;
         let (ctx, stream) = self.stream(req.stream)?;
-        let mut data = vec![0u8; req.size as usize];
+        let len = req.size as usize;
+        if let Some(pinned) = self.scratch.pinned(&*self.backend, ctx, len) {
+            self.backend.memcpy_dtoh(ctx, pinned, req.src.0, stream)?;
+            return Ok(MemcpyDtoH::Reply { data: pinned.to_vec() });
+        }
+        let mut data = vec![0u8; len];
         self.backend.memcpy_dtoh(ctx, &mut data, req.src.0, stream)?;
         Ok(MemcpyDtoH::Reply { data })
     }

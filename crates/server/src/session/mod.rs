@@ -14,6 +14,7 @@ mod api;
 mod images;
 pub mod lanes;
 pub mod metrics;
+mod scratch;
 mod shared;
 pub mod tables;
 
@@ -50,6 +51,8 @@ pub struct Session {
     images: images::Images,
     metrics: Arc<SessionMetrics>,
     shared: shared::Shared,
+    /// Pinned memory for short device-to-host reads.
+    scratch: scratch::Scratch,
     /// Bulk lanes, once the client opened them.
     lanes: Option<lanes::Lanes>,
     /// A host block whose descriptor follows the reply being sent.
@@ -99,6 +102,7 @@ impl Session {
             images: images::Images::default(),
             metrics,
             shared: shared::Shared::new(),
+            scratch: scratch::Scratch::default(),
             lanes: None,
             fd_after_reply: None,
             deferred: None,
@@ -286,6 +290,7 @@ impl Session {
     /// Forgets what died with a backend context.
     fn context_gone(&mut self, ctx: Obj) {
         self.shared.context_gone(ctx);
+        self.scratch.context_gone(ctx);
         if let Some(lanes) = &mut self.lanes {
             lanes.context_gone(ctx);
         }
@@ -302,6 +307,7 @@ impl Drop for Session {
     /// streams and events with it.
     fn drop(&mut self) {
         self.shared.teardown(&*self.backend);
+        self.scratch.teardown(&*self.backend);
         if let Some(lanes) = &mut self.lanes {
             lanes.teardown(&*self.backend);
         }
