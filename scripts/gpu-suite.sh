@@ -5,7 +5,8 @@
 # PyTorch is installed), natively and through
 # `gpuplex run --backend cuda`, with stdout and exit status compared and both
 # timed; then the cuda-backend checks that a killed client's memory comes
-# back and that garbage on the server's socket harms no other client.
+# back, that garbage on the server's socket harms no other client, and that
+# programs running at once on one server each print what they print alone.
 #
 # Usage: scripts/gpu-suite.sh [BIN_DIR]
 #   BIN_DIR (or $GPUPLEX_BIN_DIR) holds prebuilt `gpuplex` and `libcuda.so`.
@@ -69,8 +70,10 @@ timed() {
 # Runs PROG natively and through gpuplex and prints a row of the table:
 # stdout and exit status must match, and match EXPECTED (a file of the
 # expected stdout) where there is one. NAME names the row and the logs.
+declare -A program_of
 compare() {
     local name=$1 prog=$2 expected=$3 problems=() native_rc gpuplex_rc tn tg ratio result
+    program_of[$name]=$prog
     mkdir -p "$(dirname "$logs/$name")"
     if [ ! -x "$prog" ]; then
         say "$(printf '%-28s %10s %10s %7s  %s' "$name" - - - "FAIL: not built (logs/build.log)")"
@@ -212,6 +215,33 @@ elif [ -z "$(free_mem)" ]; then
     fail "garbage: mem_info failed afterwards"
 else
     say "garbage: copies unharmed, server still answers: PASS"
+fi
+
+# 3. Tenants side by side: programs of each kind at once on this one server,
+# each of which must print what it printed natively, alone on the GPU.
+tenants=()
+for name in vector_add streams_events rt/multithreaded.shared rt/matrix_mul.static lib/cublas_gemm.shared py/torch_smoke; do
+    if [ -x "${program_of[$name]:-}" ]; then tenants+=("$name"); fi
+done
+declare -A tenant_pid
+t0=$(now)
+for name in "${tenants[@]}"; do
+    mkdir -p "$(dirname "$logs/tenants/$name")"
+    client "${program_of[$name]}" >"$logs/tenants/$name.out" 2>"$logs/tenants/$name.err" &
+    tenant_pid[$name]=$!
+done
+bad=()
+for name in "${tenants[@]}"; do
+    rc=0
+    wait "${tenant_pid[$name]}" || rc=$?
+    if [ "$rc" != 0 ] || ! cmp -s "$logs/$name.native.out" "$logs/tenants/$name.out"; then
+        bad+=("$name (exit $rc)")
+    fi
+done
+if [ ${#bad[@]} -eq 0 ]; then
+    say "tenants: ${#tenants[@]} programs at once on one server, each as alone natively, in $(elapsed "$t0" "$(now)") s: PASS"
+else
+    fail "tenants: ${bad[*]} differed from native (logs/tenants/)"
 fi
 
 say ""

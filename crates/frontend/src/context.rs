@@ -5,7 +5,7 @@
 //! server, which makes that context current for the call. So threads never
 //! see each other's contexts, and push/pop/set cost no round trip.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -19,7 +19,7 @@ thread_local! {
     /// The thread's stream capture mode (`CU_STREAM_CAPTURE_MODE_*`, global
     /// by default). Only kept and exchanged: gpuplex starts no captures, so
     /// no call is ever refused for it.
-    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    static CAPTURE_MODE: Cell<u32> = const { Cell::new(0) };
     static THREAD_ID: u64 = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
 }
 

@@ -33,19 +33,26 @@ impl Scratch {
             return None;
         }
         if self.region.is_none() {
-            self.region = Region::create("gpuplex-scratch", SCRATCH_BYTES).ok();
+            match Region::create("gpuplex-scratch", SCRATCH_BYTES) {
+                Ok(region) => self.region = Some(region),
+                Err(e) => return self.give_up(&e.to_string()),
+            }
         }
         let region = self.region.as_ref()?;
         // SAFETY: the region lives in `self` until `teardown` unregisters it.
         let registered = unsafe { register_once(backend, ctx, &mut self.registered, region.as_ptr(), region.len()) };
         if let Err(e) = registered {
-            debug!("short reads go through the heap: cannot pin their buffer: {}", e.detail);
-            self.unavailable = true;
-            return None;
+            return self.give_up(&e.detail);
         }
         // SAFETY: the region is `SCRATCH_BYTES` long and only this session's
         // thread uses it, one read at a time.
         Some(unsafe { std::slice::from_raw_parts_mut(region.as_ptr(), len) })
+    }
+
+    fn give_up(&mut self, why: &str) -> Option<&mut [u8]> {
+        debug!("short reads go through the heap: no pinned buffer for them: {why}");
+        self.unavailable = true;
+        None
     }
 
     /// Forgets a registration that died with its context.

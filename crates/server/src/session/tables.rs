@@ -14,7 +14,7 @@ use gpuplex_protocol::{CallError, CuError, FIRST_HANDLE};
 use crate::backend::Obj;
 
 /// A map keyed by handles and other small integers, hashed cheaply: every
-/// call looks up several handles, and SipHash was the larger part of the
+/// call looks up several handles, and SipHash was about a quarter of the
 /// session's own cost per kernel launch. The server issues the handles, so a
 /// client cannot pile keys into one bucket; maps it keys itself
 /// (per-thread streams) are bounded.
