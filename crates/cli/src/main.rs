@@ -119,6 +119,9 @@ enum Command {
         library: String,
         #[arg(long)]
         quick: bool,
+        /// Samples of each metric.
+        #[arg(long, default_value_t = 1)]
+        samples: usize,
     },
 }
 
@@ -140,7 +143,7 @@ fn main() -> ExitCode {
         Command::Bench { backend, carriers, json, quick } => {
             bench::bench(bench::Options { backend, carriers, json, quick })
         }
-        Command::BenchWorker { library, quick } => bench::worker::run(&library, quick),
+        Command::BenchWorker { library, quick, samples } => bench::worker::run(&library, quick, samples),
     };
     match result {
         Ok(code) => code,

@@ -1,21 +1,24 @@
 //! `gpuplex bench`: the same driver-API microbenchmarks natively and through
 //! gpuplex on each carrier, in one run, side by side.
 //!
-//! Each column is measured by a child process, `gpuplex bench-worker`
+//! Each sample is taken by a child process, `gpuplex bench-worker`
 //! (`worker.rs`), that loads one libcuda by path (`driver.rs`) and runs
 //! identical code against it: the machine's driver for the native column,
-//! gpuplex's front-end for the others, each against a fresh server started
-//! for that carrier alone (`carrier.rs`). A child per column keeps one
-//! driver's state, crashes and memory out of the others' numbers and out of
-//! this process. `report.rs` names the metrics and holds the report;
-//! `table.rs` prints it.
+//! gpuplex's front-end for the others, each against a server of its
+//! carrier's own (`carrier.rs`), started once and kept for the whole run.
+//! A child per sample keeps one driver's state, crashes and memory out of
+//! the others' numbers and out of this process. `report.rs` names the
+//! metrics and holds the report; `table.rs` prints it.
 //!
 //! Every value is the median of several independent samples, reported with
 //! their count, minimum and maximum: with one sample per metric, the same
 //! GPU's numbers spread widely from run to run (async launch from x1.02 to
-//! x1.49 of native, pinned 64 MiB bandwidth from x0.89 to x0.98). Every
-//! column runs the same worker with the same plan, so native and gpuplex
-//! are sampled alike and their medians compare.
+//! x1.49 of native, pinned 64 MiB bandwidth from x0.89 to x0.98). Samples
+//! are taken in rounds of one per column, in alternating order, each by a
+//! fresh worker: within one process the samples agreed closely while whole
+//! runs differed (a 4-byte read through shared memory took 7.9 µs in one
+//! run and 9.0 in the next), so that where a process's threads land and
+//! how the machine drifts fall on every column alike.
 
 mod carrier;
 mod driver;
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 use gpuplex_server::BackendKind;
 
 pub use carrier::CarrierKind;
-use report::{Column, Device, Machine, Report, WorkerReport, NATIVE};
+use report::{Column, Device, Machine, Report, WorkerReport, NATIVE, SAMPLES};
 
 use crate::Error;
 
@@ -58,20 +61,11 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     let library_path = library_path_without(&frontend);
     let worker = Worker { exe: &exe, quick: opts.quick, library_path: &library_path };
 
-    let mut columns = Vec::new();
+    // Every column first, each carrier with its server (kept for every round).
+    let mut lineup = Vec::new();
     if opts.backend == BackendKind::Cuda {
-        let dir = scratch.subdir(NATIVE)?;
-        let started = Instant::now();
-        eprint!("gpuplex bench: native ... ");
-        let outcome = worker.run("system".as_ref(), &[], &dir).and_then(|w| {
-            if w.gpuplex {
-                return Err(format!("failed: {} is gpuplex's front-end, not the machine's driver", w.library));
-            }
-            Ok(w)
-        });
-        eprintln!("{}", progress(&outcome, started));
-        let column = Column { library: Some(library_of(&outcome, "libcuda.so.1")), ..Column::new(NATIVE) };
-        columns.push((column, outcome));
+        let column = Column { library: Some("libcuda.so.1".into()), ..Column::new(NATIVE) };
+        lineup.push(Entry::new(column, "system".into(), false, None, scratch.subdir(NATIVE)?));
     }
     let mut carriers = Vec::new();
     for &c in &opts.carriers {
@@ -81,28 +75,50 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     }
     for kind in carriers {
         let dir = scratch.subdir(kind.name())?;
-        let started = Instant::now();
-        eprint!("gpuplex bench: {} ... ", kind.name());
-        let mut column = Column::new(kind.name());
-        let outcome = match carrier::Server::start(&exe, backend, kind, &dir, &library_path) {
-            Err(e) => Err(format!("unavailable: {e}")),
-            Ok(server) => {
-                column.server = Some(server.address.clone());
-                column.env = server.client_env.iter().cloned().collect();
-                let outcome = worker.run(frontend.as_os_str(), &server.client_env, &dir);
-                drop(server);
-                outcome.and_then(|w| {
-                    if !w.gpuplex {
-                        return Err(format!("failed: {} is not gpuplex's front-end", w.library));
-                    }
-                    Ok(w)
-                })
+        let mut column = Column { library: Some(frontend.display().to_string()), ..Column::new(kind.name()) };
+        let server = carrier::Server::start(&exe, backend, kind, &dir, &library_path);
+        if let Ok(server) = &server {
+            column.server = Some(server.address.clone());
+            column.env = server.client_env.iter().cloned().collect();
+        }
+        let mut entry = Entry::new(column, frontend.clone().into_os_string(), true, None, dir);
+        match server {
+            Ok(server) => entry.server = Some(server),
+            Err(e) => {
+                eprintln!("gpuplex bench: {}: unavailable: {e}", kind.name());
+                entry.error = Some(format!("unavailable: {e}"));
             }
-        };
-        eprintln!("{}", progress(&outcome, started));
-        column.library = Some(library_of(&outcome, &frontend.display().to_string()));
-        columns.push((column, outcome));
+        }
+        lineup.push(entry);
     }
+
+    // Rounds of one sample per column, each from a fresh worker, in turns
+    // that alternate direction: whatever drifts on the machine (clocks,
+    // neighbours) and wherever a process's threads land then fall on every
+    // column alike, instead of on whichever ran at a bad moment.
+    for round in 0..SAMPLES {
+        let started = Instant::now();
+        eprint!("gpuplex bench: round {}/{SAMPLES}:", round + 1);
+        let order: Vec<usize> =
+            if round % 2 == 0 { (0..lineup.len()).collect() } else { (0..lineup.len()).rev().collect() };
+        for i in order {
+            let entry = &mut lineup[i];
+            if entry.error.is_some() {
+                continue;
+            }
+            eprint!(" {}", entry.column.name);
+            let env = entry.server.as_ref().map_or(&[][..], |s| &s.client_env[..]);
+            match worker.run(&entry.library, env, &entry.dir).and_then(|w| entry.check(w)) {
+                Ok(w) => entry.rounds.push(w),
+                Err(e) => {
+                    eprint!(" ({e})");
+                    entry.error = Some(e);
+                }
+            }
+        }
+        eprintln!(" ({:.1} s)", started.elapsed().as_secs_f64());
+    }
+    let columns: Vec<(Column, Result<WorkerReport, String>)> = lineup.into_iter().map(Entry::finish).collect();
 
     let report = assemble(backend, opts.quick, columns);
     print!("{}", table::render(&report));
@@ -113,14 +129,44 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-fn library_of(outcome: &Result<WorkerReport, String>, asked: &str) -> String {
-    outcome.as_ref().map(|w| w.library.clone()).unwrap_or_else(|_| asked.to_owned())
+/// One column through the rounds.
+struct Entry {
+    column: Column,
+    /// The libcuda its worker loads (`system` for the machine's).
+    library: OsString,
+    gpuplex: bool,
+    server: Option<carrier::Server>,
+    dir: PathBuf,
+    rounds: Vec<WorkerReport>,
+    /// Set by the first failure: the column takes no more rounds.
+    error: Option<String>,
 }
 
-fn progress(outcome: &Result<WorkerReport, String>, started: Instant) -> String {
-    match outcome {
-        Ok(_) => format!("done in {:.1} s", started.elapsed().as_secs_f64()),
-        Err(e) => e.clone(),
+impl Entry {
+    fn new(column: Column, library: OsString, gpuplex: bool, server: Option<carrier::Server>, dir: PathBuf) -> Entry {
+        Entry { column, library, gpuplex, server, dir, rounds: Vec::new(), error: None }
+    }
+
+    /// A round's report, if the worker loaded the kind of libcuda the column is for.
+    fn check(&self, w: WorkerReport) -> Result<WorkerReport, String> {
+        match (self.gpuplex, w.gpuplex) {
+            (false, true) => Err(format!("failed: {} is gpuplex's front-end, not the machine's driver", w.library)),
+            (true, false) => Err(format!("failed: {} is not gpuplex's front-end", w.library)),
+            _ => Ok(w),
+        }
+    }
+
+    /// The column and its rounds merged (its server stops here).
+    fn finish(self) -> (Column, Result<WorkerReport, String>) {
+        let mut column = self.column;
+        let outcome = match self.error {
+            Some(e) => Err(e),
+            None => WorkerReport::merge(self.rounds).ok_or_else(|| "failed: no rounds".to_owned()),
+        };
+        if let Ok(w) = &outcome {
+            column.library = Some(w.library.clone());
+        }
+        (column, outcome)
     }
 }
 
@@ -168,7 +214,7 @@ impl Worker<'_> {
         let files = File::create(&out_path).and_then(|o| Ok((o, File::create(&err_path)?)));
         let (out, err) = files.map_err(|e| format!("failed: cannot create files in {}: {e}", dir.display()))?;
         let mut cmd = Command::new(self.exe);
-        cmd.arg("bench-worker").arg("--library").arg(library);
+        cmd.arg("bench-worker").arg("--library").arg(library).arg("--samples").arg("1");
         if self.quick {
             cmd.arg("--quick");
         }

@@ -4,7 +4,8 @@
 //! printed as a table or written as JSON.
 //!
 //! Every value is the median of [`SAMPLES`] independent samples, reported
-//! with their count, minimum and maximum (see [`Summary`]).
+//! with their count, minimum and maximum (see [`Summary`]); each sample of a
+//! column comes from a worker process of its own (see `mod.rs`).
 
 use std::collections::BTreeMap;
 
@@ -135,12 +136,14 @@ pub enum Outcome {
 /// one sample per metric varied widely from run to run on a real GPU, and a
 /// median, unlike a mean, is not moved by one slow or fast sample. The
 /// extremes show how far the samples spread.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub median: f64,
     pub min: f64,
     pub max: f64,
     pub samples: usize,
+    /// Every sample, in the order taken.
+    pub values: Vec<f64>,
 }
 
 impl Summary {
@@ -152,7 +155,31 @@ impl Summary {
         let mid = sorted.len() / 2;
         // An even count has no middle sample: the mean of the two beside the middle.
         let median = if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 };
-        Some(Summary { median, min, max, samples: sorted.len() })
+        Some(Summary { median, min, max, samples: sorted.len(), values: samples.to_vec() })
+    }
+}
+
+impl WorkerReport {
+    /// One column's rounds as one report: each metric's samples from every
+    /// round together, its first error if a round had one; the data checks
+    /// of every round. None without rounds.
+    pub fn merge(rounds: Vec<WorkerReport>) -> Option<WorkerReport> {
+        let mut rounds = rounds.into_iter();
+        let mut merged = rounds.next()?;
+        for round in rounds {
+            for (metric, outcome) in round.results {
+                let mine = merged.results.entry(metric).or_insert_with(|| Outcome::Error("not measured".into()));
+                if let (Outcome::Measured(a), Outcome::Measured(b)) = (&*mine, &outcome) {
+                    let values: Vec<f64> = a.values.iter().chain(&b.values).copied().collect();
+                    *mine = Outcome::Measured(Summary::of(&values).expect("samples on both sides"));
+                } else if matches!(mine, Outcome::Measured(_)) {
+                    *mine = outcome;
+                }
+            }
+            merged.checks.passed += round.checks.passed;
+            merged.checks.failed.extend(round.checks.failed);
+        }
+        Some(merged)
     }
 }
 
@@ -353,12 +380,31 @@ mod tests {
     #[test]
     fn summaries_take_the_middle_sample_whatever_the_order() {
         let s = Summary::of(&[9.0, 1.0, 4.0, 7.0, 3.0]).unwrap();
-        assert_eq!(s, Summary { median: 4.0, min: 1.0, max: 9.0, samples: 5 });
+        assert_eq!((s.median, s.min, s.max, s.samples), (4.0, 1.0, 9.0, 5));
+        assert_eq!(s.values, [9.0, 1.0, 4.0, 7.0, 3.0]);
         // One wild sample moves a mean, not the median.
         assert_eq!(Summary::of(&[4.0, 1000.0, 3.9, 4.1, 4.0]).unwrap().median, 4.0);
         assert_eq!(Summary::of(&[2.0, 8.0, 4.0, 6.0]).unwrap().median, 5.0);
-        assert_eq!(Summary::of(&[2.5]).unwrap(), Summary { median: 2.5, min: 2.5, max: 2.5, samples: 1 });
+        let one = Summary::of(&[2.5]).unwrap();
+        assert_eq!((one.median, one.min, one.max, one.samples), (2.5, 2.5, 2.5, 1));
         assert_eq!(Summary::of(&[]), None);
+    }
+
+    #[test]
+    fn rounds_merge_their_samples_keep_errors_and_add_up_checks() {
+        let mut first = worker(&[(LAUNCH_ASYNC, &[4.0]), (LAUNCH_SYNC, &[10.0]), ("h2d_pinned_1MiB", &[50.0])]);
+        first.checks = Checks { passed: 2, failed: vec![] };
+        let mut second = worker(&[(LAUNCH_ASYNC, &[9.0]), (LAUNCH_SYNC, &[11.0])]);
+        second.results.insert("h2d_pinned_1MiB".into(), Outcome::Error("broke".into()));
+        second.checks = Checks { passed: 1, failed: vec!["4 KiB round trip".into()] };
+        let third = worker(&[(LAUNCH_ASYNC, &[3.0, 5.0]), (LAUNCH_SYNC, &[12.0]), ("h2d_pinned_1MiB", &[60.0])]);
+        let merged = WorkerReport::merge(vec![first, second, third]).unwrap();
+        let Outcome::Measured(launch) = &merged.results[LAUNCH_ASYNC] else { panic!("{merged:?}") };
+        assert_eq!((launch.median, launch.samples, launch.values.clone()), (4.5, 4, vec![4.0, 9.0, 3.0, 5.0]));
+        assert!(matches!(&merged.results[LAUNCH_SYNC], Outcome::Measured(s) if s.median == 11.0));
+        assert_eq!(merged.results["h2d_pinned_1MiB"], Outcome::Error("broke".into()));
+        assert_eq!(merged.checks, Checks { passed: 3, failed: vec!["4 KiB round trip".into()] });
+        assert!(WorkerReport::merge(vec![]).is_none());
     }
 
     #[test]

@@ -35,7 +35,10 @@ fn write(out: &mut String, r: &Report) -> fmt::Result {
     } else {
         writeln!(out, "Times (us): lower is better. Bandwidths (GB/s, 1e9 bytes/s): higher is better.")?;
     }
-    writeln!(out, "Each value is the median of {SAMPLES} samples; --json also gives their min and max.")?;
+    writeln!(
+        out,
+        "Each value is the median of {SAMPLES} samples, one per round of every column; --json also gives their min and max."
+    )?;
     writeln!(out)?;
 
     // Errors shown once each: a whole column's in its line above, others as numbered notes.

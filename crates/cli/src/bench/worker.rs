@@ -5,11 +5,12 @@
 //! measurement is reported in its row and the others still run; only a
 //! failure to reach a device at all ends the worker.
 //!
-//! Each metric is sampled [`SAMPLES`] times and reported as the median of
-//! its samples, with their minimum and maximum: a single sample varied
-//! widely from run to run on a real GPU (launch overhead, bandwidth), and a
-//! median is not moved by one disturbed sample. A latency sample is one
-//! timed loop of calls; a bandwidth sample is one slice of the copy time.
+//! Each metric is sampled `--samples` times (the bench asks for one per
+//! worker, and runs a worker per sample) and reported as the median of its
+//! samples, with their minimum and maximum: a single sample varied widely
+//! from run to run on a real GPU (launch overhead, bandwidth), and a median
+//! is not moved by one disturbed sample. A latency sample is one timed loop
+//! of calls; a bandwidth sample is one stretch of copies.
 
 use std::collections::BTreeMap;
 use std::ffi::CStr;
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use super::driver::{self, DeviceBuffer, Driver, Function, Stream};
 use super::report::{
     bandwidth_metric, bandwidth_sizes, size_label, Checks, Direction, HostMemory, Outcome, Summary, WorkerReport,
-    ALLOC_FREE_1MIB, COPY_DTOH_4B, COPY_HTOD_4B, LAUNCH_ASYNC, LAUNCH_SYNC, MIB, SAMPLES,
+    ALLOC_FREE_1MIB, COPY_DTOH_4B, COPY_HTOD_4B, LAUNCH_ASYNC, LAUNCH_SYNC, MIB,
 };
 use crate::Error;
 
@@ -37,38 +38,40 @@ const EMPTY_KERNEL_PTX: &CStr = c".version 8.0
 ";
 const EMPTY_KERNEL: &CStr = c"gpuplex_bench_empty";
 
-/// How much of each measurement to do: the counts are per sample, the copy
-/// time is for all of a size's samples together.
+/// How much of each measurement to do, per sample.
 struct Plan {
+    samples: usize,
     /// Launches queued before the one synchronize.
     async_launches: u32,
     /// Iterations of each latency measurement.
     sync_launches: u32,
     small_copies: u32,
     allocations: u32,
-    /// Bandwidth: how long each size is copied each way, all samples together.
+    /// Bandwidth: how long each size is copied each way.
     copy_time: Duration,
     sizes: &'static [usize],
 }
 
 impl Plan {
-    fn new(quick: bool) -> Plan {
+    fn new(quick: bool, samples: usize) -> Plan {
         if quick {
             Plan {
+                samples,
                 async_launches: 2000,
                 sync_launches: 200,
                 small_copies: 200,
                 allocations: 50,
-                copy_time: Duration::from_millis(10),
+                copy_time: Duration::from_millis(2),
                 sizes: bandwidth_sizes(true),
             }
         } else {
             Plan {
+                samples,
                 async_launches: 20_000,
                 sync_launches: 2000,
                 small_copies: 5000,
                 allocations: 1000,
-                copy_time: Duration::from_millis(200),
+                copy_time: Duration::from_millis(40),
                 sizes: bandwidth_sizes(false),
             }
         }
@@ -80,10 +83,13 @@ fn warmup(n: u32) -> u32 {
     (n / 10).max(1)
 }
 
-pub fn run(library: &str, quick: bool) -> Result<ExitCode, Error> {
+pub fn run(library: &str, quick: bool, samples: usize) -> Result<ExitCode, Error> {
+    if samples == 0 {
+        return Err("--samples must be at least 1".into());
+    }
     // `system`: whatever libcuda.so.1 the dynamic linker finds, as a CUDA program would.
     let driver = Driver::load(if library == "system" { "libcuda.so.1" } else { library })?;
-    let report = measure(&driver, &Plan::new(quick))?;
+    let report = measure(&driver, &Plan::new(quick, samples))?;
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, &report)?;
     writeln!(out)?;
@@ -101,12 +107,13 @@ fn measure(d: &Driver, plan: &Plan) -> Result<WorkerReport, Error> {
 
     let mut results = BTreeMap::new();
     let mut checks = Checks::default();
-    results.insert(LAUNCH_ASYNC.into(), outcome(launch_async(d, &kernel, &stream, plan.async_launches)));
-    results.insert(LAUNCH_SYNC.into(), outcome(launch_sync(d, &kernel, &stream, plan.sync_launches)));
-    let (htod, dtoh) = small_copies(d, plan.small_copies, &mut checks);
+    let k = plan.samples;
+    results.insert(LAUNCH_ASYNC.into(), outcome(launch_async(d, &kernel, &stream, k, plan.async_launches)));
+    results.insert(LAUNCH_SYNC.into(), outcome(launch_sync(d, &kernel, &stream, k, plan.sync_launches)));
+    let (htod, dtoh) = small_copies(d, k, plan.small_copies, &mut checks);
     results.insert(COPY_HTOD_4B.into(), htod);
     results.insert(COPY_DTOH_4B.into(), dtoh);
-    results.insert(ALLOC_FREE_1MIB.into(), outcome(alloc_free(d, plan.allocations)));
+    results.insert(ALLOC_FREE_1MIB.into(), outcome(alloc_free(d, k, plan.allocations)));
     results.extend(bandwidth(d, plan, &mut checks));
     // Errors of queued work surface here rather than going unnoticed.
     if let Err(e) = d.synchronize() {
@@ -115,10 +122,10 @@ fn measure(d: &Driver, plan: &Plan) -> Result<WorkerReport, Error> {
     Ok(WorkerReport { library: d.path.clone(), gpuplex: d.is_gpuplex, device, driver_version, results, checks })
 }
 
-/// [`SAMPLES`] values from `one`, summarised; the first error ends the sampling.
-fn sample<E>(mut one: impl FnMut() -> Result<f64, E>) -> Result<Summary, E> {
-    let samples = (0..SAMPLES).map(|_| one()).collect::<Result<Vec<f64>, E>>()?;
-    Ok(Summary::of(&samples).expect("SAMPLES is not zero"))
+/// `k` (at least one) values from `one`, summarised; the first error ends the sampling.
+fn sample<E>(k: usize, mut one: impl FnMut() -> Result<f64, E>) -> Result<Summary, E> {
+    let samples = (0..k.max(1)).map(|_| one()).collect::<Result<Vec<f64>, E>>()?;
+    Ok(Summary::of(&samples).expect("at least one sample"))
 }
 
 fn micros_per_call(elapsed: Duration, calls: u32) -> f64 {
@@ -126,11 +133,11 @@ fn micros_per_call(elapsed: Duration, calls: u32) -> f64 {
 }
 
 /// Microseconds per call of `op`: after one warm-up, each sample is the mean of `n` calls.
-fn latency_us(n: u32, mut op: impl FnMut() -> driver::Result<()>) -> driver::Result<Summary> {
+fn latency_us(k: usize, n: u32, mut op: impl FnMut() -> driver::Result<()>) -> driver::Result<Summary> {
     for _ in 0..warmup(n) {
         op()?;
     }
-    sample(|| {
+    sample(k, || {
         let start = Instant::now();
         for _ in 0..n {
             op()?;
@@ -140,12 +147,12 @@ fn latency_us(n: u32, mut op: impl FnMut() -> driver::Result<()>) -> driver::Res
 }
 
 /// `n` launches queued without waiting, then one synchronize: microseconds per launch.
-fn launch_async(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver::Result<Summary> {
+fn launch_async(d: &Driver, f: &Function<'_>, s: &Stream<'_>, k: usize, n: u32) -> driver::Result<Summary> {
     for _ in 0..warmup(n) {
         d.launch_empty(f, s)?;
     }
     s.synchronize()?;
-    sample(|| {
+    sample(k, || {
         let start = Instant::now();
         for _ in 0..n {
             d.launch_empty(f, s)?;
@@ -157,8 +164,8 @@ fn launch_async(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver:
 }
 
 /// A launch then a synchronize of its stream: microseconds per pair.
-fn launch_sync(d: &Driver, f: &Function<'_>, s: &Stream<'_>, n: u32) -> driver::Result<Summary> {
-    latency_us(n, || {
+fn launch_sync(d: &Driver, f: &Function<'_>, s: &Stream<'_>, k: usize, n: u32) -> driver::Result<Summary> {
+    latency_us(k, n, || {
         d.launch_empty(f, s)?;
         s.synchronize()
     })
@@ -175,7 +182,7 @@ fn both(e: impl ToString) -> (Outcome, Outcome) {
 
 /// 4-byte synchronous copies each way from `malloc`'d memory, timed once
 /// the bytes are seen to round-trip.
-fn small_copies(d: &Driver, n: u32, checks: &mut Checks) -> (Outcome, Outcome) {
+fn small_copies(d: &Driver, k: usize, n: u32, checks: &mut Checks) -> (Outcome, Outcome) {
     let dev = match d.alloc(4) {
         Ok(dev) => dev,
         Err(e) => return both(e),
@@ -189,12 +196,12 @@ fn small_copies(d: &Driver, n: u32, checks: &mut Checks) -> (Outcome, Outcome) {
         return both("data check failed (4 B round trip)");
     }
     checks.passed += 1;
-    (outcome(latency_us(n, || d.htod(&dev, &src))), outcome(latency_us(n, || d.dtoh(&mut dst, &dev))))
+    (outcome(latency_us(k, n, || d.htod(&dev, &src))), outcome(latency_us(k, n, || d.dtoh(&mut dst, &dev))))
 }
 
 /// 1 MiB allocated and freed: microseconds per pair.
-fn alloc_free(d: &Driver, n: u32) -> driver::Result<Summary> {
-    latency_us(n, || d.alloc(MIB)?.free())
+fn alloc_free(d: &Driver, k: usize, n: u32) -> driver::Result<Summary> {
+    latency_us(k, n, || d.alloc(MIB)?.free())
 }
 
 /// Host buffers of one kind, as large as the largest transfer.
@@ -221,8 +228,8 @@ impl<'d> HostBuffers<'d> {
 }
 
 /// Every bandwidth row: for each kind of host memory and size, synchronous
-/// copies host->device then device->host, in GB/s. Each way, each size is
-/// copied for `plan.copy_time` in all, split evenly among the samples.
+/// copies host->device then device->host, in GB/s. Each way, each sample of
+/// each size is `plan.copy_time` of copies.
 fn bandwidth(d: &Driver, plan: &Plan, checks: &mut Checks) -> Vec<(String, Outcome)> {
     let largest = plan.sizes.iter().copied().max().unwrap_or(0);
     let mut out = Vec::new();
@@ -253,7 +260,7 @@ fn bandwidth(d: &Driver, plan: &Plan, checks: &mut Checks) -> Vec<(String, Outco
         let (src, dst) = host.split();
         for (i, &bytes) in plan.sizes.iter().enumerate() {
             let seed = ((mem as u64) << 8) | i as u64;
-            let (htod, dtoh) = copy_pair(d, &dev, &mut src[..bytes], &mut dst[..bytes], plan.copy_time, seed);
+            let (htod, dtoh) = copy_pair(d, &dev, &mut src[..bytes], &mut dst[..bytes], plan, seed);
             let (htod, dtoh) = match (htod, dtoh) {
                 (Ok(h), Ok(t)) if src[..bytes] == dst[..bytes] => {
                     checks.passed += 1;
@@ -291,29 +298,29 @@ fn copy_pair(
     dev: &DeviceBuffer<'_>,
     src: &mut [u8],
     dst: &mut [u8],
-    copy_time: Duration,
+    plan: &Plan,
     seed: u64,
 ) -> (Result<Summary, String>, Result<Summary, String>) {
     fill_pattern(src, seed);
     let bytes = src.len();
-    let htod = copy_bandwidth(bytes, copy_time, || d.htod(dev, src)).map_err(|e| e.to_string());
+    let (k, time) = (plan.samples, plan.copy_time);
+    let htod = copy_bandwidth(bytes, k, time, || d.htod(dev, src)).map_err(|e| e.to_string());
     // A copy that moves nothing leaves the poison, and fails the check.
     dst.fill(0xA5);
-    let dtoh = copy_bandwidth(bytes, copy_time, || d.dtoh(dst, dev)).map_err(|e| e.to_string());
+    let dtoh = copy_bandwidth(bytes, k, time, || d.dtoh(dst, dev)).map_err(|e| e.to_string());
     (htod, dtoh)
 }
 
-/// GB/s of `copy`, which moves `bytes`: after one warm-up copy, each sample
-/// repeats it for an equal share of `copy_time`, so that the samples take
-/// about as long together as a single timing of `copy_time` would.
+/// GB/s of `copy`, which moves `bytes`: after one warm-up copy, each of `k`
+/// samples repeats it for `copy_time`.
 fn copy_bandwidth(
     bytes: usize,
+    k: usize,
     copy_time: Duration,
     mut copy: impl FnMut() -> driver::Result<()>,
 ) -> driver::Result<Summary> {
     copy()?;
-    let share = copy_time / SAMPLES as u32;
-    sample(|| Ok(gb_per_s(bytes, repeat_for(share, &mut copy)?)))
+    sample(k, || Ok(gb_per_s(bytes, repeat_for(copy_time, &mut copy)?)))
 }
 
 /// Seconds per call of `op`, repeated until `min_time` has passed (at least once).
@@ -356,12 +363,11 @@ mod tests {
     #[test]
     fn sampling_takes_samples_many_and_stops_at_an_error() {
         let mut values = [9.0, 1.0, 4.0, 7.0, 3.0, 100.0].into_iter();
-        let s = sample(|| values.next().ok_or("ran out")).unwrap();
-        assert_eq!(SAMPLES, 5);
-        assert_eq!(s, Summary { median: 4.0, min: 1.0, max: 9.0, samples: 5 });
-        assert_eq!(values.next(), Some(100.0), "no sample beyond SAMPLES");
+        let s = sample(5, || values.next().ok_or("ran out")).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.samples), (4.0, 1.0, 9.0, 5));
+        assert_eq!(values.next(), Some(100.0), "no sample beyond the five asked for");
         let mut calls = 0;
-        let failed = sample(|| {
+        let failed = sample(5, || {
             calls += 1;
             if calls == 2 {
                 Err("broke")
@@ -375,28 +381,28 @@ mod tests {
     #[test]
     fn latency_samples_are_whole_loops_after_one_warm_up() {
         let mut calls = 0u32;
-        let s = latency_us(40, || {
+        let s = latency_us(5, 40, || {
             calls += 1;
             Ok(())
         })
         .unwrap();
-        assert_eq!(calls, warmup(40) + SAMPLES as u32 * 40);
-        assert_eq!(s.samples, SAMPLES);
+        assert_eq!(calls, warmup(40) + 5 * 40);
+        assert_eq!(s.samples, 5);
         assert!(s.min <= s.median && s.median <= s.max, "{s:?}");
     }
 
     #[test]
-    fn bandwidth_samples_share_the_copy_time_and_are_in_gb_per_s() {
-        // Copies of at least 2 ms: each sample's share (1 ms) holds just one.
+    fn bandwidth_samples_last_the_copy_time_and_are_in_gb_per_s() {
+        // Copies of at least 2 ms: each sample's 1 ms holds just one.
         let mut copies = 0u32;
-        let s = copy_bandwidth(4_000_000, Duration::from_millis(SAMPLES as u64), || {
+        let s = copy_bandwidth(4_000_000, 5, Duration::from_millis(1), || {
             copies += 1;
             std::thread::sleep(Duration::from_millis(2));
             Ok(())
         })
         .unwrap();
-        assert_eq!(copies, 1 + SAMPLES as u32, "a warm-up, then one copy per sample");
-        assert_eq!(s.samples, SAMPLES);
+        assert_eq!(copies, 1 + 5, "a warm-up, then one copy per sample");
+        assert_eq!(s.samples, 5);
         // 4 MB in 2 ms or more is at most 2 GB/s.
         assert!(0.0 < s.min && s.min <= s.median && s.median <= s.max && s.max <= 2.0, "{s:?}");
     }
