@@ -45,7 +45,8 @@ pub type LaneKey = [u8; 32];
 /// to 4 MiB chunks, while bare TCP with no GPU reaches 25-33 GB/s there: a
 /// round's DMAs, reading slots still hot in the readers' caches, take about
 /// half of the session's time (flushing the slots first made the DMAs
-/// faster but the readers slower, a net loss).
+/// faster but the readers slower, a net loss; a stream per lane, to spread
+/// the DMAs over copy engines, changed nothing).
 const LANES: usize = 8;
 const CHUNK_BYTES: usize = 512 << 10;
 /// Pinned bytes per lane and direction, cut into chunk-sized slots (at
