@@ -76,19 +76,19 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     for kind in carriers {
         let dir = scratch.subdir(kind.name())?;
         let mut column = Column { library: Some(frontend.display().to_string()), ..Column::new(kind.name()) };
-        let server = carrier::Server::start(&exe, backend, kind, &dir, &library_path);
-        if let Ok(server) = &server {
-            column.server = Some(server.address.clone());
-            column.env = server.client_env.iter().cloned().collect();
-        }
-        let mut entry = Entry::new(column, frontend.clone().into_os_string(), true, None, dir);
-        match server {
-            Ok(server) => entry.server = Some(server),
+        let (server, error) = match carrier::Server::start(&exe, backend, kind, &dir, &library_path) {
+            Ok(server) => {
+                column.server = Some(server.address.clone());
+                column.env = server.client_env.iter().cloned().collect();
+                (Some(server), None)
+            }
             Err(e) => {
                 eprintln!("gpuplex bench: {}: unavailable: {e}", kind.name());
-                entry.error = Some(format!("unavailable: {e}"));
+                (None, Some(format!("unavailable: {e}")))
             }
-        }
+        };
+        let mut entry = Entry::new(column, frontend.clone().into_os_string(), true, server, dir);
+        entry.error = error;
         lineup.push(entry);
     }
 
