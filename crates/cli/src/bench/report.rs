@@ -141,7 +141,6 @@ pub struct Summary {
     pub median: f64,
     pub min: f64,
     pub max: f64,
-    pub samples: usize,
     /// Every sample, in the order taken.
     pub values: Vec<f64>,
 }
@@ -155,7 +154,7 @@ impl Summary {
         let mid = sorted.len() / 2;
         // An even count has no middle sample: the mean of the two beside the middle.
         let median = if sorted.len() % 2 == 1 { sorted[mid] } else { (sorted[mid - 1] + sorted[mid]) / 2.0 };
-        Some(Summary { median, min, max, samples: sorted.len(), values: samples.to_vec() })
+        Some(Summary { median, min, max, values: samples.to_vec() })
     }
 }
 
@@ -301,7 +300,7 @@ impl Report {
                     value: Some(s.median),
                     min: Some(s.min),
                     max: Some(s.max),
-                    samples: Some(s.samples),
+                    samples: Some(s.values.len()),
                     ..Cell::default()
                 },
                 Some(Outcome::Error(e)) => Cell { error: Some(e.clone()), ..Cell::default() },
@@ -380,13 +379,13 @@ mod tests {
     #[test]
     fn summaries_take_the_middle_sample_whatever_the_order() {
         let s = Summary::of(&[9.0, 1.0, 4.0, 7.0, 3.0]).unwrap();
-        assert_eq!((s.median, s.min, s.max, s.samples), (4.0, 1.0, 9.0, 5));
+        assert_eq!((s.median, s.min, s.max, s.values.len()), (4.0, 1.0, 9.0, 5));
         assert_eq!(s.values, [9.0, 1.0, 4.0, 7.0, 3.0]);
         // One wild sample moves a mean, not the median.
         assert_eq!(Summary::of(&[4.0, 1000.0, 3.9, 4.1, 4.0]).unwrap().median, 4.0);
         assert_eq!(Summary::of(&[2.0, 8.0, 4.0, 6.0]).unwrap().median, 5.0);
         let one = Summary::of(&[2.5]).unwrap();
-        assert_eq!((one.median, one.min, one.max, one.samples), (2.5, 2.5, 2.5, 1));
+        assert_eq!((one.median, one.min, one.max, one.values.len()), (2.5, 2.5, 2.5, 1));
         assert_eq!(Summary::of(&[]), None);
     }
 
@@ -400,7 +399,7 @@ mod tests {
         let third = worker(&[(LAUNCH_ASYNC, &[3.0, 5.0]), (LAUNCH_SYNC, &[12.0]), ("h2d_pinned_1MiB", &[60.0])]);
         let merged = WorkerReport::merge(vec![first, second, third]).unwrap();
         let Outcome::Measured(launch) = &merged.results[LAUNCH_ASYNC] else { panic!("{merged:?}") };
-        assert_eq!((launch.median, launch.samples, launch.values.clone()), (4.5, 4, vec![4.0, 9.0, 3.0, 5.0]));
+        assert_eq!((launch.median, launch.values.clone()), (4.5, vec![4.0, 9.0, 3.0, 5.0]));
         assert!(matches!(&merged.results[LAUNCH_SYNC], Outcome::Measured(s) if s.median == 11.0));
         assert_eq!(merged.results["h2d_pinned_1MiB"], Outcome::Error("broke".into()));
         assert_eq!(merged.checks, Checks { passed: 3, failed: vec!["4 KiB round trip".into()] });
