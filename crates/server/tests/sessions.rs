@@ -755,16 +755,17 @@ fn lanes_dtoh(c: &mut Client, lanes: &Lanes, src: DevPtr, copy: u64, size: u64) 
     (data, c.reply::<MemcpyDtoHLanes::Request>().err().unwrap_or(CuError(0)))
 }
 
-/// Over TCP, so that lanes prove the token too: copies of a few chunks and
-/// a ragged end cross both ways, and a failed copy still moves every chunk,
-/// so the next one finds its lanes in step.
+/// Over TCP, so that lanes prove the token too: copies of a few rounds
+/// (one chunk per lane each; the session waits on one round while it
+/// issues the next) and a ragged end cross both ways, and a failed copy
+/// still moves every chunk, so the next one finds its lanes in step.
 #[test]
 fn large_copies_cross_the_lanes_and_failures_keep_them_in_step() {
     let t = token("a token for lanes, 32 bytes long");
     let address = start_tcp_server(t.clone());
     let mut c = Client::connect_with(&address, Some(&t));
     let lanes = c.open_lanes(&address, Some(&t));
-    let size = lanes.chunk * (lanes.lanes.len() as u64 + 3) + 12345;
+    let size = lanes.chunk * (2 * lanes.lanes.len() as u64 + 3) + 12345;
     let p = c.alloc(size);
     let data = pattern(size as usize, 3);
     lanes_htod(&mut c, &lanes, p, 1, &data).unwrap();

@@ -8,9 +8,10 @@
 //! writer thread here, and a thread in the client, that only move bytes
 //! between the socket and pinned slots; every CUDA call stays on the
 //! session's thread, which takes chunks in order, so a copy keeps its exact
-//! place in its stream. The session hands slots back once a stream
-//! synchronize has passed their DMAs: one synchronize per round of one
-//! chunk per lane, while the lanes fill (or drain) their other slot.
+//! place in its stream. The session DMAs a round (one chunk per lane) at a
+//! time and marks each with an event; it waits for a round's event only
+//! after issuing the next round, so the copy engine always has work queued
+//! while the lanes fill (or drain) their other slots ([`Rounds`]).
 //!
 //! Joining: `OpenLanes` makes a [`Hub`] under a random key; each lane
 //! connects like any client (over TCP, proving the token), and its first
@@ -38,15 +39,15 @@ pub type LaneKey = [u8; 32];
 /// `GPUPLEX_LANE_CHUNK_KIB` say otherwise (the server reads them when a
 /// client opens lanes). Measured on the 16-core H100 machine over TCP
 /// loopback, 64 and 256 MiB copies, 4 to 12 lanes of 256 KiB to 4 MiB:
-/// 8 lanes of 512 KiB moved the most both ways (about 21 GB/s to the
-/// device and 27 from it). Fewer lanes leave bandwidth unused; more
-/// oversubscribe the cores, since each lane keeps a thread busy on both
-/// sides. Host to device stays near 18-20 GB/s at 8 to 16 lanes and 512 KiB
-/// to 4 MiB chunks, while bare TCP with no GPU reaches 25-33 GB/s there: a
-/// round's DMAs, reading slots still hot in the readers' caches, take about
-/// half of the session's time (flushing the slots first made the DMAs
-/// faster but the readers slower, a net loss; a stream per lane, to spread
-/// the DMAs over copy engines, changed nothing).
+/// 8 lanes of 512 KiB moved the most both ways. Fewer lanes leave
+/// bandwidth unused; more oversubscribe the cores, since each lane keeps a
+/// thread busy on both sides. Host to device stays near 17-23 GB/s, while
+/// bare TCP with no GPU reaches 23-30 GB/s there (and the same machine
+/// copies memory at about 64 GB/s with all its cores): the session spends
+/// most of a copy waiting for chunks. Tried and dropped, for no gain
+/// beyond the run-to-run noise: flushing the slots or filling them with
+/// streaming stores (faster DMAs, slower readers), a stream per lane,
+/// 4 MiB of slots per lane.
 const LANES: usize = 8;
 const CHUNK_BYTES: usize = 512 << 10;
 /// Pinned bytes per lane and direction, cut into chunk-sized slots (at
@@ -123,6 +124,8 @@ pub struct Lanes {
     ends: Vec<LaneEnd>,
     /// The context the slots are registered from, if any.
     registered: Option<Obj>,
+    /// The events that mark rounds done, made in the registered context.
+    fences: Option<Fences>,
     /// Why the lanes can no longer be trusted; ends the session.
     lost: Option<String>,
 }
@@ -182,7 +185,7 @@ impl Lanes {
         let hub = Arc::new(Hub { session, peer, slots, joined: Mutex::new((0..count).map(|_| None).collect()) });
         hubs.lock().insert(key, hub.clone());
         let offer = LaneOffer { key, lanes: count as u32, chunk_bytes: chunk as u64 };
-        Ok((Lanes { hub, ends: Vec::new(), registered: None, lost: None }, offer))
+        Ok((Lanes { hub, ends: Vec::new(), registered: None, fences: None, lost: None }, offer))
     }
 
     /// Why the session must end, if a lane failed it.
@@ -224,7 +227,20 @@ impl Lanes {
         };
         let region = &self.hub.slots.region;
         // SAFETY: the region lives in the hub until teardown unregisters it.
-        Ok(unsafe { register_once(backend, ctx, &mut self.registered, region.as_ptr(), region.len()) })
+        let registered = unsafe { register_once(backend, ctx, &mut self.registered, region.as_ptr(), region.len()) };
+        Ok(registered.and_then(|()| self.fences_in(backend, ctx)))
+    }
+
+    /// Makes the round events in `ctx`, unless they are there already.
+    fn fences_in(&mut self, backend: &dyn Backend, ctx: Obj) -> Result<(), CallError> {
+        if self.fences.as_ref().is_some_and(|f| f.ctx == ctx) {
+            return Ok(());
+        }
+        if let Some(old) = self.fences.take() {
+            old.destroy(backend);
+        }
+        self.fences = Some(Fences::new(backend, ctx)?);
+        Ok(())
     }
 
     /// Host to device: takes every chunk of `copy` off the lanes, in order,
@@ -240,8 +256,7 @@ impl Lanes {
     ) -> Result<(), CallError> {
         let mut outcome = self.start(backend, &target)?;
         let lanes = self.ends.len();
-        // DMAs not yet known complete: (lane, slot).
-        let mut pending = Vec::with_capacity(lanes);
+        let mut rounds = Rounds::new(lanes);
         for (i, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
             let l = (i % lanes as u64) as usize;
             let Ok(Filled { slot, header }) = self.ends[l].filled.recv() else {
@@ -254,52 +269,35 @@ impl Lanes {
                 (Ok(()), Ok((ctx, stream))) => {
                     let src = self.hub.slots.ptr(l, Direction::In, slot);
                     // SAFETY: a registered slot holding `len` <= chunk bytes,
-                    // not handed back before a synchronize has passed this DMA.
+                    // not handed back before its round's DMAs are done.
                     let dma =
                         unsafe { backend.memcpy_htod_host(*ctx, dst + offset, src, len as usize, *stream, false) };
                     outcome = dma;
-                    pending.push((l, slot));
+                    rounds.filling.push((l, slot));
                 }
                 _ => self.hand_back_in(l, slot),
             }
-            if pending.len() == lanes {
-                self.settle(backend, &target, &mut pending, &mut outcome);
+            if rounds.filling.len() == lanes {
+                for (l, slot) in rounds.turn(backend, self.fences.as_ref(), &target, &mut outcome) {
+                    self.hand_back_in(l, slot);
+                }
             }
         }
-        self.settle(backend, &target, &mut pending, &mut outcome);
+        for (l, slot) in rounds.finish(backend, &target, &mut outcome) {
+            self.hand_back_in(l, slot);
+        }
         outcome
     }
 
-    /// Waits for the pending DMAs and gives their slots back to the readers.
-    fn settle(
-        &mut self,
-        backend: &dyn Backend,
-        target: &Result<(Obj, Obj), CallError>,
-        pending: &mut Vec<(usize, usize)>,
-        outcome: &mut Result<(), CallError>,
-    ) {
-        if pending.is_empty() {
-            return;
-        }
-        if let Ok((ctx, stream)) = target {
-            let synced = backend.stream_synchronize(*ctx, *stream);
-            if outcome.is_ok() {
-                *outcome = synced;
-            }
-        }
-        for (l, slot) in pending.drain(..) {
-            self.hand_back_in(l, slot);
-        }
-    }
-
-    fn hand_back_in(&mut self, l: usize, slot: usize) {
+    fn hand_back_in(&self, l: usize, slot: usize) {
         // A reader that is gone shows when its lane is next read.
         let _ = self.ends[l].free_in.send(slot);
     }
 
-    /// Device to host: DMAs one chunk per lane into free slots, waits for
-    /// them, and passes them to the writers, round after round. Every chunk
-    /// is sent, failed ones as a bare header with the copy's error.
+    /// Device to host: DMAs one chunk per lane into free slots, round after
+    /// round, and passes each round to the writers once its DMAs are done.
+    /// Every chunk is sent, failed ones as a bare header with the copy's
+    /// error.
     pub fn dtoh(
         &mut self,
         backend: &dyn Backend,
@@ -310,38 +308,47 @@ impl Lanes {
     ) -> Result<(), CallError> {
         let mut outcome = self.start(backend, &target)?;
         let lanes = self.ends.len();
-        let mut round = Vec::with_capacity(lanes);
-        let mut chunks = lane::chunks(size, self.hub.slots.chunk as u64).peekable();
-        while chunks.peek().is_some() {
-            for (i, offset, len) in chunks.by_ref().take(lanes) {
-                let l = (i % lanes as u64) as usize;
-                let Ok(slot) = self.ends[l].free_out.recv() else {
-                    return Err(self.lose(format!("lane {l} closed mid-copy")));
-                };
-                if let (Ok(()), Ok((ctx, stream))) = (&outcome, &target) {
-                    let dst = self.hub.slots.ptr(l, Direction::Out, slot);
-                    // SAFETY: a registered slot with room for `len` <= chunk
-                    // bytes, not given to the writer before the synchronize.
-                    let dma =
-                        unsafe { backend.memcpy_dtoh_host(*ctx, dst, src + offset, len as usize, *stream, false) };
-                    outcome = dma;
-                }
-                round.push((l, slot, ChunkHeader::new(copy, offset, len)));
-            }
+        let mut rounds = Rounds::new(lanes);
+        for (i, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
+            let l = (i % lanes as u64) as usize;
+            let Ok(slot) = self.ends[l].free_out.recv() else {
+                return Err(self.lose(format!("lane {l} closed mid-copy")));
+            };
             if let (Ok(()), Ok((ctx, stream))) = (&outcome, &target) {
-                outcome = backend.stream_synchronize(*ctx, *stream);
+                let dst = self.hub.slots.ptr(l, Direction::Out, slot);
+                // SAFETY: a registered slot with room for `len` <= chunk
+                // bytes, not given to the writer before its round is done.
+                let dma = unsafe { backend.memcpy_dtoh_host(*ctx, dst, src + offset, len as usize, *stream, false) };
+                outcome = dma;
             }
-            for (l, slot, header) in round.drain(..) {
-                let header = match &outcome {
-                    Ok(()) => header,
-                    Err(e) => header.failed(e.code.0),
-                };
-                if self.ends[l].outgoing.send(Outgoing { slot, header }).is_err() {
-                    return Err(self.lose(format!("lane {l} closed mid-copy")));
-                }
+            rounds.filling.push((l, slot, ChunkHeader::new(copy, offset, len)));
+            if rounds.filling.len() == lanes {
+                let done = rounds.turn(backend, self.fences.as_ref(), &target, &mut outcome);
+                self.pass_out(done, &outcome)?;
             }
         }
+        let done = rounds.finish(backend, &target, &mut outcome);
+        self.pass_out(done, &outcome)?;
         outcome
+    }
+
+    /// Gives chunks whose DMAs are done to their writers, marked failed if
+    /// the copy has failed.
+    fn pass_out(
+        &mut self,
+        done: Vec<(usize, usize, ChunkHeader)>,
+        outcome: &Result<(), CallError>,
+    ) -> Result<(), CallError> {
+        for (l, slot, header) in done {
+            let header = match outcome {
+                Ok(()) => header,
+                Err(e) => header.failed(e.code.0),
+            };
+            if self.ends[l].outgoing.send(Outgoing { slot, header }).is_err() {
+                return Err(self.lose(format!("lane {l} closed mid-copy")));
+            }
+        }
+        Ok(())
     }
 
     /// Forgets a registration that died with its context.
@@ -349,11 +356,17 @@ impl Lanes {
         if self.registered == Some(ctx) {
             self.registered = None;
         }
+        if self.fences.as_ref().is_some_and(|f| f.ctx == ctx) {
+            self.fences = None;
+        }
     }
 
     /// Unregisters the slots and closes every lane.
     /// (The registry forgets the hub when the session closes.)
     pub fn teardown(&mut self, backend: &dyn Backend) {
+        if let Some(fences) = self.fences.take() {
+            fences.destroy(backend);
+        }
         if let Some(ctx) = self.registered.take() {
             if let Err(e) = backend.host_unregister(ctx, self.hub.slots.region.as_ptr()) {
                 warn!("teardown: lane slots unregister failed: {e}");
@@ -363,6 +376,100 @@ impl Lanes {
         for end in self.ends.iter().chain(joined.iter().flatten()) {
             end.lane.shutdown();
         }
+    }
+}
+
+/// Two events in one context, one per round in flight.
+struct Fences {
+    ctx: Obj,
+    events: [Obj; 2],
+}
+
+impl Fences {
+    fn new(backend: &dyn Backend, ctx: Obj) -> Result<Fences, CallError> {
+        const DISABLE_TIMING: u32 = 0x2;
+        let first = backend.event_create(ctx, DISABLE_TIMING)?;
+        match backend.event_create(ctx, DISABLE_TIMING) {
+            Ok(second) => Ok(Fences { ctx, events: [first, second] }),
+            Err(e) => {
+                let _ = backend.event_destroy(ctx, first);
+                Err(e)
+            }
+        }
+    }
+
+    fn destroy(self, backend: &dyn Backend) {
+        for event in self.events {
+            if let Err(e) = backend.event_destroy(self.ctx, event) {
+                warn!("lane round event destroy failed: {e}");
+            }
+        }
+    }
+}
+
+/// A copy's DMAs, a round (one chunk per lane) at a time, with two rounds
+/// in flight: the session issues one round while the copy engine still
+/// runs the one before, so the engine does not idle while the session
+/// waits. A round's slots are released only once an event recorded after
+/// its DMAs has passed.
+struct Rounds<T> {
+    /// The round being issued.
+    filling: Vec<T>,
+    /// The round before it, its DMAs perhaps still running.
+    running: Vec<T>,
+    /// The event recorded after `running`: index into the fences.
+    parity: usize,
+}
+
+impl<T> Rounds<T> {
+    fn new(lanes: usize) -> Rounds<T> {
+        Rounds { filling: Vec::with_capacity(lanes), running: Vec::with_capacity(lanes), parity: 0 }
+    }
+
+    /// Ends the round being issued: marks it with an event, waits for the
+    /// round before, and returns that round's (now finished) slots. On any
+    /// failure it waits for the whole stream instead and returns both.
+    fn turn(
+        &mut self,
+        backend: &dyn Backend,
+        fences: Option<&Fences>,
+        target: &Result<(Obj, Obj), CallError>,
+        outcome: &mut Result<(), CallError>,
+    ) -> Vec<T> {
+        if let (Ok(()), Ok((ctx, stream)), Some(fences)) = (&*outcome, target, fences) {
+            let mark = backend.event_record(*ctx, fences.events[1 - self.parity], *stream, 0);
+            let waited = mark.and_then(|()| match self.running.is_empty() {
+                true => Ok(()),
+                false => backend.event_synchronize(*ctx, fences.events[self.parity]),
+            });
+            if waited.is_ok() {
+                self.parity = 1 - self.parity;
+                let capacity = self.filling.capacity();
+                let issued = std::mem::replace(&mut self.filling, Vec::with_capacity(capacity));
+                return std::mem::replace(&mut self.running, issued);
+            }
+            *outcome = waited;
+        }
+        self.finish(backend, target, outcome)
+    }
+
+    /// Waits for every DMA issued and returns every slot.
+    fn finish(
+        &mut self,
+        backend: &dyn Backend,
+        target: &Result<(Obj, Obj), CallError>,
+        outcome: &mut Result<(), CallError>,
+    ) -> Vec<T> {
+        let mut all = std::mem::take(&mut self.running);
+        all.append(&mut self.filling);
+        if let (false, Ok((ctx, stream))) = (all.is_empty(), target) {
+            // No DMA may still touch a slot about to be released.
+            let synced = backend.stream_synchronize(*ctx, *stream);
+            if outcome.is_ok() {
+                *outcome = synced;
+            }
+        }
+        all
     }
 }
 
