@@ -9,18 +9,30 @@
 //! sends its chunks straight from the caller's buffer, or receives them
 //! straight into it: chunk `i` of a copy goes on lane `i % lanes`. The call
 //! itself still goes on the main connection, in order with every other.
+//!
+//! Sending splices the caller's pages into the socket instead of copying
+//! them (`vmsplice`): the client spends no CPU copy on an upload, and on a
+//! loopback the server's read is the only one. (With the server's
+//! pipelined rounds, alternating runs on the H100 machine moved 19.5-22.7
+//! GB/s to the device over TCP loopback, against 16.1-19.9 before.) The
+//! pages are read after `send` returns, so such a copy waits for the
+//! server's reply even when its call could have been posted.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 
 use gpuplex_protocol::lane::{self, ChunkHeader};
 use gpuplex_protocol::{codec, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, Opcode};
-use gpuplex_transport::{Address, Lane, Token, TransportError};
+use gpuplex_transport::{Address, Lane, Pipe, Token, TransportError};
+
+use crate::log;
 
 pub struct Lanes {
     workers: Vec<Sender<Job>>,
     done: Receiver<Result<(), LaneError>>,
     chunk: u64,
     next_copy: u64,
+    /// Whether every lane splices what it sends (see `Lane::send_chunk_spliced`).
+    spliced: bool,
 }
 
 /// Why a copy over the lanes failed.
@@ -57,17 +69,35 @@ impl Lanes {
         }
         let (done_tx, done) = channel();
         let mut workers = Vec::new();
+        let mut spliced = true;
         for index in 0..offer.lanes {
             let lane = join(offer, index, address, token).map_err(|e| format!("lane {index}: {e}"))?;
+            let pipe = match Pipe::new(offer.chunk_bytes as usize) {
+                Ok(pipe) => Some(pipe),
+                Err(e) => {
+                    if spliced {
+                        log::info(&format!("lanes copy what they send: no vmsplice ({e})"));
+                    }
+                    spliced = false;
+                    None
+                }
+            };
             let (jobs, inbox) = channel();
             let done = done_tx.clone();
             std::thread::Builder::new()
                 .name(format!("gpuplex-lane-{index}"))
-                .spawn(move || work(lane, inbox, done))
+                .spawn(move || work(lane, pipe, inbox, done))
                 .map_err(|e| format!("cannot start a lane thread: {e}"))?;
             workers.push(jobs);
         }
-        Ok(Lanes { workers, done, chunk: offer.chunk_bytes, next_copy: 1 })
+        Ok(Lanes { workers, done, chunk: offer.chunk_bytes, next_copy: 1, spliced })
+    }
+
+    /// Whether the bytes sent stay in the caller's buffer until the server
+    /// has read them (they are spliced, not copied): the caller must then
+    /// wait for the server's reply before the buffer may change.
+    pub fn borrow_what_they_send(&self) -> bool {
+        self.spliced
     }
 
     /// A new copy's number, for its call and its chunks.
@@ -127,10 +157,19 @@ fn join(offer: &LaneOffer, index: u32, address: &Address, token: Option<&Token>)
     carrier.into_lane().map_err(|e| e.to_string())
 }
 
-fn work(lane: Lane, jobs: Receiver<Job>, done: Sender<Result<(), LaneError>>) {
+fn work(lane: Lane, pipe: Option<Pipe>, jobs: Receiver<Job>, done: Sender<Result<(), LaneError>>) {
+    // splice has no MSG_NOSIGNAL: a peer that went away must be an error
+    // here, not a SIGPIPE that kills the process.
+    // SAFETY: blocks one signal for this thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
     for job in jobs {
         let result = match job.direction {
-            Direction::Send => send(&lane, &job),
+            Direction::Send => send(&lane, &job, pipe.as_ref()),
             Direction::Receive => receive(&lane, &job),
         };
         let lost = matches!(result, Err(LaneError::Lost(_)));
@@ -150,12 +189,17 @@ fn lost(e: TransportError) -> LaneError {
     LaneError::Lost(e.to_string())
 }
 
-fn send(lane: &Lane, job: &Job) -> Result<(), LaneError> {
+fn send(lane: &Lane, job: &Job, pipe: Option<&Pipe>) -> Result<(), LaneError> {
     for (offset, len) in my_chunks(job) {
         // SAFETY: the caller of `Lanes::run` keeps the buffer alive and
         // unchanged until every lane has reported this job done.
         let data = unsafe { std::slice::from_raw_parts((job.base + offset as usize) as *const u8, len as usize) };
-        lane.send_chunk(&ChunkHeader::new(job.copy, offset, len), data).map_err(lost)?;
+        let header = ChunkHeader::new(job.copy, offset, len);
+        match pipe {
+            Some(pipe) => lane.send_chunk_spliced(&header, data, pipe),
+            None => lane.send_chunk(&header, data),
+        }
+        .map_err(lost)?;
     }
     Ok(())
 }
