@@ -11,7 +11,7 @@
 //! place in its stream. The session DMAs a round (one chunk per lane) at a
 //! time and marks each with an event; it waits for a round's event only
 //! after issuing the next round, so the copy engine always has work queued
-//! while the lanes fill (or drain) their other slots ([`Rounds`]).
+//! while the lanes fill (or drain) their other slots (`Rounds`).
 //!
 //! Joining: `OpenLanes` makes a [`Hub`] under a random key; each lane
 //! connects like any client (over TCP, proving the token), and its first
