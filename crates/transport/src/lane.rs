@@ -57,6 +57,9 @@ impl Lane {
         let more = if data.is_empty() { 0 } else { libc::MSG_MORE };
         send_flags(&self.socket, header.as_bytes(), libc::MSG_NOSIGNAL | more).map_err(stream::io_error)?;
         let spliced = pipe.splice_into(&self.socket, data).map_err(stream::io_error)?;
+        if spliced == data.len() {
+            return Ok(());
+        }
         // Pages the kernel would not lend (an I/O mapping, say) are copied.
         stream::send_parts(&self.socket, &[&data[spliced..]]).map_err(stream::io_error)
     }
