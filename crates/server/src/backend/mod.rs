@@ -18,6 +18,9 @@ use gpuplex_protocol::{CallError, DeviceInfo};
 
 pub type BResult<T> = Result<T, CallError>;
 
+/// `cuEventCreate`'s flag for an event that only orders and waits: cheaper to record.
+pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+
 /// A backend object: the real driver's pointer, or an emulated id. Never
 /// shown to a client.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]

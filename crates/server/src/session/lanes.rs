@@ -31,7 +31,7 @@ use gpuplex_transport::{Carrier, Lane, Peer, TransportError};
 use tracing::{debug, warn};
 
 use super::shared::register_once;
-use crate::backend::{Backend, Obj};
+use crate::backend::{Backend, Obj, CU_EVENT_DISABLE_TIMING};
 
 pub type LaneKey = [u8; 32];
 
@@ -387,9 +387,8 @@ struct Fences {
 
 impl Fences {
     fn new(backend: &dyn Backend, ctx: Obj) -> Result<Fences, CallError> {
-        const DISABLE_TIMING: u32 = 0x2;
-        let first = backend.event_create(ctx, DISABLE_TIMING)?;
-        match backend.event_create(ctx, DISABLE_TIMING) {
+        let first = backend.event_create(ctx, CU_EVENT_DISABLE_TIMING)?;
+        match backend.event_create(ctx, CU_EVENT_DISABLE_TIMING) {
             Ok(second) => Ok(Fences { ctx, events: [first, second] }),
             Err(e) => {
                 let _ = backend.event_destroy(ctx, first);

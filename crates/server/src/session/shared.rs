@@ -24,7 +24,7 @@ use gpuplex_protocol::{CallError, CuError, SharedLayout};
 use gpuplex_transport::shm::{Layout, Region};
 use tracing::warn;
 
-use crate::backend::{Backend, Obj};
+use crate::backend::{Backend, Obj, CU_EVENT_DISABLE_TIMING};
 
 /// Ring size: big enough that a burst of posted launches never waits for
 /// the session, small next to the staging area.
@@ -208,8 +208,7 @@ impl Shared {
                     let _ = backend.event_synchronize(ev_ctx, ev);
                     let _ = backend.event_destroy(ev_ctx, ev);
                 }
-                const DISABLE_TIMING: u32 = 2;
-                let ev = backend.event_create(ctx, DISABLE_TIMING)?;
+                let ev = backend.event_create(ctx, CU_EVENT_DISABLE_TIMING)?;
                 c.slot_events[slot] = Some((ctx, ev));
                 ev
             }

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use gpuplex_protocol::{CallError, CuError, DeviceInfo};
 
-use super::{BResult, Backend, ClusterQuery, Launch, Memset, Obj, ParamSlot};
+use super::{BResult, Backend, ClusterQuery, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING};
 use image::{Image, KernelInfo};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
@@ -134,7 +134,6 @@ struct EventState {
     recorded: Option<Instant>,
 }
 
-const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 const DEFAULT_LIMITS: [u64; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
 
 fn err(code: CuError, detail: impl Into<String>) -> CallError {
