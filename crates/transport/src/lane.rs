@@ -55,7 +55,7 @@ impl Lane {
     pub fn send_chunk_spliced(&self, header: &ChunkHeader, data: &[u8], pipe: &Pipe) -> Result<(), TransportError> {
         debug_assert_eq!(header.payload_len(), data.len() as u64);
         let more = if data.is_empty() { 0 } else { libc::MSG_MORE };
-        send_flags(&self.socket, header.as_bytes(), libc::MSG_NOSIGNAL | more).map_err(stream::io_error)?;
+        stream::send_parts_with(&self.socket, &[header.as_bytes()], more).map_err(stream::io_error)?;
         let spliced = pipe.splice_into(&self.socket, data).map_err(stream::io_error)?;
         if spliced == data.len() {
             return Ok(());
@@ -76,22 +76,6 @@ impl Lane {
     pub fn recv_exact(&self, buf: &mut [u8]) -> Result<(), TransportError> {
         stream::read_exact(&mut Reader(self), buf, false)
     }
-}
-
-fn send_flags(socket: &OwnedFd, mut bytes: &[u8], flags: i32) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        // SAFETY: `bytes` is valid for reads of its length.
-        let n = unsafe { libc::send(socket.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), flags) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        bytes = &bytes[n as usize..];
-    }
-    Ok(())
 }
 
 /// A pipe for [`Lane::send_chunk_spliced`], one per sending thread.

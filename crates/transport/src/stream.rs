@@ -28,6 +28,11 @@ pub(crate) fn io_error(e: std::io::Error) -> TransportError {
 
 /// Writes `parts` back to back, with `MSG_NOSIGNAL`.
 pub(crate) fn send_parts(socket: &impl AsRawFd, parts: &[&[u8]]) -> std::io::Result<()> {
+    send_parts_with(socket, parts, 0)
+}
+
+/// [`send_parts`] with more `flags` (`MSG_MORE`, say).
+pub(crate) fn send_parts_with(socket: &impl AsRawFd, parts: &[&[u8]], flags: i32) -> std::io::Result<()> {
     let (mut part, mut offset) = (0, 0);
     while part < parts.len() {
         let iov: Vec<libc::iovec> = parts[part..]
@@ -43,7 +48,7 @@ pub(crate) fn send_parts(socket: &impl AsRawFd, parts: &[&[u8]]) -> std::io::Res
         msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
         msg.msg_iovlen = iov.len() as _;
         // SAFETY: `msg` points at iovecs over live buffers for the call.
-        let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | flags) };
         if n < 0 {
             let e = std::io::Error::last_os_error();
             match e.kind() {
