@@ -256,7 +256,7 @@ impl Lanes {
     ) -> Result<(), CallError> {
         let mut outcome = self.start(backend, &target)?;
         let lanes = self.ends.len();
-        let mut rounds = Rounds::new(lanes);
+        let mut rounds = Rounds::new();
         for (i, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
             let l = (i % lanes as u64) as usize;
             let Ok(Filled { slot, header }) = self.ends[l].filled.recv() else {
@@ -308,7 +308,7 @@ impl Lanes {
     ) -> Result<(), CallError> {
         let mut outcome = self.start(backend, &target)?;
         let lanes = self.ends.len();
-        let mut rounds = Rounds::new(lanes);
+        let mut rounds = Rounds::new();
         for (i, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
             let l = (i % lanes as u64) as usize;
             let Ok(slot) = self.ends[l].free_out.recv() else {
@@ -421,8 +421,8 @@ struct Rounds<T> {
 }
 
 impl<T> Rounds<T> {
-    fn new(lanes: usize) -> Rounds<T> {
-        Rounds { filling: Vec::with_capacity(lanes), running: Vec::with_capacity(lanes), parity: 0 }
+    fn new() -> Rounds<T> {
+        Rounds { filling: Vec::new(), running: Vec::new(), parity: 0 }
     }
 
     /// Ends the round being issued: marks it with an event, waits for the
@@ -437,14 +437,16 @@ impl<T> Rounds<T> {
     ) -> Vec<T> {
         if let (Ok(()), Ok((ctx, stream)), Some(fences)) = (&*outcome, target, fences) {
             let mark = backend.event_record(*ctx, fences.events[1 - self.parity], *stream, 0);
-            let waited = mark.and_then(|()| match self.running.is_empty() {
-                true => Ok(()),
-                false => backend.event_synchronize(*ctx, fences.events[self.parity]),
+            let waited = mark.and_then(|()| {
+                if self.running.is_empty() {
+                    Ok(())
+                } else {
+                    backend.event_synchronize(*ctx, fences.events[self.parity])
+                }
             });
             if waited.is_ok() {
                 self.parity = 1 - self.parity;
-                let capacity = self.filling.capacity();
-                let issued = std::mem::replace(&mut self.filling, Vec::with_capacity(capacity));
+                let issued = std::mem::take(&mut self.filling);
                 return std::mem::replace(&mut self.running, issued);
             }
             *outcome = waited;
