@@ -3,6 +3,7 @@
 
 mod bench;
 mod info;
+mod relay;
 mod run;
 
 use std::path::{Path, PathBuf};

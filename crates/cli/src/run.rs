@@ -82,7 +82,7 @@ pub fn run(
                     return Err(crate::info::failure(&a, &e).into());
                 }
                 Err(_) => {
-                    let (a, thread) = start_embedded(&libdir.0, backend)?;
+                    let (a, thread) = crate::relay::blocked_in(|| start_embedded(&libdir.0, backend))?;
                     embedded = Some(thread);
                     a
                 }
@@ -100,7 +100,10 @@ pub fn run(
     if let Some(path) = token_file {
         program.env(TOKEN_FILE_ENV, std::path::absolute(path)?);
     }
-    let status = program.status().map_err(|e| format!("cannot run {}: {e}", command[0].to_string_lossy()))?;
+    crate::relay::install();
+    let mut child = program.spawn().map_err(|e| format!("cannot run {}: {e}", command[0].to_string_lossy()))?;
+    crate::relay::program_started(child.id());
+    let status = child.wait()?;
     drop(embedded);
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => ExitCode::from(code as u8),
