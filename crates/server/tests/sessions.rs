@@ -23,16 +23,35 @@ use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::{Address, AuthError, Carrier, Lane, Token, TransportError};
 use proptest::prelude::*;
 
-/// A server on its own socket, for the life of one test.
-fn start_server(name: &str) -> Address {
+/// A server on its own socket, for the life of one test: the socket's
+/// directory goes when this is dropped (the server thread stays, unreachable).
+struct TestServer {
+    address: Address,
+    dir: PathBuf,
+}
+
+impl std::ops::Deref for TestServer {
+    type Target = Address;
+    fn deref(&self) -> &Address {
+        &self.address
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_server(name: &str) -> TestServer {
     let dir = std::env::temp_dir().join(format!("gpuplex-sessions-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let address = Address::Unix(PathBuf::from(&dir).join("s.sock"));
+    let address = Address::Unix(dir.join("s.sock"));
     let listener = gpuplex_transport::listen(&address, None).unwrap();
     let server = Server::new(Arc::new(Emulated::new()));
     std::thread::spawn(move || server.serve(listener.as_ref()));
-    address
+    TestServer { address, dir }
 }
 
 fn token(s: &str) -> Token {
@@ -190,7 +209,7 @@ fn garbage_ends_only_the_sender_s_session() {
     let mut good = Client::connect(&address);
     let p = good.alloc(64);
     let mut bad = Client::connect(&address);
-    let Address::Unix(path) = &address else { unreachable!("a Unix server") };
+    let Address::Unix(path) = &address.address else { unreachable!("a Unix server") };
     // Raw garbage from a fresh connection, and garbage after a handshake.
     std::os::unix::net::UnixStream::connect(path).unwrap().write_all(&[0x5a; 4096]).unwrap();
     let mut h = Header::request(Opcode::cuMemAlloc_v2, 99, bad.ctx.0, 4);
@@ -665,22 +684,25 @@ fn a_tail_past_the_head_ends_only_the_liar_s_session() {
     });
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
-
-    /// Any opcode with any payload ends in an answer or a closed session,
-    /// and the server keeps serving others.
-    #[test]
-    fn random_frames_never_hurt_the_server(op in 0u16..0x700, payload in proptest::collection::vec(any::<u8>(), 0..256)) {
-        static SERVER: std::sync::OnceLock<Address> = std::sync::OnceLock::new();
-        let address = SERVER.get_or_init(|| start_server("fuzz"));
-        let mut c = Client::connect(address);
+/// Any opcode with any payload ends in an answer or a closed session,
+/// and the server keeps serving others.
+#[test]
+fn random_frames_never_hurt_the_server() {
+    let address = start_server("fuzz");
+    let frames = (0u16..0x700, proptest::collection::vec(any::<u8>(), 0..256));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 64, ..ProptestConfig::default() });
+    let outcome = runner.run(&frames, |(op, payload)| {
+        let mut c = Client::connect(&address);
         let mut h = Header::request(Opcode::Hello, 9, c.ctx.0, payload.len());
         h.opcode = op.into();
         let _ = c.carrier.send(&h, &payload);
         let _ = c.carrier.recv(&mut Vec::new());
-        let mut other = Client::connect(address);
+        let mut other = Client::connect(&address);
         prop_assert!(other.free_memory() > 0);
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
     }
 }
 
