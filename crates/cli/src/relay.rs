@@ -17,23 +17,29 @@ use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
 
 const SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP];
 
-/// The program's pid, once it runs.
+/// The program's pid while it runs; 0 before, [`ENDED`] after.
 static PROGRAM: AtomicI32 = AtomicI32::new(0);
+/// Once the program is reaped its pid may name another process.
+const ENDED: i32 = -1;
 /// A signal that came before the program did.
 static PENDING: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(signal: libc::c_int) {
-    let program = PROGRAM.load(SeqCst);
-    if program == 0 {
-        PENDING.store(signal, SeqCst);
-        // The program may have started between the load and the store.
-        let program = PROGRAM.load(SeqCst);
-        if program != 0 {
-            forward_pending(program);
+    match PROGRAM.load(SeqCst) {
+        0 => {
+            PENDING.store(signal, SeqCst);
+            // The program may have started between the load and the store.
+            let program = PROGRAM.load(SeqCst);
+            if program > 0 {
+                forward_pending(program);
+            }
         }
-    } else if signal == libc::SIGTERM || signal == libc::SIGHUP {
-        // SAFETY: kill(2) is async-signal-safe and takes no pointers.
-        unsafe { libc::kill(program, signal) };
+        program if program > 0 && (signal == libc::SIGTERM || signal == libc::SIGHUP) => {
+            // SAFETY: kill(2) is async-signal-safe and takes no pointers.
+            unsafe { libc::kill(program, signal) };
+        }
+        // SIGINT or SIGQUIT while it runs, or anything once it has ended.
+        _ => {}
     }
 }
 
@@ -88,4 +94,9 @@ pub fn program_started(pid: u32) {
     let pid = pid as libc::pid_t;
     PROGRAM.store(pid, SeqCst);
     forward_pending(pid);
+}
+
+/// The program has been reaped: nothing is relayed any more.
+pub fn program_ended() {
+    PROGRAM.store(ENDED, SeqCst);
 }

@@ -103,7 +103,9 @@ pub fn run(
     crate::relay::install();
     let mut child = program.spawn().map_err(|e| format!("cannot run {}: {e}", command[0].to_string_lossy()))?;
     crate::relay::program_started(child.id());
-    let status = child.wait()?;
+    let status = child.wait();
+    crate::relay::program_ended();
+    let status = status?;
     drop(embedded);
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => ExitCode::from(code as u8),
