@@ -7,8 +7,9 @@
 //!   ignores them while it waits for a command.
 //! - SIGTERM and SIGHUP, which a process manager sends to this command
 //!   only, are passed on to the program.
-//! - Any of them that arrives between [`install`] and the program's start
-//!   is passed on to it once it runs, so that an early Ctrl-C still stops it.
+//! - A SIGTERM or SIGHUP that arrives between [`install`] and the moment
+//!   the program's pid is known is passed on once it is. (A SIGINT then is
+//!   dropped: the program may already be there to take the terminal's.)
 //!
 //! An embedded server's threads start with these signals blocked
 //! ([`blocked_in`]), so that none of their system calls is interrupted.
@@ -21,10 +22,13 @@ const SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, l
 static PROGRAM: AtomicI32 = AtomicI32::new(0);
 /// Once the program is reaped its pid may name another process.
 const ENDED: i32 = -1;
-/// A signal that came before the program did.
+/// A SIGTERM or SIGHUP that came before the program's pid was known.
 static PENDING: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(signal: libc::c_int) {
+    if signal != libc::SIGTERM && signal != libc::SIGHUP {
+        return;
+    }
     match PROGRAM.load(SeqCst) {
         0 => {
             PENDING.store(signal, SeqCst);
@@ -34,11 +38,11 @@ extern "C" fn on_signal(signal: libc::c_int) {
                 forward_pending(program);
             }
         }
-        program if program > 0 && (signal == libc::SIGTERM || signal == libc::SIGHUP) => {
+        program if program > 0 => {
             // SAFETY: kill(2) is async-signal-safe and takes no pointers.
             unsafe { libc::kill(program, signal) };
         }
-        // SIGINT or SIGQUIT while it runs, or anything once it has ended.
+        // Once the program has ended.
         _ => {}
     }
 }
@@ -72,12 +76,19 @@ pub fn blocked_in<T>(start: impl FnOnce() -> T) -> T {
     started
 }
 
-/// Takes the signals over, just before the program starts.
+/// Takes the signals over, just before the program starts. One ignored
+/// already (under `nohup`, say) stays ignored, here and in the program.
 pub fn install() {
     for signal in SIGNALS {
-        // SAFETY: a zeroed sigaction with a plain handler that only touches
-        // atomics and calls kill(2); SA_RESTART so the wait goes on.
+        // SAFETY: zeroed sigactions, one read back and one set, with a plain
+        // handler that only touches atomics and calls kill(2); SA_RESTART
+        // so the wait goes on.
         unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(signal, std::ptr::null(), &mut old);
+            if old.sa_sigaction == libc::SIG_IGN {
+                continue;
+            }
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
             action.sa_flags = libc::SA_RESTART;

@@ -9,8 +9,12 @@ use std::time::{Duration, Instant};
 /// `gpuplex run` with an embedded emulated server, its stdout piped, once
 /// the program has said it is up.
 fn run_shell(script: &str) -> (Child, BufReader<std::process::ChildStdout>) {
+    run_shell_with(script, Command::new(env!("CARGO_BIN_EXE_gpuplex")))
+}
+
+fn run_shell_with(script: &str, mut gpuplex: Command) -> (Child, BufReader<std::process::ChildStdout>) {
     let nowhere = std::env::temp_dir().join(format!("gpuplex-no-server-{}.sock", std::process::id()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuplex"))
+    let mut child = gpuplex
         .args(["run", "--backend", "emulated", "sh", "-c", script])
         .env("GPUPLEX_SERVER", format!("unix:{}", nowhere.display()))
         .stdout(Stdio::piped())
@@ -67,4 +71,25 @@ fn sigint_to_run_alone_leaves_the_program_running() {
     assert!(status.success(), "{status:?}");
     assert_eq!(rest, "done\n");
     assert!(!library_dir(&child).exists());
+}
+
+/// As under `nohup`: SIGHUP ignored on entry stays ignored, by the program too.
+#[test]
+fn an_ignored_sighup_stays_ignored() {
+    use std::os::unix::process::CommandExt;
+    let mut gpuplex = Command::new(env!("CARGO_BIN_EXE_gpuplex"));
+    // SAFETY: signal(2) is async-signal-safe; it runs in the child before exec.
+    unsafe {
+        gpuplex.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let (mut child, mut out) = run_shell_with("echo up; sleep 0.5; echo done", gpuplex);
+    signal(&child, libc::SIGHUP);
+    let status = wait_within(&mut child, Duration::from_secs(10));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(rest, "done\n");
 }
