@@ -46,6 +46,18 @@ fn wait_within(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
+/// A program that outlasts the signal sent to `gpuplex run` a moment in.
+const SLEEPER: &str = "echo up; sleep 0.5; echo done";
+
+/// The program ran to its end and `gpuplex run` with it.
+fn finishes_normally(child: &mut Child, mut out: BufReader<std::process::ChildStdout>) {
+    let status = wait_within(child, Duration::from_secs(10));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(rest, "done\n");
+}
+
 fn library_dir(child: &Child) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("gpuplex-run-{}", child.id()))
 }
@@ -63,13 +75,9 @@ fn sigterm_reaches_the_program_and_run_cleans_up() {
 
 #[test]
 fn sigint_to_run_alone_leaves_the_program_running() {
-    let (mut child, mut out) = run_shell("echo up; sleep 0.5; echo done");
+    let (mut child, out) = run_shell(SLEEPER);
     signal(&child, libc::SIGINT);
-    let status = wait_within(&mut child, Duration::from_secs(10));
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    assert!(status.success(), "{status:?}");
-    assert_eq!(rest, "done\n");
+    finishes_normally(&mut child, out);
     assert!(!library_dir(&child).exists());
 }
 
@@ -85,11 +93,7 @@ fn an_ignored_sighup_stays_ignored() {
             Ok(())
         });
     }
-    let (mut child, mut out) = run_shell_with("echo up; sleep 0.5; echo done", gpuplex);
+    let (mut child, out) = run_shell_with(SLEEPER, gpuplex);
     signal(&child, libc::SIGHUP);
-    let status = wait_within(&mut child, Duration::from_secs(10));
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    assert!(status.success(), "{status:?}");
-    assert_eq!(rest, "done\n");
+    finishes_normally(&mut child, out);
 }
