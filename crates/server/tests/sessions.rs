@@ -133,14 +133,20 @@ impl Client {
         self.carrier.send(&header, &payload).unwrap();
     }
 
-    /// Asks for shared memory and moves this client's frames onto the rings.
-    fn share_memory(&mut self) -> (Arc<Region>, SharedLayout) {
+    /// A request about the session itself (no payload, not a CUDA call),
+    /// which must succeed: its answer.
+    fn session_request<T: codec::Wire>(&mut self, opcode: Opcode) -> T {
         self.next += 1;
-        self.carrier.send(&Header::request(Opcode::SharedMemory, self.next, self.ctx.0, 0), &[]).unwrap();
+        self.carrier.send(&Header::request(opcode, self.next, self.ctx.0, 0), &[]).unwrap();
         let mut buf = Vec::new();
         let h = self.carrier.recv(&mut buf).unwrap();
         assert_eq!((h.request_id.get(), h.status.get()), (self.next, 0));
-        let layout: SharedLayout = codec::decode(&buf).unwrap();
+        codec::decode(&buf).unwrap()
+    }
+
+    /// Asks for shared memory and moves this client's frames onto the rings.
+    fn share_memory(&mut self) -> (Arc<Region>, SharedLayout) {
+        let layout: SharedLayout = self.session_request(Opcode::SharedMemory);
         let region = Arc::new(Region::open(self.carrier.recv_fd().unwrap()).unwrap());
         let rings = gpuplex_transport::rings(region.clone(), ring_layout(&layout), Side::Client).unwrap();
         self.carrier.attach_rings(rings).unwrap();
@@ -715,12 +721,7 @@ struct Lanes {
 
 impl Client {
     fn open_lanes(&mut self, address: &Address, token: Option<&Token>) -> Lanes {
-        self.next += 1;
-        self.carrier.send(&Header::request(Opcode::OpenLanes, self.next, self.ctx.0, 0), &[]).unwrap();
-        let mut buf = Vec::new();
-        let h = self.carrier.recv(&mut buf).unwrap();
-        assert_eq!((h.request_id.get(), h.status.get()), (self.next, 0));
-        let offer: LaneOffer = codec::decode(&buf).unwrap();
+        let offer: LaneOffer = self.session_request(Opcode::OpenLanes);
         assert!(offer.lanes >= 2 && offer.chunk_bytes >= 4096, "{offer:?}");
         let lanes = (0..offer.lanes).map(|i| join_lane(address, token, offer.key, i).unwrap()).collect();
         Lanes { lanes, chunk: offer.chunk_bytes, key: offer.key }

@@ -172,8 +172,9 @@ fn staged_dtoh(conn: &mut Conn, dst: &mut [u8], src: u64, stream: Stream) -> Res
 
 /// Host to device over the lanes: the call goes first, in order with every
 /// other, then the bytes; returns once they are all sent (and, unless
-/// `posted` and the lanes copied what they sent, the copy is done). The server completes a lane copy before it
-/// takes the next call, so `sync` needs nothing more.
+/// `posted` and the lanes copied what they sent, the copy is done). The
+/// server completes a lane copy before it takes the next call, so `sync`
+/// needs nothing more.
 fn lanes_htod(conn: &mut Conn, dst: u64, src: &[u8], stream: Stream, posted: bool) -> Result<(), CuError> {
     let lanes = conn.lanes().expect("checked by the caller");
     let posted = posted && !lanes.borrow_what_they_send();
