@@ -18,8 +18,9 @@ pub trait Wire: Sized {
 
 /// Encodes one value into a fresh buffer.
 pub fn encode<T: Wire>(value: &T) -> Vec<u8> {
-    // Room for most calls at once, instead of growing field by field.
-    let mut out = Vec::with_capacity(256);
+    // Room for most calls at once, instead of growing field by field; an
+    // empty value (most replies to posted calls) allocates nothing.
+    let mut out = Vec::with_capacity(if T::MIN_SIZE == 0 { 0 } else { 256 });
     value.put(&mut out);
     out
 }

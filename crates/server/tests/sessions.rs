@@ -457,6 +457,92 @@ fn a_posted_copy_to_nowhere_fails_the_next_call_only() {
     assert_eq!(c.free_memory(), free - (4 << 20));
 }
 
+/// Two kernels for launch tests: `spin(u32 *out, u32 seed, u32 iters)` has
+/// a reference on the emulated device, `nowhere()` does not, so launching
+/// it fails in the backend (as a driver error would), not in the session's
+/// checks.
+const LAUNCH_PTX: &str = ".version 8.0
+.target sm_75
+.address_size 64
+.visible .entry spin(.param .u64 out, .param .u32 seed, .param .u32 iters)
+{
+ret;
+}
+.visible .entry nowhere()
+{
+ret;
+}
+";
+
+impl Client {
+    fn function(&mut self, ptx: &str, name: &str) -> Func {
+        let image = ptx.as_bytes().to_vec();
+        let hmod = self.call(ModuleLoad::Request { digest: gpuplex_protocol::image_digest(&image), image }).unwrap();
+        self.call(cuModuleGetFunction::Request { hmod: hmod.module, name: name.into() }).unwrap().hfunc
+    }
+}
+
+/// A one-dimensional launch on the null stream.
+fn launch(func: Func, threads: u32, params: Vec<u8>) -> Launch::Request {
+    let block = threads.min(1024);
+    Launch::Request {
+        func,
+        gridX: threads / block,
+        gridY: 1,
+        gridZ: 1,
+        blockX: block,
+        blockY: 1,
+        blockZ: 1,
+        sharedMem: 0,
+        stream: Stream::NULL,
+        params,
+        attrs: Vec::new(),
+    }
+}
+
+fn spin_params(out: DevPtr, seed: u32) -> Vec<u8> {
+    [&out.0.to_le_bytes()[..], &seed.to_le_bytes(), &1u32.to_le_bytes()].concat()
+}
+
+/// The session holds posted launches back only while further frames have
+/// arrived: a posted launch with nothing after it still runs, with no other
+/// call to push it, and writes the client's pinned memory.
+#[test]
+fn a_lone_posted_launch_runs_without_another_call() {
+    let address = start_server("lone-launch");
+    let mut c = Client::connect(&address);
+    let _shared = c.share_memory();
+    let host = c.call(HostAlloc::Request { size: 4096, flags: 0, at: 0 }).unwrap();
+    let block = Region::open(c.carrier.recv_fd().unwrap()).unwrap();
+    let spin = c.function(LAUNCH_PTX, "spin");
+    assert_eq!(peek(&block, 0, 16), vec![0; 16]);
+    c.post(launch(spin, 4, spin_params(host.devptr, 7)));
+    wait_for("the posted launch to write the block", || peek(&block, 0, 16) != vec![0; 16]);
+}
+
+/// Posted launches held together still report the first failure among
+/// them: a launch the backend refuses, then one the session's own checks
+/// refuse, must answer with the backend's error.
+#[test]
+fn held_launches_report_the_first_failure_of_their_run() {
+    let address = start_server("held-launches");
+    let mut c = Client::connect(&address);
+    let _shared = c.share_memory();
+    let spin = c.function(LAUNCH_PTX, "spin");
+    let nowhere = c.function(LAUNCH_PTX, "nowhere");
+    let threads = 1 << 22;
+    let out = c.alloc(4 * threads as u64);
+    // Keeps the session busy while the frames below arrive together.
+    c.post(launch(spin, threads, spin_params(out, 1)));
+    std::thread::sleep(Duration::from_millis(1));
+    c.post(launch(nowhere, 1, Vec::new()));
+    c.post(launch(spin, 1, vec![0; 8]));
+    let (code, detail) = c.call_detail(cuCtxSynchronize::Request {}).err().unwrap();
+    assert_eq!(code, CuError::NOT_SUPPORTED, "{detail}");
+    assert!(detail.contains("Launch (posted)") && detail.contains("nowhere"), "{detail}");
+    c.call(cuCtxSynchronize::Request {}).unwrap();
+}
+
 fn ring_layout(l: &SharedLayout) -> Layout {
     Layout { ring_bytes: l.ring_bytes as usize, staging_bytes: (l.slot_bytes * l.slots as u64) as usize }
 }

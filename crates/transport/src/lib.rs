@@ -110,6 +110,13 @@ pub trait Carrier: Send {
     /// causes an allocation.
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError>;
 
+    /// Whether bytes of another frame have arrived already, so that `recv`
+    /// would not wait for the peer. A carrier that cannot tell cheaply
+    /// says no.
+    fn frame_waiting(&self) -> bool {
+        false
+    }
+
     /// The peer's identity as the operating system reports it.
     fn peer(&self) -> Peer;
 

@@ -400,6 +400,11 @@ impl Reader {
         Ok(n)
     }
 
+    /// Whether bytes are waiting, here or in the ring.
+    pub(crate) fn has_bytes(&self) -> bool {
+        self.taken < self.filled || self.seen_head != self.end.pos || self.end.ctl().head.0.load(SeqCst) != self.end.pos
+    }
+
     fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, TransportError> {
         if self.taken == self.filled && buf.len() >= LOCAL_READ {
             return self.take(buf.as_mut_ptr(), buf.len());
@@ -612,6 +617,21 @@ mod tests {
         server.reader.read_exact(&mut got).unwrap();
         t.join().unwrap();
         assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn a_reader_tells_whether_bytes_wait_without_taking_them() {
+        let (mut client, mut server) = pair();
+        assert!(!server.reader.has_bytes());
+        client.writer.write_all(&[b"two frames"]).unwrap();
+        assert!(server.reader.has_bytes(), "bytes in the ring");
+        let mut four = [0u8; 4];
+        server.reader.read_exact(&mut four).unwrap();
+        assert!(server.reader.has_bytes(), "bytes taken into the local buffer, not yet read");
+        let mut rest = [0u8; 6];
+        server.reader.read_exact(&mut rest).unwrap();
+        assert_eq!((&four, &rest), (b"two ", b"frames"));
+        assert!(!server.reader.has_bytes());
     }
 
     #[test]

@@ -67,6 +67,10 @@ impl Carrier for UnixCarrier {
         }
     }
 
+    fn frame_waiting(&self) -> bool {
+        self.rings.as_ref().is_some_and(|rings| rings.reader.has_bytes())
+    }
+
     fn peer(&self) -> Peer {
         self.peer
     }

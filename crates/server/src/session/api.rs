@@ -5,7 +5,8 @@
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{Api, CallError, Ctx, CuError, DevPtr, Event, Func, Seq, Stream, MAX_PAYLOAD};
 
-use super::tables::{CtxEntry, Entry, Kind, Owner, Region};
+use super::held::ReadyLaunch;
+use super::tables::{self, CtxEntry, Entry, Kind, Owner, Region};
 use super::Session;
 use crate::backend::{self, Obj};
 
@@ -140,18 +141,15 @@ impl Session {
     /// A function as `(backend context, backend function)`. A kernel handle
     /// stands for its function in the current context.
     fn func(&mut self, f: Func) -> R<(Obj, Obj)> {
-        match self.tables.kind_of(f.0) {
-            Some(Kind::Kernel) => {
+        match self.tables.lookup(f.0) {
+            Some((Kind::Func, entry)) => Ok((self.ctx_of(&entry)?, entry.obj)),
+            Some((Kind::Kernel, kernel)) => {
                 let (ctx_h, ctx) = self.current_ctx()?;
-                let kernel = self.tables.get(Kind::Kernel, f.0)?;
                 let func = self.backend.kernel_get_function(ctx, kernel.obj)?;
                 self.tables.add(Kind::Func, Entry { obj: func, ctx: ctx_h, owner: Owner::Kernel(f.0) });
                 Ok((ctx, func))
             }
-            _ => {
-                let entry = self.tables.get(Kind::Func, f.0)?;
-                Ok((self.ctx_of(&entry)?, entry.obj))
-            }
+            _ => Err(tables::unknown(Kind::Func, f.0)),
         }
     }
 
@@ -767,7 +765,12 @@ impl Api for Session {
         }
         let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
         let launch = self.launch_config(dims, req.sharedMem, req.stream, &req.attrs)?;
-        self.backend.launch(ctx, func, &launch, &req.params)?;
+        let ready = ReadyLaunch { ctx, func, launch, params: req.params };
+        if self.posting {
+            self.held.push(ready);
+        } else {
+            ready.run(&*self.backend)?;
+        }
         Ok(Launch::Reply {})
     }
 

@@ -11,6 +11,7 @@
 //! or CUDA errors never reach another.
 
 mod api;
+mod held;
 mod images;
 pub mod lanes;
 pub mod metrics;
@@ -41,6 +42,10 @@ pub struct Session {
     current: Ctx,
     /// The calling client thread (from the header).
     thread: u64,
+    /// Whether the call being run was posted (from the header): its
+    /// launch may be held.
+    posting: bool,
+    held: held::Held,
     /// Each client thread's per-thread default stream in each context,
     /// as a stream handle: `(thread, context) -> stream`.
     per_thread_streams: HandleMap<(u64, u64), u64>,
@@ -97,6 +102,8 @@ impl Session {
             primaries,
             current: Ctx(0),
             thread: 0,
+            posting: false,
+            held: held::Held::default(),
             per_thread_streams: HandleMap::default(),
             param_bytes: HandleMap::default(),
             images: images::Images::default(),
@@ -171,6 +178,10 @@ impl Session {
                 }
             };
             self.metrics.count_call();
+            // Whatever is not another posted launch comes after the held ones.
+            if !(header.is_posted() && opcode == Opcode::Launch) {
+                self.run_held();
+            }
             match opcode {
                 Opcode::Hello | Opcode::JoinLane => {
                     return Err(SessionError::Protocol(format!("{} inside a session", opcode.name())))
@@ -183,8 +194,13 @@ impl Session {
                 Opcode::OpenLanes => self.open_lanes(carrier, &header, registry)?,
                 call if header.is_posted() => {
                     if let Err(e) = self.run_call(call, &header, buf)? {
+                        // Launches held before this one failed first.
+                        self.run_held();
                         debug!(call = call.name(), code = e.code.0, detail = %e.detail, "posted call failed");
                         self.deferred.get_or_insert((call, e));
+                    }
+                    if self.held.is_full() || !carrier.frame_waiting() {
+                        self.run_held();
                     }
                 }
                 call => {
@@ -240,11 +256,17 @@ impl Session {
     ) -> Result<Result<Vec<u8>, CallError>, DecodeError> {
         self.current = Ctx(header.context.get());
         self.thread = header.thread.get();
+        self.posting = header.is_posted();
         self.fd_after_reply = None;
         let outcome = dispatch(self, call, payload);
         // Before the reply, so that what the client sees next is counted.
         self.metrics.set_usage(self.live_contexts(), self.tables.allocated_bytes());
         outcome
+    }
+
+    /// Runs the launches held back (see [`held`]).
+    fn run_held(&mut self) {
+        self.held.run(&*self.backend, &mut self.deferred);
     }
 
     /// Answers `SharedMemory`: the layout on the socket, then the region's

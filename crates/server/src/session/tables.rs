@@ -95,6 +95,11 @@ pub struct Region {
     pub owner: Option<Owner>,
 }
 
+/// The error for a handle that is not one of `kind`.
+pub fn unknown(kind: Kind, h: u64) -> CallError {
+    CallError::new(CuError::INVALID_HANDLE, format!("unknown {kind:?} handle {h:#x}"))
+}
+
 /// The bytes a region counts as allocated: `cuMemAlloc`'s, not globals' or
 /// host blocks'.
 fn allocation_bytes(region: Option<Region>) -> u64 {
@@ -158,13 +163,13 @@ impl Tables {
     pub fn get(&self, kind: Kind, h: u64) -> Result<Entry, CallError> {
         match self.objects.get(&h) {
             Some((k, e)) if *k == kind => Ok(*e),
-            _ => Err(CallError::new(CuError::INVALID_HANDLE, format!("unknown {kind:?} handle {h:#x}"))),
+            _ => Err(unknown(kind, h)),
         }
     }
 
-    /// The kind of a known handle.
-    pub fn kind_of(&self, h: u64) -> Option<Kind> {
-        self.objects.get(&h).map(|(k, _)| *k)
+    /// A known handle's kind and entry, whatever its kind.
+    pub fn lookup(&self, h: u64) -> Option<(Kind, Entry)> {
+        self.objects.get(&h).copied()
     }
 
     pub fn remove(&mut self, kind: Kind, h: u64) -> Result<Entry, CallError> {
