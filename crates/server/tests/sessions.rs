@@ -168,6 +168,13 @@ impl Client {
     fn free_memory(&mut self) -> u64 {
         self.call(cuMemGetInfo_v2::Request {}).unwrap().free
     }
+
+    /// Function `name` of a module loaded from `ptx`.
+    fn function(&mut self, ptx: &str, name: &str) -> Func {
+        let image = ptx.as_bytes().to_vec();
+        let hmod = self.call(ModuleLoad::Request { digest: gpuplex_protocol::image_digest(&image), image }).unwrap();
+        self.call(cuModuleGetFunction::Request { hmod: hmod.module, name: name.into() }).unwrap().hfunc
+    }
 }
 
 fn summary(address: &Address) -> ServerSummary {
@@ -473,14 +480,6 @@ ret;
 ret;
 }
 ";
-
-impl Client {
-    fn function(&mut self, ptx: &str, name: &str) -> Func {
-        let image = ptx.as_bytes().to_vec();
-        let hmod = self.call(ModuleLoad::Request { digest: gpuplex_protocol::image_digest(&image), image }).unwrap();
-        self.call(cuModuleGetFunction::Request { hmod: hmod.module, name: name.into() }).unwrap().hfunc
-    }
-}
 
 /// A one-dimensional launch on the null stream.
 fn launch(func: Func, threads: u32, params: Vec<u8>) -> Launch::Request {
