@@ -3,7 +3,7 @@
 //! cannot prove the token, posted calls and their deferred errors, and
 //! shared memory (rings, staging slots, pinned host blocks) including a
 //! peer that lies on the rings' counters, and bulk lanes, including lanes
-//! that join where they may not or carry the wrong chunk.
+//! that join where they may not, carry the wrong chunk or start late.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -863,16 +863,22 @@ fn lanes_dtoh(c: &mut Client, lanes: &Lanes, src: DevPtr, copy: u64, size: u64) 
     (data, c.reply::<MemcpyDtoHLanes::Request>().err().unwrap_or(CuError(0)))
 }
 
-/// Over TCP, so that lanes prove the token too: copies of a few rounds
-/// (one chunk per lane each; the session waits on one round while it
-/// issues the next) and a ragged end cross both ways, and a failed copy
-/// still moves every chunk, so the next one finds its lanes in step.
-#[test]
-fn large_copies_cross_the_lanes_and_failures_keep_them_in_step() {
+/// A client of a TCP server, and its lanes: over TCP, lanes prove the token too.
+fn tcp_client_with_lanes() -> (Client, Lanes) {
     let t = token("a token for lanes, 32 bytes long");
     let address = start_tcp_server(t.clone());
     let mut c = Client::connect_with(&address, Some(&t));
     let lanes = c.open_lanes(&address, Some(&t));
+    (c, lanes)
+}
+
+/// Copies of a few rounds (one chunk per lane each; the session waits on
+/// one round while it issues the next) and a ragged end cross both ways,
+/// and a failed copy still moves every chunk, so the next one finds its
+/// lanes in step.
+#[test]
+fn large_copies_cross_the_lanes_and_failures_keep_them_in_step() {
+    let (mut c, lanes) = tcp_client_with_lanes();
     let size = lanes.chunk * (2 * lanes.lanes.len() as u64 + 3) + 12345;
     let p = c.alloc(size);
     let data = pattern(size as usize, 3);
@@ -887,6 +893,42 @@ fn large_copies_cross_the_lanes_and_failures_keep_them_in_step() {
     let other = pattern(size as usize, 9);
     lanes_htod(&mut c, &lanes, p, 5, &other).unwrap();
     assert_eq!(lanes_dtoh(&mut c, &lanes, p, 6, size).0, Ok(other));
+}
+
+/// Lanes run by threads of their own, as the client's are, one of them
+/// starting late: the copy waits for it and lands whole. (A session that
+/// let the punctual lanes' chunks fill its rounds could hold all of the
+/// late lane's slots while waiting for that lane's next chunk, and hang.)
+#[test]
+fn a_lane_that_starts_late_delays_a_copy_but_does_not_break_it() {
+    let (mut c, lanes) = tcp_client_with_lanes();
+    let count = lanes.lanes.len();
+    // Several chunks per lane, more than a lane has slots.
+    let size = lanes.chunk * (6 * count as u64) + 777;
+    let p = c.alloc(size);
+    let data = pattern(size as usize, 5);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        c.send(MemcpyHtoDLanes::Request { dst: p, size, stream: Stream::NULL, copy: 1 }, false);
+        std::thread::scope(|scope| {
+            for (l, lane) in lanes.lanes.iter().enumerate() {
+                let (data, chunk) = (&data, lanes.chunk);
+                scope.spawn(move || {
+                    if l == 1 {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    for (_, offset, len) in lane::chunks(size, chunk).filter(|&(i, _, _)| i as usize % count == l) {
+                        let bytes = &data[offset as usize..(offset + len) as usize];
+                        lane.send_chunk(&ChunkHeader::new(1, offset, len), bytes).unwrap();
+                    }
+                });
+            }
+        });
+        c.reply::<MemcpyHtoDLanes::Request>().unwrap();
+        assert_eq!(lanes_dtoh(&mut c, &lanes, p, 2, size), (Ok(data), CuError(0)));
+        done.send(()).unwrap();
+    });
+    finished.recv_timeout(Duration::from_secs(30)).expect("the copy should finish within 30 s");
 }
 
 /// A lane copy after a failed posted call answers with that error, but
