@@ -5,6 +5,8 @@
 //! debug build, no GPU). Needs the front-end built next to the `gpuplex`
 //! binary (`cargo build` of the workspace).
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -13,12 +15,7 @@ use serde_json::Value;
 #[test]
 fn quick_bench_on_the_emulated_backend() {
     let gpuplex = PathBuf::from(env!("CARGO_BIN_EXE_gpuplex"));
-    let libdir = gpuplex.parent().expect("binary in a directory");
-    assert!(
-        libdir.join("libcuda.so").is_file(),
-        "{} has no libcuda.so: build the whole workspace (cargo build) first",
-        libdir.display()
-    );
+    common::frontend_dir();
     let json = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench.json");
     let _ = std::fs::remove_file(&json);
     let out = Command::new(&gpuplex)

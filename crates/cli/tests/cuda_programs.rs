@@ -12,6 +12,8 @@
 //! `GPUPLEX_REQUIRE_NVCC=1`. Needs the front-end built next to the `gpuplex`
 //! binary (`cargo build` of the workspace).
 
+mod common;
+
 use std::env;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -69,12 +71,7 @@ fn programs() -> Option<&'static Path> {
             );
             return None;
         };
-        let libdir = gpuplex().parent().expect("binary in a directory").to_path_buf();
-        assert!(
-            libdir.join("libcuda.so").is_file(),
-            "{} has no libcuda.so: build the whole workspace (cargo build) first",
-            libdir.display()
-        );
+        let libdir = common::frontend_dir();
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-programs");
         let path =
             env::join_paths([nvcc].into_iter().chain(env::split_paths(&env::var_os("PATH").unwrap_or_default())))
