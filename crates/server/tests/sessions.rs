@@ -169,11 +169,15 @@ impl Client {
         self.call(cuMemGetInfo_v2::Request {}).unwrap().free
     }
 
+    /// A module loaded from `image`.
+    fn module(&mut self, image: Vec<u8>) -> Module {
+        self.call(ModuleLoad::Request { digest: gpuplex_protocol::image_digest(&image), image }).unwrap().module
+    }
+
     /// Function `name` of a module loaded from `ptx`.
     fn function(&mut self, ptx: &str, name: &str) -> Func {
-        let image = ptx.as_bytes().to_vec();
-        let hmod = self.call(ModuleLoad::Request { digest: gpuplex_protocol::image_digest(&image), image }).unwrap();
-        self.call(cuModuleGetFunction::Request { hmod: hmod.module, name: name.into() }).unwrap().hfunc
+        let hmod = self.module(ptx.as_bytes().to_vec());
+        self.call(cuModuleGetFunction::Request { hmod, name: name.into() }).unwrap().hfunc
     }
 }
 
@@ -339,7 +343,7 @@ fn module_functions_are_the_handles_get_function_gives() {
     let address = start_server("modfuncs");
     let mut c = Client::connect(&address);
     let ptx = include_bytes!("../src/backend/emulated/testdata/kernels.ptx").to_vec();
-    let hmod = c.call(ModuleLoad::Request { digest: gpuplex_protocol::image_digest(&ptx), image: ptx }).unwrap().module;
+    let hmod = c.module(ptx);
     // One name asked for before the listing, the others after it.
     let scale = c.call(cuModuleGetFunction::Request { hmod, name: "_Z5scaleIfEvPT_S0_j".into() }).unwrap().hfunc;
     let funcs = c.call(ModuleFunctions::Request { hmod }).unwrap().funcs.0;
