@@ -5,7 +5,7 @@
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{Api, CallError, Ctx, CuError, DevPtr, Event, Func, Seq, Stream, MAX_PAYLOAD};
 
-use super::held::ReadyLaunch;
+use super::launcher::ReadyLaunch;
 use super::tables::{self, CtxEntry, Entry, Kind, Owner, Region};
 use super::Session;
 use crate::backend::{self, Obj};
@@ -767,7 +767,7 @@ impl Api for Session {
         let launch = self.launch_config(dims, req.sharedMem, req.stream, &req.attrs)?;
         let ready = ReadyLaunch { ctx, func, launch, params: req.params };
         if self.posting {
-            self.held.push(ready);
+            self.launcher.push(ready);
         } else {
             ready.run(&*self.backend)?;
         }

@@ -42,9 +42,11 @@ pub type LaneKey = [u8; 32];
 /// 8 lanes of 512 KiB moved the most both ways. Fewer lanes leave
 /// bandwidth unused; more oversubscribe the cores, since each lane keeps a
 /// thread busy on both sides. Host to device stays near 17-23 GB/s, while
-/// bare TCP with no GPU reaches 23-30 GB/s there (and the same machine
-/// copies memory at about 64 GB/s with all its cores): the session spends
-/// most of a copy waiting for chunks. Tried and dropped, for no gain
+/// bare TCP with no GPU, on warm connections, moves 20-24 GB/s on one
+/// instance of the machine and 28-33 on another, using 11-14 cores (the
+/// receiver's copy out of the socket is most of it), and 18-19 where
+/// 22 was with a full-speed DMA beside it: the session spends most of a
+/// copy waiting for chunks. Tried and dropped, for no gain
 /// beyond the run-to-run noise: flushing the slots or filling them with
 /// streaming stores (faster DMAs, slower readers), a stream per lane,
 /// 4 MiB of slots per lane.

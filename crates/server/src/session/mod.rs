@@ -11,9 +11,9 @@
 //! or CUDA errors never reach another.
 
 mod api;
-mod held;
 mod images;
 pub mod lanes;
+mod launcher;
 pub mod metrics;
 mod scratch;
 mod shared;
@@ -43,9 +43,9 @@ pub struct Session {
     /// The calling client thread (from the header).
     thread: u64,
     /// Whether the call being run was posted (from the header): its
-    /// launch may be held.
+    /// launch may go to the launcher.
     posting: bool,
-    held: held::Held,
+    launcher: launcher::Launcher,
     /// Each client thread's per-thread default stream in each context,
     /// as a stream handle: `(thread, context) -> stream`.
     per_thread_streams: HandleMap<(u64, u64), u64>,
@@ -97,13 +97,13 @@ impl Session {
             })
             .collect();
         Session {
+            launcher: launcher::Launcher::new(backend.clone()),
             backend,
             tables,
             primaries,
             current: Ctx(0),
             thread: 0,
             posting: false,
-            held: held::Held::default(),
             per_thread_streams: HandleMap::default(),
             param_bytes: HandleMap::default(),
             images: images::Images::default(),
@@ -178,9 +178,9 @@ impl Session {
                 }
             };
             self.metrics.count_call();
-            // Whatever is not another posted launch comes after the held ones.
+            // Whatever is not another posted launch comes after the launches before it.
             if !(header.is_posted() && opcode == Opcode::Launch) {
-                self.run_held();
+                self.drain_launches();
             }
             match opcode {
                 Opcode::Hello | Opcode::JoinLane => {
@@ -194,14 +194,12 @@ impl Session {
                 Opcode::OpenLanes => self.open_lanes(carrier, &header, registry)?,
                 call if header.is_posted() => {
                     if let Err(e) = self.run_call(call, &header, buf)? {
-                        // Launches held before this one failed first.
-                        self.run_held();
+                        // Launches read before this one failed first.
+                        self.drain_launches();
                         debug!(call = call.name(), code = e.code.0, detail = %e.detail, "posted call failed");
                         self.deferred.get_or_insert((call, e));
                     }
-                    if self.held.is_full() || !carrier.frame_waiting() {
-                        self.run_held();
-                    }
+                    self.launcher.posted(carrier.frame_waiting(), &mut self.deferred);
                 }
                 call => {
                     // A call after a failed posted one answers with that
@@ -264,9 +262,9 @@ impl Session {
         outcome
     }
 
-    /// Runs the launches held back (see [`held`]).
-    fn run_held(&mut self) {
-        self.held.run(&*self.backend, &mut self.deferred);
+    /// Waits until every launch read so far has run (see [`launcher`]).
+    fn drain_launches(&mut self) {
+        self.launcher.drain(&mut self.deferred);
     }
 
     /// Answers `SharedMemory`: the layout on the socket, then the region's
@@ -328,6 +326,8 @@ impl Drop for Session {
     /// registrations, libraries (they span contexts), then every live context, which takes its memory, modules,
     /// streams and events with it.
     fn drop(&mut self) {
+        // No launch may still run while its context goes.
+        self.launcher.stop();
         self.shared.teardown(&*self.backend);
         self.scratch.teardown(&*self.backend);
         if let Some(lanes) = &mut self.lanes {
