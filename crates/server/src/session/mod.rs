@@ -194,7 +194,7 @@ impl Session {
                 Opcode::OpenLanes => self.open_lanes(carrier, &header, registry)?,
                 call if header.is_posted() => {
                     if let Err(e) = self.run_call(call, &header, buf)? {
-                        // Launches read before this one failed first.
+                        // A launch read before this one may have failed first.
                         self.drain_launches();
                         debug!(call = call.name(), code = e.code.0, detail = %e.detail, "posted call failed");
                         self.deferred.get_or_insert((call, e));
