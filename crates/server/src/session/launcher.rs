@@ -168,7 +168,7 @@ impl Launcher {
         if idle && !frame_waiting {
             return self.run_here(deferred);
         }
-        let Some(shared) = self.worker().map(|w| w.shared.clone()) else {
+        let Some((shared, launcher)) = self.worker().map(|w| (w.shared.clone(), w.thread.thread().clone())) else {
             return self.run_here(deferred);
         };
         let batch = std::mem::take(&mut self.batch);
@@ -178,10 +178,8 @@ impl Launcher {
             inbox.batches.push_back(batch);
             inbox.spent.pop()
         };
-        shared.handed.fetch_add(n, Ordering::Release);
-        if let Some(w) = &self.worker {
-            w.thread.thread().unpark();
-        }
+        let handed = shared.handed.fetch_add(n, Ordering::Release) + n;
+        launcher.unpark();
         // Emptied here, where its launches were allocated.
         self.batch = spent.map_or_else(
             || Vec::with_capacity(MAX_BATCH),
@@ -191,8 +189,7 @@ impl Launcher {
             },
         );
         // A wait this long is known in advance: sleep at once.
-        let handed = shared.handed.load(Ordering::Acquire);
-        if handed - shared.done() > MAX_IN_FLIGHT && !self.wait_for(handed - MAX_IN_FLIGHT / 2, Duration::ZERO) {
+        if shared.in_flight() > MAX_IN_FLIGHT && !self.wait_for(handed - MAX_IN_FLIGHT / 2, Duration::ZERO) {
             deferred.get_or_insert((Opcode::Launch, launcher_lost()));
         }
     }
