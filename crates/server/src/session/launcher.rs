@@ -271,16 +271,23 @@ fn work(shared: &Shared, backend: &dyn Backend) {
         }
     }
     let _farewell = Farewell(&shared.session);
+    let (started, mut waited, mut batches) = (Instant::now(), Duration::ZERO, 0u64);
     let mut taken = 0u64;
     loop {
         let next = shared.inbox().batches.pop_front();
         let Some(batch) = next else {
             if shared.stop.load(Ordering::Acquire) {
+                // How well the session kept it fed, for whoever tunes this.
+                let (lived, waited) = (started.elapsed().as_secs_f64() * 1e3, waited.as_secs_f64() * 1e3);
+                debug!(launches = taken, batches, lived_ms = lived, waited_ms = waited, "launcher stops");
                 return;
             }
+            let wait = Instant::now();
             wait_until(SPIN, || shared.handed.load(Ordering::Acquire) > taken || shared.stop.load(Ordering::Acquire));
+            waited += wait.elapsed();
             continue;
         };
+        batches += 1;
         let mut failed = None;
         for launch in &batch {
             if let Err(e) = launch.run(backend) {
