@@ -1,9 +1,10 @@
 //! `gpuplex bench --quick` on the emulated backend: every path the bench
 //! drives works end to end, its data checks pass, and its JSON holds a
 //! positive value for every row, the median of as many samples in every
-//! column, with their spread. The numbers themselves mean nothing here (a
-//! debug build, no GPU). Needs the front-end built next to the `gpuplex`
-//! binary (`cargo build` of the workspace).
+//! column, with their spread, and the lanes alone where copies take lanes.
+//! The numbers themselves mean nothing here (a debug build, no GPU). Needs
+//! the front-end built next to the `gpuplex` binary (`cargo build` of the
+//! workspace).
 
 mod common;
 
@@ -45,6 +46,7 @@ fn quick_bench_on_the_emulated_backend() {
 
     let rows = report["rows"].as_array().expect("rows");
     assert!(rows.len() >= 5 + 4 * 3, "{} rows", rows.len());
+    assert_eq!(rows.last().map(|r| &r["name"]), Some(&Value::from("lanes_alone")), "the lanes alone come last");
     let mut spread_somewhere = false;
     for row in rows {
         assert!(row["native"].is_null(), "{row}");
@@ -53,9 +55,14 @@ fn quick_bench_on_the_emulated_backend() {
         let value = cell["value"].as_f64().unwrap_or(0.0);
         assert!(value > 0.0 && value.is_finite(), "{row}");
         assert!(cell.get("ratio").is_none(), "no ratio without native: {row}");
-        // shm (which may still fall back to the socket) has a value or says why not.
         let shm = &row["carriers"]["shm"];
-        assert!(shm["value"].as_f64().is_some_and(|v| v > 0.0) || shm["error"].is_string(), "{row}");
+        if row["name"] == "lanes_alone" {
+            // Measured where copies take lanes, which shared memory's do not.
+            assert!(shm.is_null() && row["carriers"]["tcp"]["value"].as_f64() > Some(0.0), "{row}");
+        } else {
+            // shm (which may still fall back to the socket) has a value or says why not.
+            assert!(shm["value"].as_f64().is_some_and(|v| v > 0.0) || shm["error"].is_string(), "{row}");
+        }
         // Every measured cell: the median of 5 samples, within their range.
         for (carrier, cell) in row["carriers"].as_object().expect("carriers") {
             if cell["value"].is_null() {

@@ -3,7 +3,11 @@
 //! A lane is one more connection of a session (see `LaneOffer`). After its
 //! `JoinLane` frame it carries only chunks, each a [`ChunkHeader`] and,
 //! unless the chunk failed, `length` bytes. Chunks need no frame header:
-//! the lane has no calls, and the session knows which chunk it expects next.
+//! the lane has no calls. A copy's chunks go on whichever lane is free
+//! first, so each header says where its bytes belong ([`ChunkHeader::index_in`]);
+//! the receiving side counts them, and where it cannot know how many a
+//! lane will bring (device to host), each lane ends its share of a copy
+//! with [`ChunkHeader::end`].
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -64,13 +68,38 @@ impl ChunkHeader {
     pub fn is(&self, copy: u64, offset: u64, length: u64) -> bool {
         (self.copy.get(), self.offset.get(), self.length.get()) == (copy, offset, length)
     }
+
+    /// The marker that ends a lane's share of `copy`: no bytes follow.
+    pub fn end(copy: u64) -> ChunkHeader {
+        ChunkHeader::new(copy, END_OFFSET, 0)
+    }
+
+    pub fn is_end(&self) -> bool {
+        self.offset.get() == END_OFFSET && self.length.get() == 0
+    }
+
+    /// Which chunk of `copy` this is, when that copy is `size` bytes cut in
+    /// `chunk`-byte pieces ([`chunks`]); `None` if it is none of them.
+    pub fn index_in(&self, copy: u64, size: u64, chunk: u64) -> Option<u64> {
+        let (offset, length) = (self.offset.get(), self.length.get());
+        let whole = self.copy.get() == copy && chunk > 0 && offset < size && offset % chunk == 0;
+        (whole && length == chunk.min(size - offset)).then(|| offset / chunk)
+    }
 }
+
+/// No chunk starts here: a copy this large could not be addressed.
+const END_OFFSET: u64 = u64::MAX;
 
 /// The chunks of a `size`-byte copy cut in `chunk`-byte pieces: `(index,
 /// offset, length)` in order.
 pub fn chunks(size: u64, chunk: u64) -> impl Iterator<Item = (u64, u64, u64)> {
-    let count = if chunk == 0 { 0 } else { size.div_ceil(chunk) };
-    (0..count).map(move |i| (i, i * chunk, chunk.min(size - i * chunk)))
+    (0..).map_while(move |i| chunk_at(size, chunk, i).map(|(offset, len)| (i, offset, len)))
+}
+
+/// Chunk `i` of those [`chunks`] yields: `(offset, length)`, if there is one.
+pub fn chunk_at(size: u64, chunk: u64, i: u64) -> Option<(u64, u64)> {
+    let offset = i.checked_mul(chunk).filter(|&offset| chunk > 0 && offset < size)?;
+    Some((offset, chunk.min(size - offset)))
 }
 
 #[cfg(test)]
@@ -91,11 +120,28 @@ mod tests {
     }
 
     #[test]
+    fn chunks_name_their_place_and_ends_are_no_chunk() {
+        let (size, chunk) = (10, 4);
+        for (i, offset, len) in chunks(size, chunk) {
+            assert_eq!(ChunkHeader::new(3, offset, len).index_in(3, size, chunk), Some(i));
+        }
+        for (copy, offset, len) in [(4, 4, 4), (3, 2, 4), (3, 8, 4), (3, 8, 1), (3, 12, 4), (3, 4, 0)] {
+            assert_eq!(ChunkHeader::new(copy, offset, len).index_in(3, size, chunk), None, "{offset} {len}");
+        }
+        assert_eq!(ChunkHeader::new(3, 0, 4).index_in(3, size, 0), None);
+        let end = ChunkHeader::end(3);
+        assert!(end.is_end() && end.payload_len() == 0 && end.copy.get() == 3);
+        assert_eq!(end.index_in(3, u64::MAX, chunk), None);
+        assert!(!ChunkHeader::new(3, 0, 0).is_end());
+    }
+
+    #[test]
     fn chunks_cover_a_copy_exactly() {
         let all: Vec<_> = chunks(10, 4).collect();
         assert_eq!(all, [(0, 0, 4), (1, 4, 4), (2, 8, 2)]);
         assert_eq!(chunks(8, 4).count(), 2);
         assert_eq!(chunks(0, 4).count(), 0);
         assert_eq!(chunks(5, 0).count(), 0);
+        assert_eq!((chunk_at(10, 4, 2), chunk_at(10, 4, 3), chunk_at(10, 4, u64::MAX)), (Some((8, 2)), None, None));
     }
 }

@@ -871,19 +871,28 @@ impl Lanes {
         Ok(())
     }
 
-    /// Every chunk of a copy; a failed one gives its status.
+    /// Every chunk of a copy, each lane read until it ends its share; a
+    /// failed one gives its status. Each chunk must come exactly once.
     fn receive(&self, copy: u64, size: u64) -> Result<Vec<u8>, u32> {
         let mut data = vec![0u8; size as usize];
+        let mut arrived = vec![false; lane::chunks(size, self.chunk).count()];
         let mut failed = None;
-        for (i, offset, len) in lane::chunks(size, self.chunk) {
-            let lane = &self.lanes[i as usize % self.lanes.len()];
-            let h = lane.recv_header().unwrap();
-            assert!(h.is(copy, offset, len), "{h:?}: want chunk {offset} of copy {copy}");
-            match h.status.get() {
-                0 => lane.recv_exact(&mut data[offset as usize..(offset + len) as usize]).unwrap(),
-                status => failed = failed.or(Some(status)),
+        for lane in &self.lanes {
+            loop {
+                let h = lane.recv_header().unwrap();
+                if h.is_end() && h.copy.get() == copy {
+                    break;
+                }
+                let i = h.index_in(copy, size, self.chunk).unwrap_or_else(|| panic!("{h:?}: no chunk of copy {copy}"));
+                assert!(!std::mem::replace(&mut arrived[i as usize], true), "chunk {i} came twice");
+                let (offset, len) = (h.offset.get() as usize, h.length.get() as usize);
+                match h.status.get() {
+                    0 => lane.recv_exact(&mut data[offset..offset + len]).unwrap(),
+                    status => failed = failed.or(Some(status)),
+                }
             }
         }
+        assert!(arrived.iter().all(|&a| a), "every chunk of copy {copy} came");
         failed.map_or(Ok(data), Err)
     }
 }
@@ -968,6 +977,32 @@ fn a_lane_that_starts_late_delays_a_copy_but_does_not_break_it() {
     finished.recv_timeout(Duration::from_secs(30)).expect("the copy should finish within 30 s");
 }
 
+/// Chunks may come on any lane in any order: here every chunk of a copy
+/// comes on one lane, last chunk first. That lane has fewer slots than a
+/// round has chunks, so the session must give its slots back before it
+/// waits for more, or wait forever.
+#[test]
+fn one_lane_may_carry_a_whole_copy_in_any_order() {
+    let (mut c, lanes) = tcp_client_with_lanes();
+    let size = lanes.chunk * (3 * lanes.lanes.len() as u64) + 99;
+    let p = c.alloc(size);
+    let data = pattern(size as usize, 6);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        c.send(MemcpyHtoDLanes::Request { dst: p, size, stream: Stream::NULL, copy: 1 }, false);
+        let mut all: Vec<_> = lane::chunks(size, lanes.chunk).collect();
+        all.reverse();
+        for (_, offset, len) in all {
+            let bytes = &data[offset as usize..(offset + len) as usize];
+            lanes.lanes[2].send_chunk(&ChunkHeader::new(1, offset, len), bytes).unwrap();
+        }
+        c.reply::<MemcpyHtoDLanes::Request>().unwrap();
+        assert_eq!(lanes_dtoh(&mut c, &lanes, p, 2, size), (Ok(data), CuError(0)));
+        done.send(()).unwrap();
+    });
+    finished.recv_timeout(Duration::from_secs(30)).expect("the copy should finish within 30 s");
+}
+
 /// A lane copy after a failed posted call answers with that error, but
 /// moves its chunks (and runs): the lanes must stay in step.
 #[test]
@@ -1013,4 +1048,24 @@ fn lanes_refuse_strangers_and_end_only_a_liar_s_session() {
     assert!(c.carrier.recv(&mut Vec::new()).is_err(), "then the liar's session ends");
     assert_eq!(bystander.read(p, 64), vec![1; 64], "the bystander carries on");
     wait_for("the liar's session to close", || summary(&address).sessions.0.len() == 1);
+}
+
+/// A chunk sent twice (on two lanes), where another was due, ends its
+/// session too: the copy would otherwise wait for one that never comes.
+#[test]
+fn a_chunk_sent_twice_ends_its_session() {
+    let address = start_server("lanes-twice");
+    let mut c = Client::connect(&address);
+    let lanes = c.open_lanes(&address, None);
+    let q = c.alloc(lanes.chunk * 2);
+    c.send(MemcpyHtoDLanes::Request { dst: q, size: lanes.chunk * 2, stream: Stream::NULL, copy: 1 }, false);
+    let first = ChunkHeader::new(1, 0, lanes.chunk);
+    let bytes = vec![5; lanes.chunk as usize];
+    for lane in &lanes.lanes[..2] {
+        // The server may close the lanes before the second is sent.
+        let _ = lane.send_chunk(&first, &bytes);
+    }
+    let h = c.carrier.recv(&mut Vec::new()).unwrap();
+    assert_eq!(h.status.get(), CuError::DEVICE_UNAVAILABLE.0, "the copy fails");
+    assert!(c.carrier.recv(&mut Vec::new()).is_err(), "then the session ends");
 }

@@ -22,10 +22,12 @@
 
 mod carrier;
 mod driver;
+mod lanes_alone;
 mod report;
 mod table;
 pub mod worker;
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::fs::DirBuilderExt;
@@ -36,7 +38,8 @@ use std::time::{Duration, Instant};
 use gpuplex_server::BackendKind;
 
 pub use carrier::CarrierKind;
-use report::{Column, Device, Machine, Report, WorkerReport, NATIVE, SAMPLES};
+use gpuplex_server::session::lanes::Shape;
+use report::{Cell, Column, Device, Machine, Report, Summary, WorkerReport, NATIVE, SAMPLES};
 
 use crate::Error;
 
@@ -65,7 +68,7 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     let mut lineup = Vec::new();
     if opts.backend == BackendKind::Cuda {
         let column = Column { library: Some("libcuda.so.1".into()), ..Column::new(NATIVE) };
-        lineup.push(Entry::new(column, "system".into(), false, None, scratch.subdir(NATIVE)?));
+        lineup.push(Entry::new(column, "system".into(), None, None, scratch.subdir(NATIVE)?));
     }
     let mut carriers = Vec::new();
     for &c in &opts.carriers {
@@ -87,7 +90,7 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
                 (None, Some(format!("unavailable: {e}")))
             }
         };
-        let mut entry = Entry::new(column, frontend.clone().into_os_string(), true, server, dir);
+        let mut entry = Entry::new(column, frontend.clone().into_os_string(), Some(kind), server, dir);
         entry.error = error;
         lineup.push(entry);
     }
@@ -115,12 +118,17 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
                     entry.error = Some(e);
                 }
             }
+            entry.lanes_alone(opts.quick);
         }
         eprintln!(" ({:.1} s)", started.elapsed().as_secs_f64());
     }
+    let lanes_alone: BTreeMap<String, Cell> = lineup.iter().filter_map(Entry::lanes_alone_cell).collect();
     let columns: Vec<(Column, Result<WorkerReport, String>)> = lineup.into_iter().map(Entry::finish).collect();
 
-    let report = assemble(backend, opts.quick, columns);
+    let mut report = assemble(backend, opts.quick, columns);
+    if !lanes_alone.is_empty() {
+        report.rows.push(report::lanes_alone_row(Shape::configured(), lanes_alone));
+    }
     print!("{}", table::render(&report));
     if let Some(path) = &opts.json {
         let json = serde_json::to_vec_pretty(&report)?;
@@ -134,22 +142,62 @@ struct Entry {
     column: Column,
     /// The libcuda its worker loads (`system` for the machine's).
     library: OsString,
-    gpuplex: bool,
+    /// None for the native column.
+    carrier: Option<CarrierKind>,
     server: Option<carrier::Server>,
     dir: PathBuf,
     rounds: Vec<WorkerReport>,
     /// Set by the first failure: the column takes no more rounds.
     error: Option<String>,
+    /// The lanes alone, a sample a round, where the column's copies take lanes.
+    lanes_alone: Result<Vec<f64>, String>,
 }
 
 impl Entry {
-    fn new(column: Column, library: OsString, gpuplex: bool, server: Option<carrier::Server>, dir: PathBuf) -> Entry {
-        Entry { column, library, gpuplex, server, dir, rounds: Vec::new(), error: None }
+    fn new(
+        column: Column,
+        library: OsString,
+        carrier: Option<CarrierKind>,
+        server: Option<carrier::Server>,
+        dir: PathBuf,
+    ) -> Entry {
+        Entry { column, library, carrier, server, dir, rounds: Vec::new(), error: None, lanes_alone: Ok(Vec::new()) }
+    }
+
+    fn takes_lanes(&self) -> bool {
+        matches!(self.carrier, Some(CarrierKind::Socket | CarrierKind::Tcp))
+    }
+
+    /// Takes this round's sample of the lanes alone, right after the
+    /// column's own, so that both see the machine alike.
+    fn lanes_alone(&mut self, quick: bool) {
+        if !self.takes_lanes() {
+            return;
+        }
+        let (Some(kind), Ok(samples)) = (self.carrier, &mut self.lanes_alone) else { return };
+        let bytes = *report::bandwidth_sizes(quick).last().expect("bandwidth sizes");
+        let passes = if quick { 2 } else { 8 };
+        match lanes_alone::measure(kind, Shape::configured(), bytes, passes) {
+            Ok(gbps) => samples.push(gbps),
+            Err(e) => {
+                eprint!(" (lanes alone: {e})");
+                self.lanes_alone = Err(format!("failed: {e}"));
+            }
+        }
+    }
+
+    fn lanes_alone_cell(&self) -> Option<(String, Cell)> {
+        let cell = match &self.lanes_alone {
+            _ if !self.takes_lanes() => return None,
+            Ok(samples) => Summary::of(samples).map_or_else(|| Cell::failed("not measured"), |s| Cell::of(&s)),
+            Err(e) => Cell::failed(e),
+        };
+        Some((self.column.name.clone(), cell))
     }
 
     /// A round's report, if the worker loaded the kind of libcuda the column is for.
     fn check(&self, w: WorkerReport) -> Result<WorkerReport, String> {
-        match (self.gpuplex, w.gpuplex) {
+        match (self.carrier.is_some(), w.gpuplex) {
             (false, true) => Err(format!("failed: {} is gpuplex's front-end, not the machine's driver", w.library)),
             (true, false) => Err(format!("failed: {} is not gpuplex's front-end", w.library)),
             _ => Ok(w),

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use gpuplex_server::session::lanes::Shape;
 use serde::{Deserialize, Serialize};
 
 pub const KIB: usize = 1 << 10;
@@ -287,24 +288,50 @@ pub struct Cell {
     pub error: Option<String>,
 }
 
+impl Cell {
+    pub fn of(s: &Summary) -> Cell {
+        Cell {
+            value: Some(s.median),
+            min: Some(s.min),
+            max: Some(s.max),
+            samples: Some(s.values.len()),
+            ..Cell::default()
+        }
+    }
+
+    pub fn failed(why: &str) -> Cell {
+        Cell { error: Some(why.into()), ..Cell::default() }
+    }
+}
+
 /// The native column's name.
 pub const NATIVE: &str = "native";
+
+/// The row of the lanes alone (see `lanes_alone.rs`): only columns whose
+/// copies take lanes have a cell.
+pub const LANES_ALONE: &str = "lanes_alone";
+
+/// That row, from its cells by carrier name.
+pub fn lanes_alone_row(shape: Shape, carriers: BTreeMap<String, Cell>) -> Row {
+    Row {
+        name: LANES_ALONE.into(),
+        label: format!("lanes alone ({} x {}), no GPU", shape.lanes, size_label(shape.chunk)),
+        unit: "GB/s".into(),
+        better: Better::Higher,
+        native: None,
+        carriers,
+    }
+}
 
 impl Report {
     /// Builds the rows from each column's worker answer (or the reason it has none).
     pub fn rows(columns: &[(Column, Result<WorkerReport, String>)], quick: bool) -> Vec<Row> {
         let cell = |outcome: &Result<WorkerReport, String>, name: &str| match outcome {
-            Err(e) => Cell { error: Some(e.clone()), ..Cell::default() },
+            Err(e) => Cell::failed(e),
             Ok(w) => match w.results.get(name) {
-                Some(Outcome::Measured(s)) => Cell {
-                    value: Some(s.median),
-                    min: Some(s.min),
-                    max: Some(s.max),
-                    samples: Some(s.values.len()),
-                    ..Cell::default()
-                },
-                Some(Outcome::Error(e)) => Cell { error: Some(e.clone()), ..Cell::default() },
-                None => Cell { error: Some("not measured".into()), ..Cell::default() },
+                Some(Outcome::Measured(s)) => Cell::of(s),
+                Some(Outcome::Error(e)) => Cell::failed(e),
+                None => Cell::failed("not measured"),
             },
         };
         catalog(quick)

@@ -4,7 +4,7 @@
 
 use std::fmt::{self, Write};
 
-use super::report::{Better, Cell, Column, Report, NATIVE, SAMPLES};
+use super::report::{Better, Cell, Column, Report, LANES_ALONE, NATIVE, SAMPLES};
 
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
@@ -39,6 +39,10 @@ fn write(out: &mut String, r: &Report) -> fmt::Result {
         out,
         "Each value is the median of {SAMPLES} samples, one per round of every column; --json also gives their min and max."
     )?;
+    if r.rows.iter().any(|row| row.name == LANES_ALONE) {
+        writeln!(out, "Lanes alone: the socket and tcp columns' lanes moving the largest copy host to host, with no")?;
+        writeln!(out, "server or GPU: the ceiling of those columns' large copies on this machine.")?;
+    }
     writeln!(out)?;
 
     // Errors shown once each: a whole column's in its line above, others as numbered notes.

@@ -6,9 +6,13 @@
 //! `session/lanes.rs`. The first large copy asks for lanes (`OpenLanes`),
 //! connects each as any client does (over TCP, proving the token) and
 //! joins it to the session by key. Each lane then has a thread here that
-//! sends its chunks straight from the caller's buffer, or receives them
-//! straight into it: chunk `i` of a copy goes on lane `i % lanes`. The call
-//! itself still goes on the main connection, in order with every other.
+//! sends chunks straight from the caller's buffer, or receives them
+//! straight into it. Chunks go on whichever lane is ready first (lanes are
+//! far from equal; see the server's `session/lanes.rs`): to the device,
+//! each lane thread takes the next chunk no other has taken; from it, each
+//! receives what the server sent on its lane until the marker that ends
+//! its share. The call itself still goes on the main connection, in order
+//! with every other.
 //!
 //! Sending splices the caller's pages into the socket instead of copying
 //! them (`vmsplice`): the client spends no CPU copy on an upload, and on a
@@ -18,7 +22,9 @@
 //! pages are read after `send` returns, so such a copy waits for the
 //! server's reply even when its call could have been posted.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 
 use gpuplex_protocol::lane::{self, ChunkHeader};
 use gpuplex_protocol::{codec, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, Opcode};
@@ -28,7 +34,8 @@ use crate::log;
 
 pub struct Lanes {
     workers: Vec<Sender<Job>>,
-    done: Receiver<Result<(), LaneError>>,
+    /// Per job, the chunks the lane moved.
+    done: Receiver<Result<u64, LaneError>>,
     chunk: u64,
     next_copy: u64,
     /// Whether every lane splices what it sends (see `Lane::send_chunk_spliced`).
@@ -43,22 +50,23 @@ pub enum LaneError {
     Failed(CuError),
 }
 
-/// One lane's share of a copy: every `lanes`-th chunk from `first`, of the
-/// buffer at `base` (an address, to cross threads).
+/// A copy, for one lane to take its part in: of the buffer at `base` (an
+/// address, to cross threads).
 struct Job {
     copy: u64,
     base: usize,
     size: u64,
-    first: usize,
-    lanes: usize,
     chunk: u64,
     direction: Direction,
 }
 
-#[derive(Clone, Copy)]
+/// What the lanes of one copy share.
+#[derive(Clone)]
 enum Direction {
-    Send,
-    Receive,
+    /// The index of the next chunk no lane has taken.
+    Send { next: Arc<AtomicU64> },
+    /// Which chunks have come, on any lane.
+    Receive { arrived: Arc<[AtomicBool]> },
 }
 
 impl Lanes {
@@ -110,34 +118,41 @@ impl Lanes {
     /// Sends all of `src` as chunks of `copy`; returns once every byte is
     /// on its way (in the kernel's buffers, or read by the server).
     pub fn send(&mut self, copy: u64, src: &[u8]) -> Result<(), LaneError> {
-        self.run(copy, src.as_ptr() as usize, src.len(), Direction::Send)
+        self.run(copy, src.as_ptr() as usize, src.len(), Direction::Send { next: Arc::default() })
     }
 
     /// Receives every chunk of `copy` into `dst`.
     pub fn receive(&mut self, copy: u64, dst: &mut [u8]) -> Result<(), LaneError> {
-        self.run(copy, dst.as_mut_ptr() as usize, dst.len(), Direction::Receive)
+        let count = lane::chunks(dst.len() as u64, self.chunk).count();
+        let arrived = (0..count).map(|_| AtomicBool::new(false)).collect();
+        self.run(copy, dst.as_mut_ptr() as usize, dst.len(), Direction::Receive { arrived })
     }
 
-    /// Gives each lane its share and waits for all of them, so that no lane
+    /// Gives every lane the copy and waits for all of them, so that no lane
     /// touches the buffer after this returns.
     fn run(&mut self, copy: u64, base: usize, size: usize, direction: Direction) -> Result<(), LaneError> {
-        let lanes = self.workers.len();
         let mut started = 0;
         let mut outcome = Ok(());
-        for (first, worker) in self.workers.iter().enumerate() {
-            let job = Job { copy, base, size: size as u64, first, lanes, chunk: self.chunk, direction };
+        for (index, worker) in self.workers.iter().enumerate() {
+            let job = Job { copy, base, size: size as u64, chunk: self.chunk, direction: direction.clone() };
             match worker.send(job) {
                 Ok(()) => started += 1,
-                Err(_) => outcome = Err(LaneError::Lost(format!("lane {first}'s thread is gone"))),
+                Err(_) => outcome = Err(LaneError::Lost(format!("lane {index}'s thread is gone"))),
             }
         }
+        let mut moved = 0;
         for _ in 0..started {
             let result = self.done.recv().unwrap_or_else(|_| Err(LaneError::Lost("lane threads are gone".into())));
             // A lost lane outranks a CUDA error: the session is over.
             match (&outcome, result) {
+                (_, Ok(chunks)) => moved += chunks,
                 (_, Err(e @ LaneError::Lost(_))) | (Ok(()), Err(e)) => outcome = Err(e),
                 _ => {}
             }
+        }
+        let count = lane::chunks(size as u64, self.chunk).count() as u64;
+        if outcome.is_ok() && started == self.workers.len() && moved != count {
+            return Err(LaneError::Lost(format!("the lanes moved {moved} of copy {copy}'s {count} chunks")));
         }
         outcome
     }
@@ -157,7 +172,7 @@ fn join(offer: &LaneOffer, index: u32, address: &Address, token: Option<&Token>)
     carrier.into_lane().map_err(|e| e.to_string())
 }
 
-fn work(lane: Lane, pipe: Option<Pipe>, jobs: Receiver<Job>, done: Sender<Result<(), LaneError>>) {
+fn work(lane: Lane, pipe: Option<Pipe>, jobs: Receiver<Job>, done: Sender<Result<u64, LaneError>>) {
     // splice has no MSG_NOSIGNAL: a peer that went away must be an error
     // here, not a SIGPIPE that kills the process.
     // SAFETY: blocks one signal for this thread only.
@@ -168,9 +183,9 @@ fn work(lane: Lane, pipe: Option<Pipe>, jobs: Receiver<Job>, done: Sender<Result
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
     for job in jobs {
-        let result = match job.direction {
-            Direction::Send => send(&lane, &job, pipe.as_ref()),
-            Direction::Receive => receive(&lane, &job),
+        let result = match &job.direction {
+            Direction::Send { next } => send(&lane, &job, next, pipe.as_ref()),
+            Direction::Receive { arrived } => receive(&lane, &job, arrived),
         };
         let lost = matches!(result, Err(LaneError::Lost(_)));
         if done.send(result).is_err() || lost {
@@ -180,17 +195,17 @@ fn work(lane: Lane, pipe: Option<Pipe>, jobs: Receiver<Job>, done: Sender<Result
     }
 }
 
-/// This lane's chunks of a job: `(offset, length)`.
-fn my_chunks(job: &Job) -> impl Iterator<Item = (u64, u64)> {
-    lane::chunks(job.size, job.chunk).skip(job.first).step_by(job.lanes).map(|(_, offset, len)| (offset, len))
-}
-
 fn lost(e: TransportError) -> LaneError {
     LaneError::Lost(e.to_string())
 }
 
-fn send(lane: &Lane, job: &Job, pipe: Option<&Pipe>) -> Result<(), LaneError> {
-    for (offset, len) in my_chunks(job) {
+/// Sends chunks of the job until none is left to take; returns how many.
+fn send(lane: &Lane, job: &Job, next: &AtomicU64, pipe: Option<&Pipe>) -> Result<u64, LaneError> {
+    let mut sent = 0;
+    loop {
+        let Some((offset, len)) = lane::chunk_at(job.size, job.chunk, next.fetch_add(1, Ordering::Relaxed)) else {
+            return Ok(sent);
+        };
         // SAFETY: the caller of `Lanes::run` keeps the buffer alive and
         // unchanged until every lane has reported this job done.
         let data = unsafe { std::slice::from_raw_parts((job.base + offset as usize) as *const u8, len as usize) };
@@ -200,26 +215,35 @@ fn send(lane: &Lane, job: &Job, pipe: Option<&Pipe>) -> Result<(), LaneError> {
             None => lane.send_chunk(&header, data),
         }
         .map_err(lost)?;
+        sent += 1;
     }
-    Ok(())
 }
 
-fn receive(lane: &Lane, job: &Job) -> Result<(), LaneError> {
-    let mut failed = None;
-    for (offset, len) in my_chunks(job) {
+/// Receives chunks of the job until the server ends this lane's share;
+/// returns how many came.
+fn receive(lane: &Lane, job: &Job, arrived: &[AtomicBool]) -> Result<u64, LaneError> {
+    let (mut received, mut failed) = (0, None);
+    loop {
         let header = lane.recv_header().map_err(lost)?;
-        if !header.is(job.copy, offset, len) {
-            return Err(LaneError::Lost(format!("got {header:?} where chunk {offset} of copy {} was due", job.copy)));
+        if header.is_end() && header.copy.get() == job.copy {
+            return failed.map_or(Ok(received), |e| Err(LaneError::Failed(e)));
         }
+        let Some(i) = header.index_in(job.copy, job.size, job.chunk) else {
+            return Err(LaneError::Lost(format!("got {header:?}, no chunk of copy {}", job.copy)));
+        };
+        if arrived[i as usize].swap(true, Ordering::Relaxed) {
+            return Err(LaneError::Lost(format!("got chunk {i} of copy {} twice", job.copy)));
+        }
+        received += 1;
         match header.status.get() {
             0 => {
-                // SAFETY: as in `send`; each lane writes only its own chunks.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut((job.base + offset as usize) as *mut u8, len as usize) };
+                let (offset, len) = (header.offset.get() as usize, header.length.get() as usize);
+                // SAFETY: as in `send`; each chunk is written once, by the
+                // lane that took it first, inside the buffer (`index_in`).
+                let dst = unsafe { std::slice::from_raw_parts_mut((job.base + offset) as *mut u8, len) };
                 lane.recv_exact(dst).map_err(lost)?;
             }
             status => failed = failed.or(Some(CuError(status))),
         }
     }
-    failed.map_or(Ok(()), |e| Err(LaneError::Failed(e)))
 }

@@ -3,26 +3,38 @@
 //!
 //! One stream socket moves a few GB/s: each byte is copied into the kernel
 //! by one thread and out of it by another. So a session spreads large
-//! copies over several connections, its lanes, in fixed-size chunks: chunk
-//! `i` of a copy travels on lane `i % lanes`. Each lane has a reader and a
-//! writer thread here, and a thread in the client, that only move bytes
-//! between the socket and pinned slots; every CUDA call stays on the
-//! session's thread, which takes chunks in order, so a copy keeps its exact
-//! place in its stream. The session DMAs a round (one chunk per lane) at a
-//! time and marks each with an event; it waits for a round's event only
+//! copies over several connections, its lanes, in fixed-size chunks. Each
+//! lane has a reader and a writer thread here, and a thread in the client,
+//! that only move bytes between the socket and pinned slots; every CUDA
+//! call stays on the session's thread, so a copy keeps its exact place in
+//! its stream. The session DMAs chunks in rounds (one per lane's worth)
+//! and marks each round with an event; it waits for a round's event only
 //! after issuing the next round, so the copy engine always has work queued
 //! while the lanes fill (or drain) their other slots (`Rounds`).
+//!
+//! Chunks go on whichever lane is ready first, not in turn: host to device
+//! the client's lane threads each take the next chunk of the copy, and the
+//! session DMAs chunks in the order they arrive, each to its own place;
+//! device to host the session fills whichever lane's slot is free first.
+//! Lanes on one machine are far from equal (on the H100 machine the
+//! fastest of 8 bare TCP loopback streams carried up to 1.8 times the
+//! slowest's chunks), and in turn they would all wait for the slowest.
+//! Bare TCP there, with a full-speed DMA beside, moved 25.6-32.0 GB/s
+//! taking chunks as they came and 19.4-24.3 in turn; gpuplex's 256 MiB
+//! TCP copies went from 12.9-19.2 GB/s to the device (and 14.0-19.0 back)
+//! to 22.9-23.9 (and 23.1-23.3).
 //!
 //! Joining: `OpenLanes` makes a [`Hub`] under a random key; each lane
 //! connects like any client (over TCP, proving the token), and its first
 //! frame, `JoinLane`, names the key and its index. It must come from the
 //! session's own peer: the same process locally, the same host remotely.
-//! A lane that closes or sends anything but the chunk due ends its session,
-//! as a malformed frame would.
+//! A lane that closes, or sends anything but a chunk of the copy under way
+//! that has not come already, ends its session, as a malformed frame would.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use gpuplex_protocol::lane::{self, ChunkHeader};
 use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer};
@@ -38,18 +50,21 @@ pub type LaneKey = [u8; 32];
 /// Lanes per session and bytes per chunk, unless `GPUPLEX_LANES` and
 /// `GPUPLEX_LANE_CHUNK_KIB` say otherwise (the server reads them when a
 /// client opens lanes). Measured on the 16-core H100 machine over TCP
-/// loopback, 64 and 256 MiB copies, 4 to 12 lanes of 256 KiB to 4 MiB:
-/// 8 lanes of 512 KiB moved the most both ways. Fewer lanes leave
-/// bandwidth unused; more oversubscribe the cores, since each lane keeps a
-/// thread busy on both sides. Host to device stays near 17-23 GB/s, while
-/// bare TCP with no GPU, on warm connections, moves 20-24 GB/s on one
-/// instance of the machine and 28-33 on another, using 11-14 cores (the
-/// receiver's copy out of the socket is most of it), and 18-19 where
-/// 22 was with a full-speed DMA beside it: the session spends most of a
-/// copy waiting for chunks. Tried and dropped, for no gain
-/// beyond the run-to-run noise: flushing the slots or filling them with
-/// streaming stores (faster DMAs, slower readers), a stream per lane,
-/// 4 MiB of slots per lane.
+/// loopback, 64 and 256 MiB copies: while chunks went on the lanes in turn,
+/// 8 lanes of 512 KiB moved the most (4 to 12 lanes of 256 KiB to 4 MiB
+/// tried), more only oversubscribing the cores. Since chunks go on
+/// whichever lane is ready, 16 lanes moved more at 256 MiB in alternating
+/// runs (25.1-25.8 GB/s to the device and 23.6-25.9 back, against
+/// 22.1-22.4 and 20.0-20.1 with 8) and no more at 64 MiB; they also cost
+/// twice the pinned slots (64 MiB per session that opens lanes) and twice
+/// the threads, and a later run of 16 moved less at every size. So 8 stay
+/// the default and `GPUPLEX_LANES=16` is there for whoever wants the rest.
+/// What limits either is TCP itself: the same lanes with no GPU
+/// (`gpuplex bench`'s "lanes alone") moved 25-41 GB/s from run to run,
+/// and a full-speed DMA beside bare TCP cut it by a fifth to a third.
+/// Tried and dropped, for no gain beyond the run-to-run noise: flushing
+/// the slots or filling them with streaming stores (faster DMAs, slower
+/// readers), a stream per lane, 4 MiB of slots per lane, 256 KiB chunks.
 const LANES: usize = 8;
 const CHUNK_BYTES: usize = 512 << 10;
 /// Pinned bytes per lane and direction, cut into chunk-sized slots (at
@@ -64,6 +79,9 @@ pub struct Hub {
     peer: Peer,
     slots: Arc<Slots>,
     joined: Mutex<Vec<Option<LaneEnd>>>,
+    /// Cloned for each lane's reader and writer (see [`FromLane`]).
+    filled: Sender<FromLane>,
+    free_out: Sender<FromLane>,
 }
 
 /// The pinned memory chunks land in and leave from: per lane, a few slots
@@ -82,9 +100,27 @@ enum Direction {
     Out,
 }
 
+/// How a session's lanes are cut: what the next `OpenLanes` gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub lanes: usize,
+    pub chunk: usize,
+    /// Slots per lane and direction: 2 MiB worth, at least two.
+    pub slots: usize,
+}
+
+impl Shape {
+    /// The defaults, or what `GPUPLEX_LANES` and `GPUPLEX_LANE_CHUNK_KIB` say.
+    pub fn configured() -> Shape {
+        let lanes = setting("GPUPLEX_LANES", LANES, 1..=32);
+        let chunk = setting("GPUPLEX_LANE_CHUNK_KIB", CHUNK_BYTES >> 10, 64..=16 << 10) << 10;
+        Shape { lanes, chunk, slots: (LANE_BYTES / chunk).max(2) }
+    }
+}
+
 impl Slots {
-    fn new(lanes: usize, chunk: usize) -> std::io::Result<Slots> {
-        let per_lane = (LANE_BYTES / chunk).max(2);
+    fn new(shape: Shape) -> std::io::Result<Slots> {
+        let Shape { lanes, chunk, slots: per_lane } = shape;
         let region = Region::create("gpuplex-lanes", lanes * 2 * per_lane * chunk)?;
         Ok(Slots { region, chunk, lanes, per_lane })
     }
@@ -97,26 +133,27 @@ impl Slots {
     }
 }
 
-/// A chunk a reader has put in one of its slots.
-struct Filled {
-    slot: usize,
-    header: ChunkHeader,
+/// From the lanes' threads to the session: a slot of `lane`'s, filled by
+/// its reader or given back by its writer, or word that the thread stopped.
+enum FromLane {
+    Filled { lane: usize, slot: usize, header: ChunkHeader },
+    Free { lane: usize, slot: usize },
+    Stopped(usize),
 }
 
-/// A chunk for a writer to send from one of its slots.
-struct Outgoing {
-    slot: usize,
-    header: ChunkHeader,
+/// For a writer to send: a chunk from one of its slots, or the end of its
+/// share of a copy.
+enum Outgoing {
+    Chunk { slot: usize, header: ChunkHeader },
+    End(u64),
 }
 
 /// The session's end of one lane. Each slot belongs to exactly one side at
-/// a time, passed over these channels.
+/// a time, passed over these channels and the hub's.
 struct LaneEnd {
     lane: Lane,
-    filled: Receiver<Filled>,
     free_in: Sender<usize>,
     outgoing: Sender<Outgoing>,
-    free_out: Receiver<usize>,
 }
 
 /// The lanes as the session uses them.
@@ -124,6 +161,12 @@ pub struct Lanes {
     hub: Arc<Hub>,
     /// Taken from the hub by the first copy, once every lane has joined.
     ends: Vec<LaneEnd>,
+    /// What every reader filled, in the order they did.
+    filled: Receiver<FromLane>,
+    /// The out slots every writer gave back, in the order it did.
+    free_out: Receiver<FromLane>,
+    /// Per lane, its in slots the session holds (in a round).
+    held_in: Vec<usize>,
     /// The context the slots are registered from, if any.
     registered: Option<Obj>,
     /// The events that mark rounds done, made in the registered context.
@@ -179,15 +222,20 @@ fn random_key() -> std::io::Result<LaneKey> {
 impl Lanes {
     /// Answers `OpenLanes`: the hub lanes join, and the offer for the client.
     pub fn open(session: u64, peer: Peer, hubs: &Hubs) -> Result<(Lanes, LaneOffer), CallError> {
-        let count = setting("GPUPLEX_LANES", LANES, 1..=32);
-        let chunk = setting("GPUPLEX_LANE_CHUNK_KIB", CHUNK_BYTES >> 10, 64..=16 << 10) << 10;
+        let shape = Shape::configured();
+        let (count, chunk) = (shape.lanes, shape.chunk);
         let out_of_memory = |e: std::io::Error| CallError::new(CuError::OUT_OF_MEMORY, format!("lane slots: {e}"));
-        let slots = Arc::new(Slots::new(count, chunk).map_err(out_of_memory)?);
+        let slots = Arc::new(Slots::new(shape).map_err(out_of_memory)?);
         let key = random_key().map_err(|e| CallError::new(CuError::UNKNOWN, format!("no random key: {e}")))?;
-        let hub = Arc::new(Hub { session, peer, slots, joined: Mutex::new((0..count).map(|_| None).collect()) });
+        let ((filled_tx, filled), (free_out_tx, free_out)) = (channel(), channel());
+        let joined = Mutex::new((0..count).map(|_| None).collect());
+        let hub = Arc::new(Hub { session, peer, slots, joined, filled: filled_tx, free_out: free_out_tx });
         hubs.lock().insert(key, hub.clone());
         let offer = LaneOffer { key, lanes: count as u32, chunk_bytes: chunk as u64 };
-        Ok((Lanes { hub, ends: Vec::new(), registered: None, fences: None, lost: None }, offer))
+        let held_in = vec![0; count];
+        let lanes =
+            Lanes { hub, ends: Vec::new(), filled, free_out, held_in, registered: None, fences: None, lost: None };
+        Ok((lanes, offer))
     }
 
     /// Why the session must end, if a lane failed it.
@@ -245,9 +293,9 @@ impl Lanes {
         Ok(())
     }
 
-    /// Host to device: takes every chunk of `copy` off the lanes, in order,
-    /// and DMAs each from its slot into `dst` in `target`'s stream, unless
-    /// the copy already failed. Complete on return.
+    /// Host to device: takes every chunk of `copy` off the lanes, as they
+    /// come, and DMAs each from its slot to its place in `dst` in
+    /// `target`'s stream, unless the copy already failed. Complete on return.
     pub fn htod(
         &mut self,
         backend: &dyn Backend,
@@ -257,16 +305,21 @@ impl Lanes {
         copy: u64,
     ) -> Result<(), CallError> {
         let mut outcome = self.start(backend, &target)?;
-        let lanes = self.ends.len();
+        let (lanes, chunk) = (self.ends.len(), self.hub.slots.chunk as u64);
+        let mut arrived = vec![false; lane::chunks(size, chunk).count()];
         let mut rounds = Rounds::new();
-        for (i, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
-            let l = (i % lanes as u64) as usize;
-            let Ok(Filled { slot, header }) = self.ends[l].filled.recv() else {
-                return Err(self.lose(format!("lane {l} closed mid-copy")));
+        let (started, mut first) = (Instant::now(), None);
+        for _ in 0..arrived.len() {
+            let (l, slot, header) = self.next_filled(backend, &mut rounds, &target, &mut outcome)?;
+            first.get_or_insert_with(|| started.elapsed());
+            self.held_in[l] += 1;
+            let Some(i) = header.index_in(copy, size, chunk) else {
+                return Err(self.lose(format!("lane {l} sent {header:?}, no chunk of copy {copy} ({size} bytes)")));
             };
-            if !header.is(copy, offset, len) {
-                return Err(self.lose(format!("lane {l} sent {header:?} where chunk {offset} of copy {copy} was due")));
+            if std::mem::replace(&mut arrived[i as usize], true) {
+                return Err(self.lose(format!("lane {l} sent chunk {i} of copy {copy} again")));
             }
+            let (offset, len) = (i * chunk, header.length.get());
             match (&outcome, &target) {
                 (Ok(()), Ok((ctx, stream))) => {
                     let src = self.hub.slots.ptr(l, Direction::In, slot);
@@ -280,26 +333,64 @@ impl Lanes {
                 _ => self.hand_back_in(l, slot),
             }
             if rounds.filling.len() == lanes {
-                for (l, slot) in rounds.turn(backend, self.fences.as_ref(), &target, &mut outcome) {
-                    self.hand_back_in(l, slot);
-                }
+                let done = rounds.turn(backend, self.fences.as_ref(), &target, &mut outcome);
+                self.hand_back_all_in(done);
             }
         }
-        for (l, slot) in rounds.finish(backend, &target, &mut outcome) {
-            self.hand_back_in(l, slot);
-        }
+        let last = started.elapsed();
+        let done = rounds.finish(backend, &target, &mut outcome);
+        self.hand_back_all_in(done);
+        debug!(copy, size, first = ?first, last = ?last, done = ?started.elapsed(), "lanes: host to device");
         outcome
     }
 
-    fn hand_back_in(&self, l: usize, slot: usize) {
-        // A reader that is gone shows when its lane is next read.
+    /// The next chunk any reader filled. Before waiting for one, it makes
+    /// sure that every lane has a slot to read into: a lane whose slots are
+    /// all in rounds could hold the very chunk waited for.
+    fn next_filled(
+        &mut self,
+        backend: &dyn Backend,
+        rounds: &mut Rounds<(usize, usize)>,
+        target: &Result<(Obj, Obj), CallError>,
+        outcome: &mut Result<(), CallError>,
+    ) -> Result<(usize, usize, ChunkHeader), CallError> {
+        let next = match self.filled.try_recv() {
+            Ok(next) => next,
+            Err(_) => {
+                if self.held_in.iter().any(|&held| held == self.hub.slots.per_lane) {
+                    // Two turns: the round issued last holds slots too.
+                    for _ in 0..2 {
+                        let done = rounds.turn(backend, self.fences.as_ref(), target, outcome);
+                        self.hand_back_all_in(done);
+                    }
+                }
+                // The hub holds a sender: this never disconnects.
+                self.filled.recv().unwrap_or(FromLane::Stopped(usize::MAX))
+            }
+        };
+        match next {
+            FromLane::Filled { lane, slot, header } => Ok((lane, slot, header)),
+            FromLane::Stopped(l) => Err(self.lose(format!("lane {l} closed mid-copy"))),
+            FromLane::Free { .. } => unreachable!("only readers send here"),
+        }
+    }
+
+    fn hand_back_in(&mut self, l: usize, slot: usize) {
+        self.held_in[l] -= 1;
+        // A reader that is gone shows as `Stopped` when chunks are next awaited.
         let _ = self.ends[l].free_in.send(slot);
     }
 
-    /// Device to host: DMAs one chunk per lane into free slots, round after
-    /// round, and passes each round to the writers once its DMAs are done.
-    /// Every chunk is sent, failed ones as a bare header with the copy's
-    /// error.
+    fn hand_back_all_in(&mut self, done: Vec<(usize, usize)>) {
+        for (l, slot) in done {
+            self.hand_back_in(l, slot);
+        }
+    }
+
+    /// Device to host: DMAs chunks into whichever lane's slot is free first,
+    /// and passes each round to the writers once its DMAs are done; then
+    /// tells every writer that its share of the copy has ended. Every chunk
+    /// is sent, failed ones as a bare header with the copy's error.
     pub fn dtoh(
         &mut self,
         backend: &dyn Backend,
@@ -311,10 +402,23 @@ impl Lanes {
         let mut outcome = self.start(backend, &target)?;
         let lanes = self.ends.len();
         let mut rounds = Rounds::new();
-        for (i, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
-            let l = (i % lanes as u64) as usize;
-            let Ok(slot) = self.ends[l].free_out.recv() else {
-                return Err(self.lose(format!("lane {l} closed mid-copy")));
+        let started = Instant::now();
+        for (_, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
+            let next = match self.free_out.try_recv() {
+                Ok(next) => next,
+                Err(_) => {
+                    // Keep the writers busy while waiting for one of them.
+                    if !rounds.filling.is_empty() {
+                        let done = rounds.turn(backend, self.fences.as_ref(), &target, &mut outcome);
+                        self.pass_out(done, &outcome)?;
+                    }
+                    self.free_out.recv().unwrap_or(FromLane::Stopped(usize::MAX))
+                }
+            };
+            let (l, slot) = match next {
+                FromLane::Free { lane, slot } => (lane, slot),
+                FromLane::Stopped(l) => return Err(self.lose(format!("lane {l} closed mid-copy"))),
+                FromLane::Filled { .. } => unreachable!("only writers send here"),
             };
             if let (Ok(()), Ok((ctx, stream))) = (&outcome, &target) {
                 let dst = self.hub.slots.ptr(l, Direction::Out, slot);
@@ -331,6 +435,12 @@ impl Lanes {
         }
         let done = rounds.finish(backend, &target, &mut outcome);
         self.pass_out(done, &outcome)?;
+        debug!(copy, size, done = ?started.elapsed(), "lanes: device to host");
+        for l in 0..lanes {
+            if self.ends[l].outgoing.send(Outgoing::End(copy)).is_err() {
+                return Err(self.lose(format!("lane {l} closed mid-copy")));
+            }
+        }
         outcome
     }
 
@@ -346,7 +456,7 @@ impl Lanes {
                 Ok(()) => header,
                 Err(e) => header.failed(e.code.0),
             };
-            if self.ends[l].outgoing.send(Outgoing { slot, header }).is_err() {
+            if self.ends[l].outgoing.send(Outgoing::Chunk { slot, header }).is_err() {
                 return Err(self.lose(format!("lane {l} closed mid-copy")));
             }
         }
@@ -513,8 +623,11 @@ pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, 
     let _enter = span.enter();
     match attach(&hub, index, &lane) {
         Ok(free_in) => {
+            // However the reading ends, the session hears of it.
+            let filled = hub.filled.clone();
+            let _farewell = Farewell(move || drop(filled.send(FromLane::Stopped(index))));
             let ok = lane.send_frame(&Header::reply(header, 0, 0), &[]);
-            let read = ok.and_then(|()| read_chunks(&lane, &hub.slots, index, free_in.0, free_in.1));
+            let read = ok.and_then(|()| read_chunks(&lane, &hub, index, free_in));
             match read {
                 Ok(()) => debug!("lane closed"),
                 Err(e) => warn!("lane failed: {e}"),
@@ -530,41 +643,41 @@ pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, 
     lane.shutdown();
 }
 
-type ReaderEnds = (Receiver<usize>, Sender<Filled>);
+/// Runs its closure when dropped: how a lane's thread tells the session it
+/// stopped, even by a panic.
+struct Farewell<F: FnMut()>(F);
 
-/// Starts the lane's writer and gives the session its end; returns the
-/// reader's channel ends.
-fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<ReaderEnds, &'static str> {
+impl<F: FnMut()> Drop for Farewell<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// Starts the lane's writer and gives the session its end; returns where
+/// the reader gets its free slots.
+fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<Receiver<usize>, &'static str> {
     let mut joined = hub.joined.lock().unwrap_or_else(PoisonError::into_inner);
     if joined[index].is_some() {
         return Err("that lane has joined already");
     }
     let (free_in, reader_free) = channel();
-    let (reader_filled, filled) = channel();
     let (outgoing, writer_outgoing) = channel();
-    let (writer_free, free_out) = channel();
     for slot in 0..hub.slots.per_lane {
         free_in.send(slot).expect("receiver held here");
-        writer_free.send(slot).expect("receiver held here");
     }
     let writer = lane.try_clone().map_err(|_| "cannot share the lane's socket")?;
     let session_side = lane.try_clone().map_err(|_| "cannot share the lane's socket")?;
-    let slots = hub.slots.clone();
+    let (slots, free_out) = (hub.slots.clone(), hub.free_out.clone());
     std::thread::Builder::new()
         .name("gpuplex-lane-out".into())
-        .spawn(move || write_chunks(writer, &slots, index, writer_outgoing, writer_free))
+        .spawn(move || write_chunks(writer, &slots, index, writer_outgoing, free_out))
         .map_err(|_| "cannot start the lane's writer")?;
-    joined[index] = Some(LaneEnd { lane: session_side, filled, free_in, outgoing, free_out });
-    Ok((reader_free, reader_filled))
+    joined[index] = Some(LaneEnd { lane: session_side, free_in, outgoing });
+    Ok(reader_free)
 }
 
-fn read_chunks(
-    lane: &Lane,
-    slots: &Slots,
-    index: usize,
-    free: Receiver<usize>,
-    filled: Sender<Filled>,
-) -> Result<(), TransportError> {
+fn read_chunks(lane: &Lane, hub: &Hub, index: usize, free: Receiver<usize>) -> Result<(), TransportError> {
+    let slots = &hub.slots;
     while let Ok(slot) = free.recv() {
         let header = match lane.recv_header() {
             Err(TransportError::Closed) => return Ok(()),
@@ -578,27 +691,44 @@ fn read_chunks(
         // and `len` fits it.
         let buf = unsafe { std::slice::from_raw_parts_mut(slots.ptr(index, Direction::In, slot), len as usize) };
         lane.recv_exact(buf)?;
-        if filled.send(Filled { slot, header }).is_err() {
+        if hub.filled.send(FromLane::Filled { lane: index, slot, header }).is_err() {
             break;
         }
     }
     Ok(())
 }
 
-fn write_chunks(lane: Lane, slots: &Slots, index: usize, outgoing: Receiver<Outgoing>, free: Sender<usize>) {
-    for Outgoing { slot, header } in outgoing {
-        // SAFETY: the session gave this slot, DMA complete, to this writer
-        // until it passes it back; the header's length fits it.
-        let data = unsafe {
-            std::slice::from_raw_parts(slots.ptr(index, Direction::Out, slot), header.payload_len() as usize)
+/// Sends what the session passes, giving each slot back once sent. Its
+/// slots start out free.
+fn write_chunks(lane: Lane, slots: &Slots, index: usize, outgoing: Receiver<Outgoing>, free: Sender<FromLane>) {
+    let stopped = free.clone();
+    let _farewell = Farewell(move || drop(stopped.send(FromLane::Stopped(index))));
+    for slot in 0..slots.per_lane {
+        if free.send(FromLane::Free { lane: index, slot }).is_err() {
+            return;
+        }
+    }
+    for next in outgoing {
+        let (sent, slot) = match next {
+            Outgoing::Chunk { slot, header } => {
+                // SAFETY: the session gave this slot, DMA complete, to this
+                // writer until it passes it back; the header's length fits it.
+                let data = unsafe {
+                    std::slice::from_raw_parts(slots.ptr(index, Direction::Out, slot), header.payload_len() as usize)
+                };
+                (lane.send_chunk(&header, data), Some(slot))
+            }
+            Outgoing::End(copy) => (lane.send_chunk(&ChunkHeader::end(copy), &[]), None),
         };
-        if let Err(e) = lane.send_chunk(&header, data) {
+        if let Err(e) = sent {
             debug!("lane writer stops: {e}");
             lane.shutdown();
             return;
         }
-        if free.send(slot).is_err() {
-            return;
+        if let Some(slot) = slot {
+            if free.send(FromLane::Free { lane: index, slot }).is_err() {
+                return;
+            }
         }
     }
 }
