@@ -50,21 +50,22 @@ pub type LaneKey = [u8; 32];
 /// Lanes per session and bytes per chunk, unless `GPUPLEX_LANES` and
 /// `GPUPLEX_LANE_CHUNK_KIB` say otherwise (the server reads them when a
 /// client opens lanes). Measured on the 16-core H100 machine over TCP
-/// loopback, 64 and 256 MiB copies: while chunks went on the lanes in turn,
-/// 8 lanes of 512 KiB moved the most (4 to 12 lanes of 256 KiB to 4 MiB
-/// tried), more only oversubscribing the cores. Since chunks go on
-/// whichever lane is ready, 16 lanes moved more at 256 MiB in alternating
-/// runs (25.1-25.8 GB/s to the device and 23.6-25.9 back, against
-/// 22.1-22.4 and 20.0-20.1 with 8) and no more at 64 MiB; they also cost
-/// twice the pinned slots (64 MiB per session that opens lanes) and twice
-/// the threads, and a later run of 16 moved less at every size. So 8 stay
-/// the default and `GPUPLEX_LANES=16` is there for whoever wants the rest.
-/// What limits either is TCP itself: the same lanes with no GPU
-/// (`gpuplex bench`'s "lanes alone") moved 25-41 GB/s from run to run,
-/// and a full-speed DMA beside bare TCP cut it by a fifth to a third.
-/// Tried and dropped, for no gain beyond the run-to-run noise: flushing
-/// the slots or filling them with streaming stores (faster DMAs, slower
-/// readers), a stream per lane, 4 MiB of slots per lane, 256 KiB chunks.
+/// loopback: while chunks went on the lanes in turn, 8 lanes of 512 KiB
+/// moved the most (4 to 12 lanes of 256 KiB to 4 MiB tried), more only
+/// oversubscribing the cores. Since chunks go on whichever lane is ready,
+/// 16 lanes against 8, in alternating runs, moved 16-26% more from the
+/// device at 64 and 256 MiB and 6-10% more to it at 256 MiB, but 12-13%
+/// less to it at 64 MiB (more lanes take longer to get going) and 7-9%
+/// less from it at 1 MiB; they also cost twice the pinned slots (64 MiB per session
+/// that opens lanes) and twice the threads. So 8 stay the default, and
+/// `GPUPLEX_LANES=16` is there for long copies. What limits either is TCP
+/// itself: the same lanes with no GPU (`gpuplex bench`'s "lanes alone")
+/// moved 25-41 GB/s from run to run, and a full-speed DMA beside bare TCP
+/// cut it by a fifth to a third. Tried and dropped, for no gain beyond the
+/// run-to-run noise: flushing the slots or filling them with streaming
+/// stores (faster DMAs, slower readers), a stream per lane, 4 MiB of slots
+/// per lane, 256 KiB chunks, lane threads that poll for 100 µs for their
+/// next job or chunk before they sleep.
 const LANES: usize = 8;
 const CHUNK_BYTES: usize = 512 << 10;
 /// Pinned bytes per lane and direction, cut into chunk-sized slots (at
