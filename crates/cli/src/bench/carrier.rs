@@ -136,10 +136,16 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// 32 random bytes, readable by this user only.
-fn write_token(path: &Path) -> std::io::Result<()> {
+/// 32 random bytes, for a token.
+pub fn random_token() -> std::io::Result<[u8; 32]> {
     let mut token = [0u8; 32];
     File::open("/dev/urandom")?.read_exact(&mut token)?;
+    Ok(token)
+}
+
+/// A random token, readable by this user only.
+fn write_token(path: &Path) -> std::io::Result<()> {
+    let token = random_token()?;
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
     std::io::Write::write_all(&mut f, &token)
 }

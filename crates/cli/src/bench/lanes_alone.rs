@@ -7,9 +7,9 @@
 //! same carrier, with the same chunk size, spliced sends, each lane taking
 //! the next chunk no other has taken, and a few chunk slots per lane to
 //! receive into) and moves a host buffer through them to the slots, with no
-//! server or GPU. On the H100 machine bare TCP loopback
-//! is bound by the CPU's copies out of the socket, so this ceiling, not the
-//! GPU's, is what a TCP copy's bandwidth is to be read against.
+//! server or GPU. On the H100 machine bare TCP loopback is bound by the
+//! CPU's copies out of the socket, so this ceiling, not the GPU's, is what
+//! a TCP copy's bandwidth is to be read against.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -21,7 +21,7 @@ use gpuplex_transport::tcp::{TcpCarrier, TcpListener};
 use gpuplex_transport::unix::UnixCarrier;
 use gpuplex_transport::{Carrier, Lane, Listener, Pipe, Token};
 
-use super::carrier::CarrierKind;
+use super::carrier::{random_token, CarrierKind};
 
 /// One sample: `passes` times `bytes` moved host to host, after one pass
 /// to warm the connections; in GB/s.
@@ -99,7 +99,8 @@ fn connect(kind: CarrierKind, lanes: usize) -> Result<Vec<(Lane, Lane)>, String>
     let lane = |c: Box<dyn Carrier>| c.into_lane().map_err(|e| format!("no lane: {e}"));
     match kind {
         CarrierKind::Tcp => {
-            let token = Token::new(&random_bytes()?).map_err(|e| e.to_string())?;
+            let token = random_token().map_err(|e| format!("no token: {e}"))?;
+            let token = Token::new(&token).map_err(|e| e.to_string())?;
             let listener =
                 TcpListener::bind("127.0.0.1:0", token.clone()).map_err(|e| format!("cannot listen: {e}"))?;
             let gpuplex_transport::Address::Tcp(host_port) = listener.address() else {
@@ -114,6 +115,10 @@ fn connect(kind: CarrierKind, lanes: usize) -> Result<Vec<(Lane, Lane)>, String>
                             Ok::<_, gpuplex_transport::TransportError>(c)
                         });
                         let connected = TcpCarrier::connect(&host_port, &token);
+                        if connected.is_err() {
+                            // Wakes the accepting thread, whose opening then fails.
+                            let _ = std::net::TcpStream::connect(&host_port);
+                        }
                         (connected, accepting.join())
                     });
                     match accepting {
@@ -132,13 +137,6 @@ fn connect(kind: CarrierKind, lanes: usize) -> Result<Vec<(Lane, Lane)>, String>
             })
             .collect(),
     }
-}
-
-fn random_bytes() -> Result<[u8; 32], String> {
-    let mut bytes = [0u8; 32];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").map_err(|e| e.to_string())?, &mut bytes)
-        .map_err(|e| e.to_string())?;
-    Ok(bytes)
 }
 
 /// The buffer to send: each 8-byte word holds its own index, so a chunk's

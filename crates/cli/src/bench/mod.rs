@@ -187,10 +187,12 @@ impl Entry {
     }
 
     fn lanes_alone_cell(&self) -> Option<(String, Cell)> {
-        let cell = match &self.lanes_alone {
+        let cell = match (&self.error, &self.lanes_alone) {
             _ if !self.takes_lanes() => return None,
-            Ok(samples) => Summary::of(samples).map_or_else(|| Cell::failed("not measured"), |s| Cell::of(&s)),
-            Err(e) => Cell::failed(e),
+            // The column's own failure (or absence) says why.
+            (Some(e), _) => Cell::failed(e),
+            (None, Ok(samples)) => Summary::of(samples).map_or_else(|| Cell::failed("not measured"), |s| Cell::of(&s)),
+            (None, Err(e)) => Cell::failed(e),
         };
         Some((self.column.name.clone(), cell))
     }
@@ -343,5 +345,33 @@ fn machine() -> Machine {
         cpu: cpu.unwrap_or_default().to_owned(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         kernel: format!("{} {}", read("/proc/sys/kernel/ostype"), read("/proc/sys/kernel/osrelease")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(carrier: Option<CarrierKind>, error: Option<&str>) -> Entry {
+        let name = carrier.map_or(NATIVE, CarrierKind::name);
+        let mut e = Entry::new(Column::new(name), "x".into(), carrier, None, PathBuf::new());
+        e.error = error.map(str::to_owned);
+        e
+    }
+
+    #[test]
+    fn lanes_alone_cells_are_for_lane_columns_and_carry_their_failures() {
+        assert!(entry(None, None).lanes_alone_cell().is_none());
+        assert!(entry(Some(CarrierKind::Shm), None).lanes_alone_cell().is_none());
+        let mut tcp = entry(Some(CarrierKind::Tcp), None);
+        tcp.lanes_alone = Ok(vec![3.0, 1.0, 2.0]);
+        let (name, cell) = tcp.lanes_alone_cell().unwrap();
+        assert_eq!((name.as_str(), cell.value, cell.samples), ("tcp", Some(2.0), Some(3)));
+        // A column that never ran says why, as its other cells do.
+        let (_, cell) = entry(Some(CarrierKind::Socket), Some("unavailable: no")).lanes_alone_cell().unwrap();
+        assert_eq!((cell.value, cell.error.as_deref()), (None, Some("unavailable: no")));
+        let mut broken = entry(Some(CarrierKind::Tcp), None);
+        broken.lanes_alone = Err("failed: send".into());
+        assert_eq!(broken.lanes_alone_cell().unwrap().1.error.as_deref(), Some("failed: send"));
     }
 }
