@@ -262,7 +262,8 @@ pub struct Row {
     pub label: String,
     pub unit: String,
     pub better: Better,
-    /// Absent with the emulated backend, which has no native driver.
+    /// Absent with the emulated backend, which has no native driver, and
+    /// from the lanes-alone row, which has nothing native to compare.
     pub native: Option<Cell>,
     /// By carrier name.
     pub carriers: BTreeMap<String, Cell>,
