@@ -941,6 +941,17 @@ fn large_copies_cross_the_lanes_and_failures_keep_them_in_step() {
     assert_eq!(lanes_dtoh(&mut c, &lanes, p, 6, size).0, Ok(other));
 }
 
+/// Runs `test` on a thread of its own and fails if it takes 30 s: a session
+/// waiting for a chunk that cannot come would hang, not fail.
+fn within_30_s(test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        test();
+        done.send(()).unwrap();
+    });
+    finished.recv_timeout(Duration::from_secs(30)).expect("the copy should finish within 30 s");
+}
+
 /// Lanes run by threads of their own, as the client's are, one of them
 /// starting late: the copy waits for it and lands whole. (A session that
 /// let the punctual lanes' chunks fill its rounds could hold all of the
@@ -953,8 +964,7 @@ fn a_lane_that_starts_late_delays_a_copy_but_does_not_break_it() {
     let size = lanes.chunk * (6 * count as u64) + 777;
     let p = c.alloc(size);
     let data = pattern(size as usize, 5);
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    within_30_s(move || {
         c.send(MemcpyHtoDLanes::Request { dst: p, size, stream: Stream::NULL, copy: 1 }, false);
         std::thread::scope(|scope| {
             for (l, lane) in lanes.lanes.iter().enumerate() {
@@ -972,9 +982,7 @@ fn a_lane_that_starts_late_delays_a_copy_but_does_not_break_it() {
         });
         c.reply::<MemcpyHtoDLanes::Request>().unwrap();
         assert_eq!(lanes_dtoh(&mut c, &lanes, p, 2, size), (Ok(data), CuError(0)));
-        done.send(()).unwrap();
     });
-    finished.recv_timeout(Duration::from_secs(30)).expect("the copy should finish within 30 s");
 }
 
 /// Chunks may come on any lane in any order: here every chunk of a copy
@@ -987,8 +995,7 @@ fn one_lane_may_carry_a_whole_copy_in_any_order() {
     let size = lanes.chunk * (3 * lanes.lanes.len() as u64) + 99;
     let p = c.alloc(size);
     let data = pattern(size as usize, 6);
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    within_30_s(move || {
         c.send(MemcpyHtoDLanes::Request { dst: p, size, stream: Stream::NULL, copy: 1 }, false);
         let mut all: Vec<_> = lane::chunks(size, lanes.chunk).collect();
         all.reverse();
@@ -998,9 +1005,7 @@ fn one_lane_may_carry_a_whole_copy_in_any_order() {
         }
         c.reply::<MemcpyHtoDLanes::Request>().unwrap();
         assert_eq!(lanes_dtoh(&mut c, &lanes, p, 2, size), (Ok(data), CuError(0)));
-        done.send(()).unwrap();
     });
-    finished.recv_timeout(Duration::from_secs(30)).expect("the copy should finish within 30 s");
 }
 
 /// A lane copy after a failed posted call answers with that error, but
