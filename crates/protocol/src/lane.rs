@@ -7,7 +7,10 @@
 //! first, so each header says where its bytes belong ([`ChunkHeader::index_in`]);
 //! the receiving side counts them, and where it cannot know how many a
 //! lane will bring (device to host), each lane ends its share of a copy
-//! with [`ChunkHeader::end`].
+//! with [`ChunkHeader::end`]. Device to host, the server lends the kernel
+//! the pinned slot a chunk leaves from rather than copying it, so the
+//! client answers each chunk it has read with a [`ChunkHeader::receipt`]
+//! on the same lane: only then may the slot take another chunk.
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -78,6 +81,21 @@ impl ChunkHeader {
         self.offset.get() == END_OFFSET && self.length.get() == 0
     }
 
+    /// The client's word that it has read chunk `offset` of `copy` (from
+    /// the device): no bytes follow, and none ever has length 0.
+    pub fn receipt(copy: u64, offset: u64) -> ChunkHeader {
+        ChunkHeader::new(copy, offset, 0)
+    }
+
+    pub fn is_receipt(&self) -> bool {
+        self.length.get() == 0 && self.offset.get() != END_OFFSET && self.status.get() == 0
+    }
+
+    /// Whether this is the receipt for chunk `sent`.
+    pub fn acknowledges(&self, sent: &ChunkHeader) -> bool {
+        self.is_receipt() && (self.copy, self.offset) == (sent.copy, sent.offset)
+    }
+
     /// Which chunk of `copy` this is, when that copy is `size` bytes cut in
     /// `chunk`-byte pieces ([`chunks`]); `None` if it is none of them.
     pub fn index_in(&self, copy: u64, size: u64, chunk: u64) -> Option<u64> {
@@ -133,6 +151,18 @@ mod tests {
         assert!(end.is_end() && end.payload_len() == 0 && end.copy.get() == 3);
         assert_eq!(end.index_in(3, u64::MAX, chunk), None);
         assert!(!ChunkHeader::new(3, 0, 0).is_end());
+    }
+
+    #[test]
+    fn a_receipt_names_one_chunk_and_is_no_chunk_or_end() {
+        let sent = ChunkHeader::new(3, 8, 2);
+        let receipt = ChunkHeader::receipt(3, 8);
+        assert!(receipt.is_receipt() && receipt.payload_len() == 0 && receipt.acknowledges(&sent));
+        assert_eq!(receipt.index_in(3, 10, 4), None);
+        assert!(!ChunkHeader::receipt(3, 4).acknowledges(&sent) && !ChunkHeader::receipt(4, 8).acknowledges(&sent));
+        for other in [sent, sent.failed(700), ChunkHeader::end(3)] {
+            assert!(!other.is_receipt() && !other.acknowledges(&sent), "{other:?}");
+        }
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub use digest::image_digest;
 pub use error::{CallError, CuError, DecodeError, HeaderError, CUDA_ERRORS, MAX_DETAIL};
 pub use handles::*;
 pub use handshake::*;
-pub use header::{Header, HEADER_SIZE, MAGIC, MAX_PAYLOAD, MIN_VERSION, POSTED, VERSION};
+pub use header::{Header, HEADER_SIZE, LANES_VERSION, MAGIC, MAX_PAYLOAD, MIN_VERSION, POSTED, VERSION};
 
 /// A request message and the reply it expects.
 pub trait Call: Wire {

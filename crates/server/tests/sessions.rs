@@ -871,8 +871,9 @@ impl Lanes {
         Ok(())
     }
 
-    /// Every chunk of a copy, each lane read until it ends its share; a
-    /// failed one gives its status. Each chunk must come exactly once.
+    /// Every chunk of a copy, each lane read until it ends its share and
+    /// each chunk read answered with its receipt; a failed one gives its
+    /// status. Each chunk must come exactly once.
     fn receive(&self, copy: u64, size: u64) -> Result<Vec<u8>, u32> {
         let mut data = vec![0u8; size as usize];
         let mut arrived = vec![false; lane::chunks(size, self.chunk).count()];
@@ -887,7 +888,10 @@ impl Lanes {
                 assert!(!std::mem::replace(&mut arrived[i as usize], true), "chunk {i} came twice");
                 let (offset, len) = (h.offset.get() as usize, h.length.get() as usize);
                 match h.status.get() {
-                    0 => lane.recv_exact(&mut data[offset..offset + len]).unwrap(),
+                    0 => {
+                        lane.recv_exact(&mut data[offset..offset + len]).unwrap();
+                        lane.send_chunk(&ChunkHeader::receipt(copy, offset as u64), &[]).unwrap();
+                    }
                     status => failed = failed.or(Some(status)),
                 }
             }
@@ -1073,4 +1077,44 @@ fn a_chunk_sent_twice_ends_its_session() {
     let h = c.carrier.recv(&mut Vec::new()).unwrap();
     assert_eq!(h.status.get(), CuError::DEVICE_UNAVAILABLE.0, "the copy fails");
     assert!(c.carrier.recv(&mut Vec::new()).is_err(), "then the session ends");
+}
+
+/// A receipt for a chunk the server did not send, or sent and had answered
+/// already, ends its session: the out slot it would free may be in use.
+#[test]
+fn a_receipt_for_no_chunk_in_flight_ends_its_session() {
+    let address = start_server("lanes-receipt");
+    let mut c = Client::connect(&address);
+    let lanes = c.open_lanes(&address, None);
+    let size = lanes.chunk * 3;
+    let p = c.alloc(size);
+    assert_eq!(lanes_dtoh(&mut c, &lanes, p, 1, size).1, CuError(0));
+    lanes.lanes[0].send_chunk(&ChunkHeader::receipt(1, 0), &[]).unwrap();
+    // More chunks than the lanes have slots, none read: the copy must wait
+    // for receipts, and meets the closed lane instead.
+    let more = lanes.chunk * 8 * lanes.lanes.len() as u64;
+    let q = c.alloc(more);
+    within_30_s(move || {
+        c.send(MemcpyDtoHLanes::Request { src: q, size: more, stream: Stream::NULL, copy: 2 }, false);
+        let h = c.carrier.recv(&mut Vec::new()).unwrap();
+        assert_eq!(h.status.get(), CuError::DEVICE_UNAVAILABLE.0, "the next copy fails");
+        assert!(c.carrier.recv(&mut Vec::new()).is_err(), "then the session ends");
+        drop(lanes);
+    });
+}
+
+/// A client of protocol 3 is refused lanes (its lanes worked otherwise),
+/// and copies over its one connection instead.
+#[test]
+fn a_client_of_the_previous_protocol_gets_no_lanes() {
+    let address = start_server("lanes-v3");
+    let mut c = Client::connect(&address);
+    let mut open = Header::request(Opcode::OpenLanes, 77, c.ctx.0, 0);
+    open.version = (gpuplex_protocol::LANES_VERSION - 1).into();
+    c.carrier.send(&open, &[]).unwrap();
+    let h = c.carrier.recv(&mut Vec::new()).unwrap();
+    assert_eq!((h.request_id.get(), h.status.get()), (77, CuError::NOT_SUPPORTED.0));
+    let p = c.alloc(64);
+    c.write(p, &[3; 64]);
+    assert_eq!(c.read(p, 64), vec![3; 64]);
 }

@@ -30,6 +30,11 @@ impl Lane {
         Ok(Lane { socket: self.socket.try_clone()? })
     }
 
+    #[cfg(test)]
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
+    }
+
     /// Ends the connection both ways, waking whoever blocks on it.
     pub fn shutdown(&self) {
         // SAFETY: shutdown on a descriptor we own; failure (already closed) is harmless.
@@ -51,7 +56,8 @@ impl Lane {
     /// references to the pages of `data` through `pipe` (`vmsplice`, then
     /// `splice` into the socket), and the receiver copies straight out of
     /// them. The caller must leave `data` unchanged until the receiver has
-    /// read it, not merely until this returns.
+    /// read it, not merely until this returns. See
+    /// [`block_sigpipe_on_this_thread`].
     pub fn send_chunk_spliced(&self, header: &ChunkHeader, data: &[u8], pipe: &Pipe) -> Result<(), TransportError> {
         debug_assert_eq!(header.payload_len(), data.len() as u64);
         let more = if data.is_empty() { 0 } else { libc::MSG_MORE };
@@ -75,6 +81,20 @@ impl Lane {
     /// Exactly `buf.len()` bytes: the data of the chunk just announced.
     pub fn recv_exact(&self, buf: &mut [u8]) -> Result<(), TransportError> {
         stream::read_exact(&mut Reader(self), buf, false)
+    }
+}
+
+/// Makes a peer that went away an error for this thread's `splice`s, not a
+/// SIGPIPE that kills the process (`splice` has no `MSG_NOSIGNAL`, and a
+/// host program may not ignore the signal). Call it on every thread that
+/// sends spliced chunks.
+pub fn block_sigpipe_on_this_thread() {
+    // SAFETY: changes this thread's signal mask only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 

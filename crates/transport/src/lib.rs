@@ -27,7 +27,7 @@ use gpuplex_protocol::{Header, HeaderError};
 
 pub use address::Address;
 pub use auth::AuthError;
-pub use lane::{Lane, Pipe};
+pub use lane::{block_sigpipe_on_this_thread, Lane, Pipe};
 pub use token::{Token, MIN_TOKEN_LEN, TOKEN_FILE_ENV};
 
 /// Who is on the other end, as the operating system reports it (never as

@@ -11,8 +11,10 @@
 //! far from equal; see the server's `session/lanes.rs`): to the device,
 //! each lane thread takes the next chunk no other has taken; from it, each
 //! receives what the server sent on its lane until the marker that ends
-//! its share. The call itself still goes on the main connection, in order
-//! with every other.
+//! its share, answering each chunk with a receipt once it has read it (the
+//! server splices its slots too, and reuses one only after its receipt).
+//! The call itself still goes on the main connection, in order with every
+//! other.
 //!
 //! Sending splices the caller's pages into the socket instead of copying
 //! them (`vmsplice`): the client spends no CPU copy on an upload, and on a
@@ -173,15 +175,7 @@ fn join(offer: &LaneOffer, index: u32, address: &Address, token: Option<&Token>)
 }
 
 fn work(lane: Lane, pipe: Option<Pipe>, jobs: Receiver<Job>, done: Sender<Result<u64, LaneError>>) {
-    // splice has no MSG_NOSIGNAL: a peer that went away must be an error
-    // here, not a SIGPIPE that kills the process.
-    // SAFETY: blocks one signal for this thread only.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGPIPE);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
+    gpuplex_transport::block_sigpipe_on_this_thread();
     for job in jobs {
         let result = match &job.direction {
             Direction::Send { next } => send(&lane, &job, next, pipe.as_ref()),
@@ -219,8 +213,9 @@ fn send(lane: &Lane, job: &Job, next: &AtomicU64, pipe: Option<&Pipe>) -> Result
     }
 }
 
-/// Receives chunks of the job until the server ends this lane's share;
-/// returns how many came.
+/// Receives chunks of the job until the server ends this lane's share,
+/// returning a receipt for each (its slot on the server is lent until
+/// then); returns how many came.
 fn receive(lane: &Lane, job: &Job, arrived: &[AtomicBool]) -> Result<u64, LaneError> {
     let (mut received, mut failed) = (0, None);
     loop {
@@ -242,6 +237,7 @@ fn receive(lane: &Lane, job: &Job, arrived: &[AtomicBool]) -> Result<u64, LaneEr
                 // lane that took it first, inside the buffer (`index_in`).
                 let dst = unsafe { std::slice::from_raw_parts_mut((job.base + offset) as *mut u8, len) };
                 lane.recv_exact(dst).map_err(lost)?;
+                lane.send_chunk(&ChunkHeader::receipt(job.copy, offset as u64), &[]).map_err(lost)?;
             }
             status => failed = failed.or(Some(CuError(status))),
         }

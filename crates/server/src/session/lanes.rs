@@ -24,6 +24,16 @@
 //! TCP copies went from 12.9-19.2 GB/s to the device (and 14.0-19.0 back)
 //! to 22.9-23.9 (and 23.1-23.3).
 //!
+//! Device to host, a writer splices its slot's pages into the socket
+//! (`vmsplice`) instead of copying them, as the client does the other way:
+//! on a loopback the client's read is then the only CPU copy. The slot is
+//! lent until the client's receipt for that chunk comes back on the lane
+//! (the reader takes it); before it waits for a free slot, the session
+//! passes out every chunk it has DMA'd, so the client can answer them.
+//! Alternating tcp-only benches on the H100 machine: from the device at
+//! 256 MiB, 14.0-19.8 GB/s copying against 21.8-23.8 splicing (pinned),
+//! 17.4-19.5 against 23.2-24.0 (pageable).
+//!
 //! Joining: `OpenLanes` makes a [`Hub`] under a random key; each lane
 //! connects like any client (over TCP, proving the token), and its first
 //! frame, `JoinLane`, names the key and its index. It must come from the
@@ -39,7 +49,7 @@ use std::time::Instant;
 use gpuplex_protocol::lane::{self, ChunkHeader};
 use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer};
 use gpuplex_transport::shm::Region;
-use gpuplex_transport::{Carrier, Lane, Peer, TransportError};
+use gpuplex_transport::{Carrier, Lane, Peer, Pipe, TransportError};
 use tracing::{debug, warn};
 
 use super::shared::register_once;
@@ -48,27 +58,30 @@ use crate::backend::{Backend, Obj, CU_EVENT_DISABLE_TIMING};
 pub type LaneKey = [u8; 32];
 
 /// Lanes per session and bytes per chunk, unless `GPUPLEX_LANES` and
-/// `GPUPLEX_LANE_CHUNK_KIB` say otherwise (the server reads them when a
-/// client opens lanes). Measured on the 16-core H100 machine over TCP
-/// loopback: while chunks went on the lanes in turn, 8 lanes of 512 KiB
-/// moved the most (4 to 12 lanes of 256 KiB to 4 MiB tried), more only
-/// oversubscribing the cores. Since chunks go on whichever lane is ready,
-/// 16 lanes against 8, in alternating runs, moved 16-26% more from the
-/// device at 64 and 256 MiB and 6-10% more to it at 256 MiB, but 12-13%
-/// less to it at 64 MiB (more lanes take longer to get going) and 7-9%
-/// less from it at 1 MiB; they also cost twice the pinned slots (64 MiB per session
-/// that opens lanes) and twice the threads. So 8 stay the default, and
-/// `GPUPLEX_LANES=16` is there for long copies. What limits either is TCP
-/// itself: the same lanes with no GPU (`gpuplex bench`'s "lanes alone")
-/// moved 25-41 GB/s from run to run, and a full-speed DMA beside bare TCP
-/// cut it by a fifth to a third. Tried and dropped, for no gain beyond the
-/// run-to-run noise: flushing the slots or filling them with streaming
-/// stores (faster DMAs, slower readers), a stream per lane, 4 MiB of slots
-/// per lane, 256 KiB chunks, lane threads that poll for 100 µs for their
-/// next job or chunk before they sleep. A session that polled for filled
-/// chunks for 50 µs before it slept moved less (10-20 GB/s where 18-22 did
-/// not): it takes a core the lanes need.
-const LANES: usize = 8;
+/// `GPUPLEX_LANE_CHUNK_KIB` say otherwise (the server reads them when a client
+/// opens lanes). Measured on the 16-core H100 machine over TCP loopback. While
+/// chunks went on the lanes in turn and every lane's socket buffered megabytes,
+/// 8 lanes of 512 KiB moved the most (4 to 12 lanes of 256 KiB to 4 MiB tried):
+/// more lanes only took longer to get going. Since chunks go on whichever lane
+/// is ready, lanes buffer about two chunks and the server splices what it
+/// sends, 16 lanes moved more than 8 at every large size, in 3 alternating
+/// pairs of tcp-only benches (GB/s, 16 against 8): to the device 23.4-26.8
+/// against 21.8-23.1 at 64 MiB and 30.4-35.8 against 25.7-26.6 at 256; from it
+/// 25.0-29.7 against 21.0-26.4 at 64 and 25.9-31.1 against 22.1-23.9 at 256
+/// (one more pair, in a slow spell, left out: 8 lanes moved 15-19 there). 12
+/// lanes moved less than 16. They cost 64 MiB of pinned slots per session that
+/// opens lanes and 3 threads per lane (2 here, 1 in the client); copies of 1
+/// MiB from the device, 2 chunks, lost 10% in the one clean pair (4.9 against
+/// 5.5). What limits lanes is TCP itself: the same lanes with no GPU (`gpuplex
+/// bench`'s "lanes alone") moved 21-47 GB/s from run to run with 8 lanes, 37-63
+/// with 16, and a full-speed DMA beside bare TCP cut it by a fifth to a third.
+/// Tried and dropped, for no gain beyond the run-to-run noise: flushing the
+/// slots or filling them with streaming stores (faster DMAs, slower readers), a
+/// stream per lane, 4 MiB of slots per lane, 256 KiB chunks, lane threads that
+/// poll for 100 µs for their next job or chunk before they sleep. A session
+/// that polled for filled chunks for 50 µs before it slept moved less (10-20
+/// GB/s where 18-22 did not): it takes a core the lanes need.
+const LANES: usize = 16;
 const CHUNK_BYTES: usize = 512 << 10;
 /// Pinned bytes per lane and direction, cut into chunk-sized slots (at
 /// least two: one in a DMA while the lane moves the other). Several small
@@ -410,11 +423,11 @@ impl Lanes {
             let next = match self.free_out.try_recv() {
                 Ok(next) => next,
                 Err(_) => {
-                    // Keep the writers busy while waiting for one of them.
-                    if !rounds.filling.is_empty() {
-                        let done = rounds.turn(backend, self.fences.as_ref(), &target, &mut outcome);
-                        self.pass_out(done, &outcome)?;
-                    }
+                    // Every slot is in a round or lent until the client's
+                    // receipt: pass every round out before waiting, so the
+                    // client can read (and answer) all it could.
+                    let done = rounds.finish(backend, &target, &mut outcome);
+                    self.pass_out(done, &outcome)?;
                     self.free_out.recv().unwrap_or(FromLane::Stopped(usize::MAX))
                 }
             };
@@ -625,12 +638,16 @@ pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, 
     let span = tracing::info_span!("lane", session = hub.session, index);
     let _enter = span.enter();
     match attach(&hub, index, &lane) {
-        Ok(free_in) => {
-            // However the reading ends, the session hears of it.
-            let filled = hub.filled.clone();
-            let _farewell = Farewell(move || drop(filled.send(FromLane::Stopped(index))));
+        Ok((free_in, lent)) => {
+            // However the reading ends, the session hears of it, whichever
+            // way it copies: its out slots come back through here too.
+            let (filled, free_out) = (hub.filled.clone(), hub.free_out.clone());
+            let _farewell = Farewell(move || {
+                let _ = filled.send(FromLane::Stopped(index));
+                let _ = free_out.send(FromLane::Stopped(index));
+            });
             let ok = lane.send_frame(&Header::reply(header, 0, 0), &[]);
-            let read = ok.and_then(|()| read_chunks(&lane, &hub, index, free_in));
+            let read = ok.and_then(|()| read_chunks(&lane, &hub, index, free_in, lent));
             match read {
                 Ok(()) => debug!("lane closed"),
                 Err(e) => warn!("lane failed: {e}"),
@@ -657,14 +674,15 @@ impl<F: FnMut()> Drop for Farewell<F> {
 }
 
 /// Starts the lane's writer and gives the session its end; returns where
-/// the reader gets its free slots.
-fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<Receiver<usize>, &'static str> {
+/// the reader gets its free in slots, and the out slots the writer lent.
+fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<(Receiver<usize>, Receiver<Lent>), &'static str> {
     let mut joined = hub.joined.lock().unwrap_or_else(PoisonError::into_inner);
     if joined[index].is_some() {
         return Err("that lane has joined already");
     }
     let (free_in, reader_free) = channel();
     let (outgoing, writer_outgoing) = channel();
+    let (lend, lent) = channel();
     for slot in 0..hub.slots.per_lane {
         free_in.send(slot).expect("receiver held here");
     }
@@ -673,65 +691,108 @@ fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<Receiver<usize>, &'sta
     let (slots, free_out) = (hub.slots.clone(), hub.free_out.clone());
     std::thread::Builder::new()
         .name("gpuplex-lane-out".into())
-        .spawn(move || write_chunks(writer, &slots, index, writer_outgoing, free_out))
+        .spawn(move || write_chunks(writer, &slots, index, writer_outgoing, free_out, lend))
         .map_err(|_| "cannot start the lane's writer")?;
     joined[index] = Some(LaneEnd { lane: session_side, free_in, outgoing });
-    Ok(reader_free)
+    Ok((reader_free, lent))
 }
 
-fn read_chunks(lane: &Lane, hub: &Hub, index: usize, free: Receiver<usize>) -> Result<(), TransportError> {
+/// An out slot whose chunk the kernel may still be reading, until the
+/// client's receipt for it comes.
+struct Lent {
+    slot: usize,
+    header: ChunkHeader,
+}
+
+/// Reads what the client sends on the lane: chunks of copies to the device,
+/// each into a free in slot, and receipts for the chunks from the device,
+/// each freeing the out slot lent longest.
+fn read_chunks(
+    lane: &Lane,
+    hub: &Hub,
+    index: usize,
+    free: Receiver<usize>,
+    lent: Receiver<Lent>,
+) -> Result<(), TransportError> {
     let slots = &hub.slots;
-    while let Ok(slot) = free.recv() {
+    loop {
         let header = match lane.recv_header() {
             Err(TransportError::Closed) => return Ok(()),
             other => other?,
         };
+        if header.is_receipt() {
+            // The writer lends a slot before it sends; the client can only
+            // answer what it has read, so a receipt finds its slot here.
+            let Some(Lent { slot, .. }) = lent.try_recv().ok().filter(|l| header.acknowledges(&l.header)) else {
+                return Err(TransportError::Chunk);
+            };
+            if hub.free_out.send(FromLane::Free { lane: index, slot }).is_err() {
+                return Ok(());
+            }
+            continue;
+        }
         let len = header.payload_len();
         if header.status.get() != 0 || len > slots.chunk as u64 {
             return Err(TransportError::Chunk);
         }
+        let Ok(slot) = free.recv() else { return Ok(()) };
         // SAFETY: the slot is this reader's until it passes it on below,
         // and `len` fits it.
         let buf = unsafe { std::slice::from_raw_parts_mut(slots.ptr(index, Direction::In, slot), len as usize) };
         lane.recv_exact(buf)?;
         if hub.filled.send(FromLane::Filled { lane: index, slot, header }).is_err() {
-            break;
+            return Ok(());
         }
     }
-    Ok(())
 }
 
-/// Sends what the session passes, giving each slot back once sent. Its
-/// slots start out free.
-fn write_chunks(lane: Lane, slots: &Slots, index: usize, outgoing: Receiver<Outgoing>, free: Sender<FromLane>) {
+/// Sends what the session passes. A chunk's bytes go by reference to its
+/// slot's pages (`vmsplice`) where the kernel allows it, so the slot is lent
+/// until the client's receipt, which the reader takes; a failed chunk's
+/// slot carries nothing and is given back at once. Its slots start out free.
+fn write_chunks(
+    lane: Lane,
+    slots: &Slots,
+    index: usize,
+    outgoing: Receiver<Outgoing>,
+    free: Sender<FromLane>,
+    lend: Sender<Lent>,
+) {
     let stopped = free.clone();
     let _farewell = Farewell(move || drop(stopped.send(FromLane::Stopped(index))));
+    gpuplex_transport::block_sigpipe_on_this_thread();
+    let pipe = Pipe::new(slots.chunk).map_err(|e| debug!("lane writer copies what it sends: no vmsplice ({e})")).ok();
     for slot in 0..slots.per_lane {
         if free.send(FromLane::Free { lane: index, slot }).is_err() {
             return;
         }
     }
     for next in outgoing {
-        let (sent, slot) = match next {
-            Outgoing::Chunk { slot, header } => {
+        let sent = match next {
+            Outgoing::Chunk { slot, header } if header.payload_len() > 0 => {
                 // SAFETY: the session gave this slot, DMA complete, to this
-                // writer until it passes it back; the header's length fits it.
+                // writer, which lends it until the client's receipt; the
+                // header's length fits it.
                 let data = unsafe {
                     std::slice::from_raw_parts(slots.ptr(index, Direction::Out, slot), header.payload_len() as usize)
                 };
-                (lane.send_chunk(&header, data), Some(slot))
+                if lend.send(Lent { slot, header }).is_err() {
+                    return;
+                }
+                match &pipe {
+                    Some(pipe) => lane.send_chunk_spliced(&header, data, pipe),
+                    None => lane.send_chunk(&header, data),
+                }
             }
-            Outgoing::End(copy) => (lane.send_chunk(&ChunkHeader::end(copy), &[]), None),
+            Outgoing::Chunk { slot, header } => {
+                lane.send_chunk(&header, &[]).map(|()| drop(free.send(FromLane::Free { lane: index, slot })))
+            }
+            Outgoing::End(copy) => lane.send_chunk(&ChunkHeader::end(copy), &[]),
         };
         if let Err(e) = sent {
             debug!("lane writer stops: {e}");
             lane.shutdown();
             return;
-        }
-        if let Some(slot) = slot {
-            if free.send(FromLane::Free { lane: index, slot }).is_err() {
-                return;
-            }
         }
     }
 }

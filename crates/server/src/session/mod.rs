@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use gpuplex_protocol::{
     codec, dispatch, CallError, Ctx, CuError, DecodeError, ErrorDetail, Header, Hello, LaneJoin, Opcode, Welcome,
+    LANES_VERSION,
 };
 use gpuplex_transport::shm::Side;
 use gpuplex_transport::{Carrier, TransportError};
@@ -296,6 +297,10 @@ impl Session {
         if self.lanes.is_some() {
             let again = CallError::new(CuError::INVALID_VALUE, "lanes are open already");
             return Ok(reply_error(carrier, header, again)?);
+        }
+        if header.version.get() < LANES_VERSION {
+            let why = format!("lanes need protocol {LANES_VERSION}; this client speaks {}", header.version.get());
+            return Ok(reply_error(carrier, header, CallError::new(CuError::NOT_SUPPORTED, why))?);
         }
         match lanes::Lanes::open(self.metrics.id, carrier.peer(), &registry.lanes) {
             Ok((lanes, offer)) => {
