@@ -149,8 +149,9 @@ impl Slots {
     }
 }
 
-/// From the lanes' threads to the session: a slot of `lane`'s, filled by
-/// its reader or given back by its writer, or word that the thread stopped.
+/// From the lanes' threads to the session: an in slot of `lane`'s its
+/// reader filled, an out slot free again (its chunk's receipt came, or its
+/// failed chunk's header went), or word that the thread stopped.
 enum FromLane {
     Filled { lane: usize, slot: usize, header: ChunkHeader },
     Free { lane: usize, slot: usize },
@@ -179,7 +180,7 @@ pub struct Lanes {
     ends: Vec<LaneEnd>,
     /// What every reader filled, in the order they did.
     filled: Receiver<FromLane>,
-    /// The out slots every writer gave back, in the order it did.
+    /// The out slots every lane freed, in the order it did.
     free_out: Receiver<FromLane>,
     /// Per lane, its in slots the session holds (in a round).
     held_in: Vec<usize>,
