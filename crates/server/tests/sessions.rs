@@ -862,13 +862,26 @@ fn join_lane(address: &Address, token: Option<&Token>, key: [u8; 32], index: u32
     }
 }
 
+/// Reads the server's receipts for the chunks `sent` on `lane`, in order.
+fn answered(lane: &Lane, sent: &[ChunkHeader]) -> Result<(), TransportError> {
+    for chunk in sent {
+        let receipt = lane.recv_header()?;
+        assert!(receipt.acknowledges(chunk), "{receipt:?} should answer {chunk:?}");
+    }
+    Ok(())
+}
+
 impl Lanes {
+    /// Sends every chunk of a copy, in turn over the lanes, then reads
+    /// their receipts.
     fn send(&self, copy: u64, data: &[u8]) -> Result<(), TransportError> {
+        let mut sent = vec![Vec::new(); self.lanes.len()];
         for (i, offset, len) in lane::chunks(data.len() as u64, self.chunk) {
-            let chunk = &data[offset as usize..(offset + len) as usize];
-            self.lanes[i as usize % self.lanes.len()].send_chunk(&ChunkHeader::new(copy, offset, len), chunk)?;
+            let (l, header) = (i as usize % self.lanes.len(), ChunkHeader::new(copy, offset, len));
+            self.lanes[l].send_chunk(&header, &data[offset as usize..(offset + len) as usize])?;
+            sent[l].push(header);
         }
-        Ok(())
+        self.lanes.iter().zip(&sent).try_for_each(|(lane, sent)| answered(lane, sent))
     }
 
     /// Every chunk of a copy, each lane read until it ends its share and
@@ -922,8 +935,8 @@ fn tcp_client_with_lanes() -> (Client, Lanes) {
     (c, lanes)
 }
 
-/// Copies of a few rounds (one chunk per lane each; the session waits on
-/// one round while it issues the next) and a ragged end cross both ways,
+/// Copies of a few chunks per lane (several batches of DMAs) and a ragged
+/// end cross both ways, each chunk to the device answered with a receipt,
 /// and a failed copy still moves every chunk, so the next one finds its
 /// lanes in step.
 #[test]
@@ -958,7 +971,7 @@ fn within_30_s(test: impl FnOnce() + Send + 'static) {
 
 /// Lanes run by threads of their own, as the client's are, one of them
 /// starting late: the copy waits for it and lands whole. (A session that
-/// let the punctual lanes' chunks fill its rounds could hold all of the
+/// let the punctual lanes' chunks fill its batches could hold all of the
 /// late lane's slots while waiting for that lane's next chunk, and hang.)
 #[test]
 fn a_lane_that_starts_late_delays_a_copy_but_does_not_break_it() {
@@ -977,10 +990,13 @@ fn a_lane_that_starts_late_delays_a_copy_but_does_not_break_it() {
                     if l == 1 {
                         std::thread::sleep(Duration::from_millis(100));
                     }
+                    let mut sent = Vec::new();
                     for (_, offset, len) in lane::chunks(size, chunk).filter(|&(i, _, _)| i as usize % count == l) {
                         let bytes = &data[offset as usize..(offset + len) as usize];
-                        lane.send_chunk(&ChunkHeader::new(1, offset, len), bytes).unwrap();
+                        sent.push(ChunkHeader::new(1, offset, len));
+                        lane.send_chunk(sent.last().unwrap(), bytes).unwrap();
                     }
+                    answered(lane, &sent).unwrap();
                 });
             }
         });
@@ -990,8 +1006,8 @@ fn a_lane_that_starts_late_delays_a_copy_but_does_not_break_it() {
 }
 
 /// Chunks may come on any lane in any order: here every chunk of a copy
-/// comes on one lane, last chunk first. That lane has fewer slots than a
-/// round has chunks, so the session must give its slots back before it
+/// comes on one lane, last chunk first. That lane has no more slots than a
+/// batch of DMAs holds, so the session must give its slots back before it
 /// waits for more, or wait forever.
 #[test]
 fn one_lane_may_carry_a_whole_copy_in_any_order() {
@@ -1001,12 +1017,13 @@ fn one_lane_may_carry_a_whole_copy_in_any_order() {
     let data = pattern(size as usize, 6);
     within_30_s(move || {
         c.send(MemcpyHtoDLanes::Request { dst: p, size, stream: Stream::NULL, copy: 1 }, false);
-        let mut all: Vec<_> = lane::chunks(size, lanes.chunk).collect();
-        all.reverse();
-        for (_, offset, len) in all {
-            let bytes = &data[offset as usize..(offset + len) as usize];
-            lanes.lanes[2].send_chunk(&ChunkHeader::new(1, offset, len), bytes).unwrap();
+        let mut sent: Vec<_> = lane::chunks(size, lanes.chunk).map(|(_, o, len)| ChunkHeader::new(1, o, len)).collect();
+        sent.reverse();
+        for header in &sent {
+            let (offset, len) = (header.offset.get() as usize, header.length.get() as usize);
+            lanes.lanes[2].send_chunk(header, &data[offset..offset + len]).unwrap();
         }
+        answered(&lanes.lanes[2], &sent).unwrap();
         c.reply::<MemcpyHtoDLanes::Request>().unwrap();
         assert_eq!(lanes_dtoh(&mut c, &lanes, p, 2, size), (Ok(data), CuError(0)));
     });

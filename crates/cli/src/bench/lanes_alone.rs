@@ -3,19 +3,20 @@
 //! nothing.
 //!
 //! Those copies travel on a session's lanes (see the server's
-//! `session/lanes.rs`). This opens lanes the same way (as many, over the
+//! `session/lanes/mod.rs`). This opens lanes the same way (as many, over the
 //! same carrier, with the same chunk size, spliced sends, each lane taking
-//! the next chunk no other has taken, and a few chunk slots per lane to
-//! receive into) and moves a host buffer through them to the slots, with no
+//! the next chunk no other has taken once its last is answered, and a few
+//! chunk slots per lane to receive into) and moves a host buffer through them to the slots, with no
 //! server or GPU. On the H100 machine bare TCP loopback is bound by the
 //! CPU's copies out of the socket, so this ceiling, not the GPU's, is what
 //! a TCP copy's bandwidth is to be read against.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use gpuplex_protocol::lane::{self, ChunkHeader};
+use gpuplex_protocol::lane::{self, ChunkHeader, AHEAD};
 use gpuplex_server::session::lanes::Shape;
 use gpuplex_transport::tcp::{TcpCarrier, TcpListener};
 use gpuplex_transport::unix::UnixCarrier;
@@ -153,14 +154,26 @@ fn word(data: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(data[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// One pass: chunks taken until none is left, spliced as the client's lanes
-/// send them, then the marker that ends this lane's share.
+/// One pass: chunks taken until none is left, spliced and answered as the
+/// client's lanes send them, then the marker that ends this lane's share.
 fn send(tx: &Lane, shape: Shape, source: &[u8], pass: &Pass, p: u64) -> Result<(), String> {
     // The source never changes, so spliced pages may be read at any time.
     let pipe = Pipe::new(shape.chunk).ok();
     let size = source.len() as u64;
-    while let Some((offset, len)) = lane::chunk_at(size, shape.chunk as u64, pass.next.fetch_add(1, Ordering::Relaxed))
-    {
+    let mut unanswered = VecDeque::with_capacity(AHEAD);
+    let await_receipt = |unanswered: &mut VecDeque<ChunkHeader>| {
+        let receipt = tx.recv_header().map_err(|e| format!("receipt: {e}"))?;
+        let sent = unanswered.pop_front().expect("a chunk is unanswered");
+        receipt.acknowledges(&sent).then_some(()).ok_or_else(|| format!("got {receipt:?} for {sent:?}"))
+    };
+    loop {
+        if unanswered.len() == AHEAD {
+            await_receipt(&mut unanswered)?;
+        }
+        let Some((offset, len)) = lane::chunk_at(size, shape.chunk as u64, pass.next.fetch_add(1, Ordering::Relaxed))
+        else {
+            break;
+        };
         let header = ChunkHeader::new(p, offset, len);
         let data = &source[offset as usize..(offset + len) as usize];
         match &pipe {
@@ -168,12 +181,16 @@ fn send(tx: &Lane, shape: Shape, source: &[u8], pass: &Pass, p: u64) -> Result<(
             None => tx.send_chunk(&header, data),
         }
         .map_err(|e| format!("send: {e}"))?;
+        unanswered.push_back(header);
+    }
+    while !unanswered.is_empty() {
+        await_receipt(&mut unanswered)?;
     }
     tx.send_chunk(&ChunkHeader::end(p), &[]).map_err(|e| format!("send: {e}"))
 }
 
-/// One pass: chunks into the lane's slots in turn, each checked, until
-/// the marker that ends the lane's share; how many came.
+/// One pass: chunks into the lane's slots in turn, each checked and
+/// answered, until the marker that ends the lane's share; how many came.
 fn receive(rx: &Lane, shape: Shape, slots: &mut [u8], bytes: usize, pass: &Pass, p: u64) -> Result<usize, String> {
     for n in 0.. {
         let header = rx.recv_header().map_err(|e| format!("receive: {e}"))?;
@@ -192,6 +209,8 @@ fn receive(rx: &Lane, shape: Shape, slots: &mut [u8], bytes: usize, pass: &Pass,
         if word(slot, 0) != (offset / 8) as u64 || word(slot, len - 8) != ((offset + len) / 8 - 1) as u64 {
             return Err(format!("chunk {i} of pass {p} arrived corrupted"));
         }
+        let receipt = ChunkHeader::receipt(p, offset as u64);
+        rx.send_chunk(&receipt, &[]).map_err(|e| format!("receipt: {e}"))?;
     }
     unreachable!("the loop returns")
 }

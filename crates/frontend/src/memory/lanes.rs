@@ -3,32 +3,35 @@
 //!
 //! One socket moves a few GB/s, since one thread on each side copies every
 //! byte through the kernel; the server's side of this is described in its
-//! `session/lanes.rs`. The first large copy asks for lanes (`OpenLanes`),
+//! `session/lanes/mod.rs`. The first large copy asks for lanes (`OpenLanes`),
 //! connects each as any client does (over TCP, proving the token) and
 //! joins it to the session by key. Each lane then has a thread here that
 //! sends chunks straight from the caller's buffer, or receives them
 //! straight into it. Chunks go on whichever lane is ready first (lanes are
-//! far from equal; see the server's `session/lanes.rs`): to the device,
-//! each lane thread takes the next chunk no other has taken; from it, each
-//! receives what the server sent on its lane until the marker that ends
-//! its share, answering each chunk with a receipt once it has read it (the
-//! server splices its slots too, and reuses one only after its receipt).
-//! The call itself still goes on the main connection, in order with every
-//! other.
+//! far from equal; see the server's side): to the device,
+//! each lane thread takes the next chunk no other has taken, once fewer
+//! than [`AHEAD`] of its chunks are unanswered by the server's receipts;
+//! from it, each receives what the server sent on its lane until the
+//! marker that ends its share, answering each chunk with a receipt once it
+//! has read it (the server splices its slots too, and reuses one only after
+//! its receipt). The call itself still goes on the main connection, in
+//! order with every other.
 //!
 //! Sending splices the caller's pages into the socket instead of copying
 //! them (`vmsplice`): the client spends no CPU copy on an upload, and on a
 //! loopback the server's read is the only one. (With the server's
 //! pipelined rounds, alternating runs on the H100 machine moved 19.5-22.7
 //! GB/s to the device over TCP loopback, against 16.1-19.9 before.) The
-//! pages are read after `send` returns, so such a copy waits for the
-//! server's reply even when its call could have been posted.
+//! kernel reads those pages until the server has read the chunk, so `send`
+//! returns only once every chunk is answered; then the caller's buffer is
+//! free, and a copy that may be posted needs no reply.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
-use gpuplex_protocol::lane::{self, ChunkHeader};
+use gpuplex_protocol::lane::{self, ChunkHeader, AHEAD};
 use gpuplex_protocol::{codec, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, Opcode};
 use gpuplex_transport::{Address, Lane, Pipe, Token, TransportError};
 
@@ -40,8 +43,6 @@ pub struct Lanes {
     done: Receiver<Result<u64, LaneError>>,
     chunk: u64,
     next_copy: u64,
-    /// Whether every lane splices what it sends (see `Lane::send_chunk_spliced`).
-    spliced: bool,
 }
 
 /// Why a copy over the lanes failed.
@@ -79,16 +80,14 @@ impl Lanes {
         }
         let (done_tx, done) = channel();
         let mut workers = Vec::new();
-        let mut spliced = true;
         for index in 0..offer.lanes {
             let lane = join(offer, index, address, token).map_err(|e| format!("lane {index}: {e}"))?;
             let pipe = match Pipe::new(offer.chunk_bytes as usize) {
                 Ok(pipe) => Some(pipe),
                 Err(e) => {
-                    if spliced {
+                    if index == 0 {
                         log::info(&format!("lanes copy what they send: no vmsplice ({e})"));
                     }
-                    spliced = false;
                     None
                 }
             };
@@ -100,14 +99,7 @@ impl Lanes {
                 .map_err(|e| format!("cannot start a lane thread: {e}"))?;
             workers.push(jobs);
         }
-        Ok(Lanes { workers, done, chunk: offer.chunk_bytes, next_copy: 1, spliced })
-    }
-
-    /// Whether the bytes sent stay in the caller's buffer until the server
-    /// has read them (they are spliced, not copied): the caller must then
-    /// wait for the server's reply before the buffer may change.
-    pub fn borrow_what_they_send(&self) -> bool {
-        self.spliced
+        Ok(Lanes { workers, done, chunk: offer.chunk_bytes, next_copy: 1 })
     }
 
     /// A new copy's number, for its call and its chunks.
@@ -117,8 +109,8 @@ impl Lanes {
         copy
     }
 
-    /// Sends all of `src` as chunks of `copy`; returns once every byte is
-    /// on its way (in the kernel's buffers, or read by the server).
+    /// Sends all of `src` as chunks of `copy`; returns once the server has
+    /// read every byte (answered every chunk), so `src` may change then.
     pub fn send(&mut self, copy: u64, src: &[u8]) -> Result<(), LaneError> {
         self.run(copy, src.as_ptr() as usize, src.len(), Direction::Send { next: Arc::default() })
     }
@@ -193,12 +185,16 @@ fn lost(e: TransportError) -> LaneError {
     LaneError::Lost(e.to_string())
 }
 
-/// Sends chunks of the job until none is left to take; returns how many.
+/// Sends chunks of the job until none is left to take, each once fewer
+/// than [`AHEAD`] are unanswered; returns how many, once all are answered.
 fn send(lane: &Lane, job: &Job, next: &AtomicU64, pipe: Option<&Pipe>) -> Result<u64, LaneError> {
-    let mut sent = 0;
+    let (mut sent, mut unanswered) = (0, VecDeque::with_capacity(AHEAD));
     loop {
+        if unanswered.len() == AHEAD {
+            await_receipt(lane, &mut unanswered)?;
+        }
         let Some((offset, len)) = lane::chunk_at(job.size, job.chunk, next.fetch_add(1, Ordering::Relaxed)) else {
-            return Ok(sent);
+            break;
         };
         // SAFETY: the caller of `Lanes::run` keeps the buffer alive and
         // unchanged until every lane has reported this job done.
@@ -209,8 +205,23 @@ fn send(lane: &Lane, job: &Job, next: &AtomicU64, pipe: Option<&Pipe>) -> Result
             None => lane.send_chunk(&header, data),
         }
         .map_err(lost)?;
+        unanswered.push_back(header);
         sent += 1;
     }
+    while !unanswered.is_empty() {
+        await_receipt(lane, &mut unanswered)?;
+    }
+    Ok(sent)
+}
+
+/// Reads the receipt for the oldest unanswered chunk.
+fn await_receipt(lane: &Lane, unanswered: &mut VecDeque<ChunkHeader>) -> Result<(), LaneError> {
+    let header = lane.recv_header().map_err(lost)?;
+    let oldest = unanswered.pop_front().expect("awaited only for a chunk sent");
+    if !header.acknowledges(&oldest) {
+        return Err(LaneError::Lost(format!("got {header:?}, not the receipt for {oldest:?}")));
+    }
+    Ok(())
 }
 
 /// Receives chunks of the job until the server ends this lane's share,

@@ -7,15 +7,16 @@
 //! lane has a reader and a writer thread here, and a thread in the client,
 //! that only move bytes between the socket and pinned slots; every CUDA
 //! call stays on the session's thread, so a copy keeps its exact place in
-//! its stream. The session DMAs chunks in rounds (one per lane's worth)
-//! and marks each round with an event; it waits for a round's event only
-//! after issuing the next round, so the copy engine always has work queued
-//! while the lanes fill (or drain) their other slots (`Rounds`).
+//! its stream. The session DMAs chunks in small batches, each marked by
+//! an event it checks between chunks, so a slot goes back to its lane as
+//! soon as its DMA is done while the copy engine still has work queued
+//! (`batches.rs`).
 //!
 //! Chunks go on whichever lane is ready first, not in turn: host to device
 //! the client's lane threads each take the next chunk of the copy, and the
 //! session DMAs chunks in the order they arrive, each to its own place;
-//! device to host the session fills whichever lane's slot is free first.
+//! device to host the session fills a free slot of the lane with the
+//! fewest chunks under way.
 //! Lanes on one machine are far from equal (on the H100 machine the
 //! fastest of 8 bare TCP loopback streams carried up to 1.8 times the
 //! slowest's chunks), and in turn they would all wait for the slowest.
@@ -28,8 +29,10 @@
 //! (`vmsplice`) instead of copying them, as the client does the other way:
 //! on a loopback the client's read is then the only CPU copy. The slot is
 //! lent until the client's receipt for that chunk comes back on the lane
-//! (the reader takes it); before it waits for a free slot, the session
-//! passes out every chunk it has DMA'd, so the client can answer them.
+//! (the reader takes it); with no slot free, the session passes out its
+//! oldest batch of DMAs once done, so the client can answer them. The
+//! other way, a reader answers each chunk it has read with a receipt, and
+//! a client lane sends its next chunk only then (`lane::AHEAD`).
 //! Alternating tcp-only benches on the H100 machine: from the device at
 //! 256 MiB, 14.0-19.8 GB/s copying against 21.8-23.8 splicing (pinned),
 //! 17.4-19.5 against 23.2-24.0 (pageable).
@@ -39,7 +42,8 @@
 //! frame, `JoinLane`, names the key and its index. It must come from the
 //! session's own peer: the same process locally, the same host remotely.
 //! A lane that closes, or sends anything but a chunk of the copy under way
-//! that has not come already, ends its session, as a malformed frame would.
+//! that has not come already or the receipt for the oldest chunk it was
+//! sent, ends its session, as a malformed frame would.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -53,7 +57,10 @@ use gpuplex_transport::{Carrier, Lane, Peer, Pipe, TransportError};
 use tracing::{debug, warn};
 
 use super::shared::register_once;
-use crate::backend::{Backend, Obj, CU_EVENT_DISABLE_TIMING};
+use crate::backend::{Backend, Obj};
+use batches::{Batches, Fences};
+
+mod batches;
 
 pub type LaneKey = [u8; 32];
 
@@ -182,11 +189,15 @@ pub struct Lanes {
     filled: Receiver<FromLane>,
     /// The out slots every lane freed, in the order it did.
     free_out: Receiver<FromLane>,
-    /// Per lane, its in slots the session holds (in a round).
+    /// Per lane, its out slots taken off `free_out` and not yet used.
+    free_out_held: Vec<Vec<usize>>,
+    /// The lane whose free out slot is taken first, all else being equal.
+    next_out: usize,
+    /// Per lane, its in slots the session holds (in a batch).
     held_in: Vec<usize>,
     /// The context the slots are registered from, if any.
     registered: Option<Obj>,
-    /// The events that mark rounds done, made in the registered context.
+    /// The events that mark batches done, made in the registered context.
     fences: Option<Fences>,
     /// Why the lanes can no longer be trusted; ends the session.
     lost: Option<String>,
@@ -249,9 +260,18 @@ impl Lanes {
         let hub = Arc::new(Hub { session, peer, slots, joined, filled: filled_tx, free_out: free_out_tx });
         hubs.lock().insert(key, hub.clone());
         let offer = LaneOffer { key, lanes: count as u32, chunk_bytes: chunk as u64 };
-        let held_in = vec![0; count];
-        let lanes =
-            Lanes { hub, ends: Vec::new(), filled, free_out, held_in, registered: None, fences: None, lost: None };
+        let lanes = Lanes {
+            hub,
+            ends: Vec::new(),
+            filled,
+            free_out,
+            free_out_held: vec![Vec::new(); count],
+            next_out: 0,
+            held_in: vec![0; count],
+            registered: None,
+            fences: None,
+            lost: None,
+        };
         Ok((lanes, offer))
     }
 
@@ -298,7 +318,7 @@ impl Lanes {
         Ok(registered.and_then(|()| self.fences_in(backend, ctx)))
     }
 
-    /// Makes the round events in `ctx`, unless they are there already.
+    /// Makes the batch events in `ctx`, unless they are there already.
     fn fences_in(&mut self, backend: &dyn Backend, ctx: Obj) -> Result<(), CallError> {
         if self.fences.as_ref().is_some_and(|f| f.ctx == ctx) {
             return Ok(());
@@ -322,12 +342,12 @@ impl Lanes {
         copy: u64,
     ) -> Result<(), CallError> {
         let mut outcome = self.start(backend, &target)?;
-        let (lanes, chunk) = (self.ends.len(), self.hub.slots.chunk as u64);
+        let chunk = self.hub.slots.chunk as u64;
         let mut arrived = vec![false; lane::chunks(size, chunk).count()];
-        let mut rounds = Rounds::new();
+        let mut batches = Batches::new(backend, &target, self.fences.as_ref());
         let (started, mut first) = (Instant::now(), None);
         for _ in 0..arrived.len() {
-            let (l, slot, header) = self.next_filled(backend, &mut rounds, &target, &mut outcome)?;
+            let (l, slot, header) = self.next_filled(&mut batches, &mut outcome)?;
             first.get_or_insert_with(|| started.elapsed());
             self.held_in[l] += 1;
             let Some(i) = header.index_in(copy, size, chunk) else {
@@ -341,45 +361,41 @@ impl Lanes {
                 (Ok(()), Ok((ctx, stream))) => {
                     let src = self.hub.slots.ptr(l, Direction::In, slot);
                     // SAFETY: a registered slot holding `len` <= chunk bytes,
-                    // not handed back before its round's DMAs are done.
+                    // not handed back before its batch's DMAs are done.
                     let dma =
                         unsafe { backend.memcpy_htod_host(*ctx, dst + offset, src, len as usize, *stream, false) };
                     outcome = dma;
-                    rounds.filling.push((l, slot));
+                    let done = batches.push((l, slot), &mut outcome);
+                    self.hand_back_all_in(done);
                 }
                 _ => self.hand_back_in(l, slot),
             }
-            if rounds.filling.len() == lanes {
-                let done = rounds.turn(backend, self.fences.as_ref(), &target, &mut outcome);
-                self.hand_back_all_in(done);
-            }
         }
         let last = started.elapsed();
-        let done = rounds.finish(backend, &target, &mut outcome);
+        let done = batches.finish(&mut outcome);
         self.hand_back_all_in(done);
         debug!(copy, size, first = ?first, last = ?last, done = ?started.elapsed(), "lanes: host to device");
         outcome
     }
 
-    /// The next chunk any reader filled. Before waiting for one, it makes
-    /// sure that every lane has a slot to read into: a lane whose slots are
-    /// all in rounds could hold the very chunk waited for.
+    /// The next chunk any reader filled. Before waiting for one, it hands
+    /// back the slots of finished DMAs and makes sure that every lane has a
+    /// slot to read into: a lane whose slots are all in batches could hold
+    /// the very chunk waited for.
     fn next_filled(
         &mut self,
-        backend: &dyn Backend,
-        rounds: &mut Rounds<(usize, usize)>,
-        target: &Result<(Obj, Obj), CallError>,
+        batches: &mut Batches<(usize, usize)>,
         outcome: &mut Result<(), CallError>,
     ) -> Result<(usize, usize, ChunkHeader), CallError> {
         let next = match self.filled.try_recv() {
             Ok(next) => next,
             Err(_) => {
+                let mut done = batches.seal(outcome);
+                done.append(&mut batches.done(outcome));
+                self.hand_back_all_in(done);
                 if self.held_in.iter().any(|&held| held == self.hub.slots.per_lane) {
-                    // Two turns: the round issued last holds slots too.
-                    for _ in 0..2 {
-                        let done = rounds.turn(backend, self.fences.as_ref(), target, outcome);
-                        self.hand_back_all_in(done);
-                    }
+                    let done = batches.finish(outcome);
+                    self.hand_back_all_in(done);
                 }
                 // The hub holds a sender: this never disconnects.
                 self.filled.recv().unwrap_or(FromLane::Stopped(usize::MAX))
@@ -404,8 +420,8 @@ impl Lanes {
         }
     }
 
-    /// Device to host: DMAs chunks into whichever lane's slot is free first,
-    /// and passes each round to the writers once its DMAs are done; then
+    /// Device to host: DMAs chunks into free slots of the least busy lanes,
+    /// and passes each batch to the writers once its DMAs are done; then
     /// tells every writer that its share of the copy has ended. Every chunk
     /// is sent, failed ones as a bare header with the copy's error.
     pub fn dtoh(
@@ -418,39 +434,37 @@ impl Lanes {
     ) -> Result<(), CallError> {
         let mut outcome = self.start(backend, &target)?;
         let lanes = self.ends.len();
-        let mut rounds = Rounds::new();
+        let mut batches = Batches::new(backend, &target, self.fences.as_ref());
         let started = Instant::now();
         for (_, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
-            let next = match self.free_out.try_recv() {
-                Ok(next) => next,
-                Err(_) => {
-                    // Every slot is in a round or lent until the client's
-                    // receipt: pass every round out before waiting, so the
-                    // client can read (and answer) all it could.
-                    let done = rounds.finish(backend, &target, &mut outcome);
-                    self.pass_out(done, &outcome)?;
-                    self.free_out.recv().unwrap_or(FromLane::Stopped(usize::MAX))
+            let (l, slot) = loop {
+                self.take_free_out(false)?;
+                if let Some(free) = self.free_out_slot() {
+                    break free;
                 }
-            };
-            let (l, slot) = match next {
-                FromLane::Free { lane, slot } => (lane, slot),
-                FromLane::Stopped(l) => return Err(self.lose(format!("lane {l} closed mid-copy"))),
-                FromLane::Filled { .. } => unreachable!("only writers send here"),
+                // Every slot is in a batch or lent until the client's
+                // receipt. Pass the oldest batch out once its DMAs are
+                // done (not all of them: more DMAs may queue behind it
+                // meanwhile), so the client can read and answer it; with
+                // none issued, wait for a receipt.
+                if batches.is_empty() {
+                    self.take_free_out(true)?;
+                } else {
+                    let done = batches.wait_oldest(&mut outcome);
+                    self.pass_out(done, &outcome)?;
+                }
             };
             if let (Ok(()), Ok((ctx, stream))) = (&outcome, &target) {
                 let dst = self.hub.slots.ptr(l, Direction::Out, slot);
                 // SAFETY: a registered slot with room for `len` <= chunk
-                // bytes, not given to the writer before its round is done.
+                // bytes, not given to the writer before its batch is done.
                 let dma = unsafe { backend.memcpy_dtoh_host(*ctx, dst, src + offset, len as usize, *stream, false) };
                 outcome = dma;
             }
-            rounds.filling.push((l, slot, ChunkHeader::new(copy, offset, len)));
-            if rounds.filling.len() == lanes {
-                let done = rounds.turn(backend, self.fences.as_ref(), &target, &mut outcome);
-                self.pass_out(done, &outcome)?;
-            }
+            let done = batches.push((l, slot, ChunkHeader::new(copy, offset, len)), &mut outcome);
+            self.pass_out(done, &outcome)?;
         }
-        let done = rounds.finish(backend, &target, &mut outcome);
+        let done = batches.finish(&mut outcome);
         self.pass_out(done, &outcome)?;
         debug!(copy, size, done = ?started.elapsed(), "lanes: device to host");
         for l in 0..lanes {
@@ -459,6 +473,35 @@ impl Lanes {
             }
         }
         outcome
+    }
+
+    /// Takes the out slots the lanes freed off their channel: those freed
+    /// already, and if `wait`, at least one.
+    fn take_free_out(&mut self, wait: bool) -> Result<(), CallError> {
+        let mut next = if wait { self.free_out.recv().ok() } else { self.free_out.try_recv().ok() };
+        while let Some(freed) = next {
+            match freed {
+                FromLane::Free { lane, slot } => self.free_out_held[lane].push(slot),
+                FromLane::Stopped(l) => return Err(self.lose(format!("lane {l} closed mid-copy"))),
+                FromLane::Filled { .. } => unreachable!("only writers send here"),
+            }
+            next = self.free_out.try_recv().ok();
+        }
+        Ok(())
+    }
+
+    /// A free out slot of the lane with the most of them: the lane with the
+    /// fewest chunks queued or unanswered, so a copy's first chunks spread
+    /// over every lane, and lanes that drain faster get more.
+    fn free_out_slot(&mut self) -> Option<(usize, usize)> {
+        let lanes = self.free_out_held.len();
+        // The first of the fullest, counting from `next_out`.
+        let l = (0..lanes)
+            .map(|i| (self.next_out + i) % lanes)
+            .min_by_key(|&l| std::cmp::Reverse(self.free_out_held[l].len()))?;
+        let slot = self.free_out_held[l].pop()?;
+        self.next_out = (l + 1) % lanes;
+        Some((l, slot))
     }
 
     /// Gives chunks whose DMAs are done to their writers, marked failed if
@@ -508,101 +551,6 @@ impl Lanes {
     }
 }
 
-/// Two events in one context, one per round in flight.
-struct Fences {
-    ctx: Obj,
-    events: [Obj; 2],
-}
-
-impl Fences {
-    fn new(backend: &dyn Backend, ctx: Obj) -> Result<Fences, CallError> {
-        let first = backend.event_create(ctx, CU_EVENT_DISABLE_TIMING)?;
-        match backend.event_create(ctx, CU_EVENT_DISABLE_TIMING) {
-            Ok(second) => Ok(Fences { ctx, events: [first, second] }),
-            Err(e) => {
-                let _ = backend.event_destroy(ctx, first);
-                Err(e)
-            }
-        }
-    }
-
-    fn destroy(self, backend: &dyn Backend) {
-        for event in self.events {
-            if let Err(e) = backend.event_destroy(self.ctx, event) {
-                warn!("lane round event destroy failed: {e}");
-            }
-        }
-    }
-}
-
-/// A copy's DMAs, a round (one chunk per lane) at a time, with two rounds
-/// in flight: the session issues one round while the copy engine still
-/// runs the one before, so the engine does not idle while the session
-/// waits. A round's slots are released only once an event recorded after
-/// its DMAs has passed.
-struct Rounds<T> {
-    /// The round being issued.
-    filling: Vec<T>,
-    /// The round before it, its DMAs perhaps still running.
-    running: Vec<T>,
-    /// The event recorded after `running`: index into the fences.
-    parity: usize,
-}
-
-impl<T> Rounds<T> {
-    fn new() -> Rounds<T> {
-        Rounds { filling: Vec::new(), running: Vec::new(), parity: 0 }
-    }
-
-    /// Ends the round being issued: marks it with an event, waits for the
-    /// round before, and returns that round's (now finished) slots. On any
-    /// failure it waits for the whole stream instead and returns both.
-    fn turn(
-        &mut self,
-        backend: &dyn Backend,
-        fences: Option<&Fences>,
-        target: &Result<(Obj, Obj), CallError>,
-        outcome: &mut Result<(), CallError>,
-    ) -> Vec<T> {
-        if let (Ok(()), Ok((ctx, stream)), Some(fences)) = (&*outcome, target, fences) {
-            let mark = backend.event_record(*ctx, fences.events[1 - self.parity], *stream, 0);
-            let waited = mark.and_then(|()| {
-                if self.running.is_empty() {
-                    Ok(())
-                } else {
-                    backend.event_synchronize(*ctx, fences.events[self.parity])
-                }
-            });
-            if waited.is_ok() {
-                self.parity = 1 - self.parity;
-                let issued = std::mem::take(&mut self.filling);
-                return std::mem::replace(&mut self.running, issued);
-            }
-            *outcome = waited;
-        }
-        self.finish(backend, target, outcome)
-    }
-
-    /// Waits for every DMA issued and returns every slot.
-    fn finish(
-        &mut self,
-        backend: &dyn Backend,
-        target: &Result<(Obj, Obj), CallError>,
-        outcome: &mut Result<(), CallError>,
-    ) -> Vec<T> {
-        let mut all = std::mem::take(&mut self.running);
-        all.append(&mut self.filling);
-        if let (false, Ok((ctx, stream))) = (all.is_empty(), target) {
-            // No DMA may still touch a slot about to be released.
-            let synced = backend.stream_synchronize(*ctx, *stream);
-            if outcome.is_ok() {
-                *outcome = synced;
-            }
-        }
-        all
-    }
-}
-
 /// Whether a lane may join a session: the same process locally, the same
 /// host remotely.
 fn same_origin(session: Peer, lane: Peer) -> bool {
@@ -639,7 +587,7 @@ pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, 
     let span = tracing::info_span!("lane", session = hub.session, index);
     let _enter = span.enter();
     match attach(&hub, index, &lane) {
-        Ok((free_in, lent)) => {
+        Ok(reading) => {
             // However the reading ends, the session hears of it, whichever
             // way it copies: its out slots come back through here too.
             let (filled, free_out) = (hub.filled.clone(), hub.free_out.clone());
@@ -648,7 +596,7 @@ pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, 
                 let _ = free_out.send(FromLane::Stopped(index));
             });
             let ok = lane.send_frame(&Header::reply(header, 0, 0), &[]);
-            let read = ok.and_then(|()| read_chunks(&lane, &hub, index, free_in, lent));
+            let read = ok.and_then(|()| read_chunks(&lane, &hub, index, reading));
             match read {
                 Ok(()) => debug!("lane closed"),
                 Err(e) => warn!("lane failed: {e}"),
@@ -674,9 +622,9 @@ impl<F: FnMut()> Drop for Farewell<F> {
     }
 }
 
-/// Starts the lane's writer and gives the session its end; returns where
-/// the reader gets its free in slots, and the out slots the writer lent.
-fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<(Receiver<usize>, Receiver<Lent>), &'static str> {
+/// Starts the lane's writer and gives the session its end; returns what
+/// the reader needs.
+fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<Reading, &'static str> {
     let mut joined = hub.joined.lock().unwrap_or_else(PoisonError::into_inner);
     if joined[index].is_some() {
         return Err("that lane has joined already");
@@ -687,15 +635,25 @@ fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<(Receiver<usize>, Rece
     for slot in 0..hub.slots.per_lane {
         free_in.send(slot).expect("receiver held here");
     }
-    let writer = lane.try_clone().map_err(|_| "cannot share the lane's socket")?;
-    let session_side = lane.try_clone().map_err(|_| "cannot share the lane's socket")?;
-    let (slots, free_out) = (hub.slots.clone(), hub.free_out.clone());
+    let shared = |_| "cannot share the lane's socket";
+    let sender = Arc::new(Mutex::new(lane.try_clone().map_err(shared)?));
+    let session_side = lane.try_clone().map_err(shared)?;
+    let (slots, free_out, writer) = (hub.slots.clone(), hub.free_out.clone(), sender.clone());
     std::thread::Builder::new()
         .name("gpuplex-lane-out".into())
-        .spawn(move || write_chunks(writer, &slots, index, writer_outgoing, free_out, lend))
+        .spawn(move || write_chunks(&writer, &slots, index, writer_outgoing, free_out, lend))
         .map_err(|_| "cannot start the lane's writer")?;
     joined[index] = Some(LaneEnd { lane: session_side, free_in, outgoing });
-    Ok((reader_free, lent))
+    Ok(Reading { free: reader_free, lent, sender })
+}
+
+/// What a lane's reader needs besides the lane: its free in slots, the out
+/// slots its writer lent, and the sending side, shared with the writer, to
+/// answer chunks with.
+struct Reading {
+    free: Receiver<usize>,
+    lent: Receiver<Lent>,
+    sender: Arc<Mutex<Lane>>,
 }
 
 /// An out slot whose chunk the kernel may still be reading, until the
@@ -706,16 +664,10 @@ struct Lent {
 }
 
 /// Reads what the client sends on the lane: chunks of copies to the device,
-/// each into a free in slot, and receipts for the chunks from the device,
-/// each freeing the out slot lent longest.
-fn read_chunks(
-    lane: &Lane,
-    hub: &Hub,
-    index: usize,
-    free: Receiver<usize>,
-    lent: Receiver<Lent>,
-) -> Result<(), TransportError> {
-    let slots = &hub.slots;
+/// each into a free in slot and answered with a receipt, and receipts for
+/// the chunks from the device, each freeing the out slot lent longest.
+fn read_chunks(lane: &Lane, hub: &Hub, index: usize, reading: Reading) -> Result<(), TransportError> {
+    let (slots, Reading { free, lent, sender }) = (&hub.slots, reading);
     loop {
         let header = match lane.recv_header() {
             Err(TransportError::Closed) => return Ok(()),
@@ -741,6 +693,11 @@ fn read_chunks(
         // and `len` fits it.
         let buf = unsafe { std::slice::from_raw_parts_mut(slots.ptr(index, Direction::In, slot), len as usize) };
         lane.recv_exact(buf)?;
+        // The client sends another chunk on this lane only for a receipt.
+        // (The writer has nothing to send meanwhile, unless the client
+        // sends chunks before it has read the last copy's.)
+        let receipt = ChunkHeader::receipt(header.copy.get(), header.offset.get());
+        sender.lock().unwrap_or_else(PoisonError::into_inner).send_chunk(&receipt, &[])?;
         if hub.filled.send(FromLane::Filled { lane: index, slot, header }).is_err() {
             return Ok(());
         }
@@ -752,7 +709,7 @@ fn read_chunks(
 /// until the client's receipt, which the reader takes; a failed chunk's
 /// slot carries nothing and is given back at once. Its slots start out free.
 fn write_chunks(
-    lane: Lane,
+    sender: &Mutex<Lane>,
     slots: &Slots,
     index: usize,
     outgoing: Receiver<Outgoing>,
@@ -769,6 +726,7 @@ fn write_chunks(
         }
     }
     for next in outgoing {
+        let lane = sender.lock().unwrap_or_else(PoisonError::into_inner);
         let sent = match next {
             Outgoing::Chunk { slot, header } if header.payload_len() > 0 => {
                 // SAFETY: the session gave this slot, DMA complete, to this
