@@ -76,7 +76,8 @@ pub type LaneKey = [u8; 32];
 /// against 21.8-23.1 at 64 MiB and 30.4-35.8 against 25.7-26.6 at 256; from it
 /// 25.0-29.7 against 21.0-26.4 at 64 and 25.9-31.1 against 22.1-23.9 at 256
 /// (one more pair, in a slow spell, left out: 8 lanes moved 15-19 there). 12
-/// lanes moved less than 16. They cost 64 MiB of pinned slots per session that
+/// lanes moved less than 16; with receipts both ways, neither 24 or 32 lanes
+/// nor chunks of 256 KiB or 1 MiB moved more than 16 of 512 KiB. They cost 64 MiB of pinned slots per session that
 /// opens lanes and 3 threads per lane (2 here, 1 in the client); copies of 1
 /// MiB from the device, 2 chunks, lost 10% in the one clean pair (4.9 against
 /// 5.5). What limits lanes is TCP itself: the same lanes with no GPU (`gpuplex
