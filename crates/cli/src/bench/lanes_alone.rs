@@ -3,11 +3,11 @@
 //! nothing.
 //!
 //! Those copies travel on a session's lanes (see the server's
-//! `session/lanes/mod.rs`). This opens lanes the same way (as many, over the
-//! same carrier, with the same chunk size, spliced sends, each lane taking
-//! the next chunk no other has taken once its last is answered, and a few
-//! chunk slots per lane to receive into) and moves a host buffer through them to the slots, with no
-//! server or GPU. On the H100 machine bare TCP loopback is bound by the
+//! `session/lanes/mod.rs`). This opens lanes the same way (as many, over
+//! the same carrier, with the same chunk size, spliced sends, each lane
+//! taking the next chunk no other has taken once its last is answered, and
+//! a few chunk slots per lane to receive into) and moves a host buffer
+//! through them to the slots, with no server or GPU. On the H100 machine bare TCP loopback is bound by the
 //! CPU's copies out of the socket, so this ceiling, not the GPU's, is what
 //! a TCP copy's bandwidth is to be read against.
 

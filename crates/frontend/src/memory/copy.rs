@@ -172,9 +172,8 @@ fn staged_dtoh(conn: &mut Conn, dst: &mut [u8], src: u64, stream: Stream) -> Res
 
 /// Host to device over the lanes: the call goes first, in order with every
 /// other, then the bytes; returns once the server has read them all (and,
-/// unless `posted`, once the copy is done). The
-/// server completes a lane copy before it takes the next call, so `sync`
-/// needs nothing more.
+/// unless `posted`, once the copy is done). The server completes a lane
+/// copy before it takes the next call, so `sync` needs nothing more.
 fn lanes_htod(conn: &mut Conn, dst: u64, src: &[u8], stream: Stream, posted: bool) -> Result<(), CuError> {
     let copy = conn.lanes().expect("checked by the caller").next_copy();
     let req = calls::MemcpyHtoDLanes::Request { dst: DevPtr(dst), size: src.len() as u64, stream, copy };

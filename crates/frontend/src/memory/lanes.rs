@@ -8,14 +8,14 @@
 //! joins it to the session by key. Each lane then has a thread here that
 //! sends chunks straight from the caller's buffer, or receives them
 //! straight into it. Chunks go on whichever lane is ready first (lanes are
-//! far from equal; see the server's side): to the device,
-//! each lane thread takes the next chunk no other has taken, once fewer
-//! than [`AHEAD`] of its chunks are unanswered by the server's receipts;
-//! from it, each receives what the server sent on its lane until the
-//! marker that ends its share, answering each chunk with a receipt once it
-//! has read it (the server splices its slots too, and reuses one only after
-//! its receipt). The call itself still goes on the main connection, in
-//! order with every other.
+//! far from equal; see the server's side): to the device, each lane thread
+//! takes the next chunk no other has taken, once fewer than [`AHEAD`] of
+//! its chunks are unanswered by the server's receipts; from it, each
+//! receives what the server sent on its lane until the marker that ends
+//! its share, answering each chunk with a receipt once it has read it (the
+//! server splices its slots too, and reuses one only after its receipt).
+//! The call itself still goes on the main connection, in order with every
+//! other.
 //!
 //! Sending splices the caller's pages into the socket instead of copying
 //! them (`vmsplice`): the client spends no CPU copy on an upload, and on a
