@@ -79,14 +79,14 @@ impl Lanes {
             return Err("the server offered no lanes".into());
         }
         let (done_tx, done) = channel();
-        let mut workers = Vec::new();
+        let (mut workers, mut copying) = (Vec::new(), false);
         for index in 0..offer.lanes {
             let lane = join(offer, index, address, token).map_err(|e| format!("lane {index}: {e}"))?;
             let pipe = match Pipe::new(offer.chunk_bytes as usize) {
                 Ok(pipe) => Some(pipe),
                 Err(e) => {
-                    if index == 0 {
-                        log::info(&format!("lanes copy what they send: no vmsplice ({e})"));
+                    if !std::mem::replace(&mut copying, true) {
+                        log::info(&format!("lanes copy what they send: no vmsplice on lane {index} ({e})"));
                     }
                     None
                 }
