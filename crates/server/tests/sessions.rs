@@ -1029,6 +1029,50 @@ fn one_lane_may_carry_a_whole_copy_in_any_order() {
     });
 }
 
+/// Chunks from the device go to the lanes that read them: a lane whose
+/// client reads nothing until the other lanes have ended their shares
+/// carries only the few chunks its writer may keep unanswered, and the
+/// copy still lands whole.
+#[test]
+fn chunks_from_the_device_go_to_the_lanes_that_read() {
+    let (mut c, lanes) = tcp_client_with_lanes();
+    let count = lanes.lanes.len();
+    let size = lanes.chunk * (6 * count as u64) + 4321;
+    let p = c.alloc(size);
+    let data = pattern(size as usize, 8);
+    lanes_htod(&mut c, &lanes, p, 1, &data).unwrap();
+    within_30_s(move || {
+        c.send(MemcpyDtoHLanes::Request { src: p, size, stream: Stream::NULL, copy: 2 }, false);
+        let read_share = |lane: &Lane| {
+            let mut got = Vec::new();
+            loop {
+                let h = lane.recv_header().unwrap();
+                if h.is_end() && h.copy.get() == 2 {
+                    return got;
+                }
+                let (offset, len) = (h.offset.get() as usize, h.length.get() as usize);
+                assert!(h.status.get() == 0 && h.index_in(2, size, lanes.chunk).is_some(), "{h:?}");
+                let mut bytes = vec![0u8; len];
+                lane.recv_exact(&mut bytes).unwrap();
+                lane.send_chunk(&ChunkHeader::receipt(2, offset as u64), &[]).unwrap();
+                got.push((offset, bytes));
+            }
+        };
+        let others: Vec<_> = std::thread::scope(|scope| {
+            let readers: Vec<_> = lanes.lanes[1..].iter().map(|lane| scope.spawn(move || read_share(lane))).collect();
+            readers.into_iter().flat_map(|r| r.join().unwrap()).collect()
+        });
+        let idle = read_share(&lanes.lanes[0]);
+        assert!(idle.len() <= gpuplex_server::session::lanes::OUT_AHEAD, "the idle lane carried {}", idle.len());
+        let mut landed = vec![0u8; size as usize];
+        for (offset, bytes) in idle.into_iter().chain(others) {
+            landed[offset..offset + bytes.len()].copy_from_slice(&bytes);
+        }
+        assert!(landed == data, "every chunk landed in its place");
+        c.reply::<MemcpyDtoHLanes::Request>().unwrap();
+    });
+}
+
 /// A lane copy after a failed posted call answers with that error, but
 /// moves its chunks (and runs): the lanes must stay in step.
 #[test]

@@ -14,6 +14,8 @@
 //! receives what the server sent on its lane until the marker that ends
 //! its share, answering each chunk with a receipt once it has read it (the
 //! server splices its slots too, and reuses one only after its receipt).
+//! It reads a chunk in pieces into a small buffer that stays in its
+//! core's cache, and writes each out with streaming stores ([`streaming`]).
 //! The call itself still goes on the main connection, in order with every
 //! other.
 //!
@@ -35,7 +37,12 @@ use gpuplex_protocol::lane::{self, ChunkHeader, AHEAD};
 use gpuplex_protocol::{codec, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, Opcode};
 use gpuplex_transport::{Address, Lane, Pipe, Token, TransportError};
 
+use super::streaming;
 use crate::log;
+
+/// Bytes a lane receives at a time before it writes them to the caller's
+/// buffer (see [`streaming`]): small enough to stay in the core's cache.
+const BOUNCE: usize = 64 << 10;
 
 pub struct Lanes {
     workers: Vec<Sender<Job>>,
@@ -168,10 +175,11 @@ fn join(offer: &LaneOffer, index: u32, address: &Address, token: Option<&Token>)
 
 fn work(lane: Lane, pipe: Option<Pipe>, jobs: Receiver<Job>, done: Sender<Result<u64, LaneError>>) {
     gpuplex_transport::block_sigpipe_on_this_thread();
+    let mut bounce = vec![0; BOUNCE];
     for job in jobs {
         let result = match &job.direction {
             Direction::Send { next } => send(&lane, &job, next, pipe.as_ref()),
-            Direction::Receive { arrived } => receive(&lane, &job, arrived),
+            Direction::Receive { arrived } => receive(&lane, &job, arrived, &mut bounce),
         };
         let lost = matches!(result, Err(LaneError::Lost(_)));
         if done.send(result).is_err() || lost {
@@ -227,7 +235,7 @@ fn await_receipt(lane: &Lane, unanswered: &mut VecDeque<ChunkHeader>) -> Result<
 /// Receives chunks of the job until the server ends this lane's share,
 /// returning a receipt for each (its slot on the server is lent until
 /// then); returns how many came.
-fn receive(lane: &Lane, job: &Job, arrived: &[AtomicBool]) -> Result<u64, LaneError> {
+fn receive(lane: &Lane, job: &Job, arrived: &[AtomicBool], bounce: &mut [u8]) -> Result<u64, LaneError> {
     let (mut received, mut failed) = (0, None);
     loop {
         let header = lane.recv_header().map_err(lost)?;
@@ -247,8 +255,18 @@ fn receive(lane: &Lane, job: &Job, arrived: &[AtomicBool]) -> Result<u64, LaneEr
                 // SAFETY: as in `send`; each chunk is written once, by the
                 // lane that took it first, inside the buffer (`index_in`).
                 let dst = unsafe { std::slice::from_raw_parts_mut((job.base + offset) as *mut u8, len) };
-                lane.recv_exact(dst).map_err(lost)?;
-                lane.send_chunk(&ChunkHeader::receipt(job.copy, offset as u64), &[]).map_err(lost)?;
+                let receipt = ChunkHeader::receipt(job.copy, offset as u64);
+                let mut done = 0;
+                for piece in dst.chunks_mut(BOUNCE) {
+                    let cached = &mut bounce[..piece.len()];
+                    lane.recv_exact(cached).map_err(lost)?;
+                    done += piece.len();
+                    if done == len {
+                        // The server's slot is free once its bytes are read.
+                        lane.send_chunk(&receipt, &[]).map_err(lost)?;
+                    }
+                    streaming::copy(piece, cached);
+                }
             }
             status => failed = failed.or(Some(CuError(status))),
         }

@@ -10,6 +10,7 @@ mod copy;
 mod host;
 pub mod lanes;
 mod parallel;
+mod streaming;
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;

@@ -15,8 +15,9 @@
 //! Chunks go on whichever lane is ready first, not in turn: host to device
 //! the client's lane threads each take the next chunk of the copy, and the
 //! session DMAs chunks in the order they arrive, each to its own place;
-//! device to host the session fills a free slot of the lane with the
-//! fewest chunks under way.
+//! device to host the session DMAs chunks into any free out slot and puts
+//! each finished one in an outbox, where the first writer whose lane is
+//! ready takes it (`outbox.rs`).
 //! Lanes on one machine are far from equal (on the H100 machine the
 //! fastest of 8 bare TCP loopback streams carried up to 1.8 times the
 //! slowest's chunks), and in turn they would all wait for the slowest.
@@ -29,10 +30,12 @@
 //! (`vmsplice`) instead of copying them, as the client does the other way:
 //! on a loopback the client's read is then the only CPU copy. The slot is
 //! lent until the client's receipt for that chunk comes back on the lane
-//! (the reader takes it); with no slot free, the session passes out its
-//! oldest batch of DMAs once done, so the client can answer them. The
-//! other way, a reader answers each chunk it has read with a receipt, and
-//! a client lane sends its next chunk only then (`lane::AHEAD`).
+//! (the reader takes it, frees the slot and tells the writer, which keeps
+//! at most `outbox::AHEAD` chunks unanswered); with no slot free, the
+//! session passes out its oldest batch of DMAs once done, so the client
+//! can answer them. The other way, a reader answers each chunk it has read
+//! with a receipt, and a client lane sends its next chunk only then
+//! (`lane::AHEAD`).
 //! Alternating tcp-only benches on the H100 machine: from the device at
 //! 256 MiB, 14.0-19.8 GB/s copying against 21.8-23.8 splicing (pinned),
 //! 17.4-19.5 against 23.2-24.0 (pageable).
@@ -59,8 +62,12 @@ use tracing::{debug, warn};
 use super::shared::register_once;
 use crate::backend::{Backend, Obj};
 use batches::{Batches, Fences};
+/// Chunks from the device a lane's writer keeps unanswered.
+pub use outbox::AHEAD as OUT_AHEAD;
+use outbox::{Next, OutSlot, Outbox};
 
 mod batches;
+mod outbox;
 
 pub type LaneKey = [u8; 32];
 
@@ -92,9 +99,10 @@ pub type LaneKey = [u8; 32];
 const LANES: usize = 16;
 const CHUNK_BYTES: usize = 512 << 10;
 /// Pinned bytes per lane and direction, cut into chunk-sized slots (at
-/// least two: one in a DMA while the lane moves the other). Several small
-/// slots beat two large ones: a slot the lane just filled is still in the
-/// cache when the DMA reads it.
+/// least two: one in a DMA while the lane moves the other). Out slots are
+/// cut per lane but shared: any lane's writer sends from any of them.
+/// Several small slots beat two large ones: a slot the lane just filled is
+/// still in the cache when the DMA reads it.
 const LANE_BYTES: usize = 2 << 20;
 
 /// A session's lanes as they join, shared with the lane connections.
@@ -106,6 +114,8 @@ pub struct Hub {
     /// Cloned for each lane's reader and writer (see [`FromLane`]).
     filled: Sender<FromLane>,
     free_out: Sender<FromLane>,
+    /// Chunks from the device, for every lane's writer.
+    outbox: Arc<Outbox>,
 }
 
 /// The pinned memory chunks land in and leave from: per lane, a few slots
@@ -162,23 +172,15 @@ impl Slots {
 /// failed chunk's header went), or word that the thread stopped.
 enum FromLane {
     Filled { lane: usize, slot: usize, header: ChunkHeader },
-    Free { lane: usize, slot: usize },
+    Free(OutSlot),
     Stopped(usize),
 }
 
-/// For a writer to send: a chunk from one of its slots, or the end of its
-/// share of a copy.
-enum Outgoing {
-    Chunk { slot: usize, header: ChunkHeader },
-    End(u64),
-}
-
 /// The session's end of one lane. Each slot belongs to exactly one side at
-/// a time, passed over these channels and the hub's.
+/// a time, passed over these channels, the hub's and its outbox.
 struct LaneEnd {
     lane: Lane,
     free_in: Sender<usize>,
-    outgoing: Sender<Outgoing>,
 }
 
 /// The lanes as the session uses them.
@@ -188,12 +190,11 @@ pub struct Lanes {
     ends: Vec<LaneEnd>,
     /// What every reader filled, in the order they did.
     filled: Receiver<FromLane>,
-    /// The out slots every lane freed, in the order it did.
-    free_out: Receiver<FromLane>,
-    /// Per lane, its out slots taken off `free_out` and not yet used.
-    free_out_held: Vec<Vec<usize>>,
-    /// The lane whose free out slot is taken first, all else being equal.
-    next_out: usize,
+    /// The out slots the lanes freed, in the order they did.
+    freed: Receiver<FromLane>,
+    /// The out slots taken off `freed` (at first, all of them), not yet
+    /// used; the last freed is used first, while it may still be cached.
+    free_out: Vec<OutSlot>,
     /// Per lane, its in slots the session holds (in a batch).
     held_in: Vec<usize>,
     /// The context the slots are registered from, if any.
@@ -256,18 +257,19 @@ impl Lanes {
         let out_of_memory = |e: std::io::Error| CallError::new(CuError::OUT_OF_MEMORY, format!("lane slots: {e}"));
         let slots = Arc::new(Slots::new(shape).map_err(out_of_memory)?);
         let key = random_key().map_err(|e| CallError::new(CuError::UNKNOWN, format!("no random key: {e}")))?;
-        let ((filled_tx, filled), (free_out_tx, free_out)) = (channel(), channel());
+        let ((filled_tx, filled), (free_out_tx, freed)) = (channel(), channel());
         let joined = Mutex::new((0..count).map(|_| None).collect());
-        let hub = Arc::new(Hub { session, peer, slots, joined, filled: filled_tx, free_out: free_out_tx });
+        let free_out = (0..count).flat_map(|l| (0..shape.slots).map(move |slot| (l, slot))).collect();
+        let outbox = Arc::default();
+        let hub = Arc::new(Hub { session, peer, slots, joined, filled: filled_tx, free_out: free_out_tx, outbox });
         hubs.lock().insert(key, hub.clone());
         let offer = LaneOffer { key, lanes: count as u32, chunk_bytes: chunk as u64 };
         let lanes = Lanes {
             hub,
             ends: Vec::new(),
             filled,
+            freed,
             free_out,
-            free_out_held: vec![Vec::new(); count],
-            next_out: 0,
             held_in: vec![0; count],
             registered: None,
             fences: None,
@@ -405,7 +407,7 @@ impl Lanes {
         match next {
             FromLane::Filled { lane, slot, header } => Ok((lane, slot, header)),
             FromLane::Stopped(l) => Err(self.lose(format!("lane {l} closed mid-copy"))),
-            FromLane::Free { .. } => unreachable!("only readers send here"),
+            FromLane::Free(_) => unreachable!("only readers send here"),
         }
     }
 
@@ -421,10 +423,10 @@ impl Lanes {
         }
     }
 
-    /// Device to host: DMAs chunks into free slots of the least busy lanes,
-    /// and passes each batch to the writers once its DMAs are done; then
-    /// tells every writer that its share of the copy has ended. Every chunk
-    /// is sent, failed ones as a bare header with the copy's error.
+    /// Device to host: DMAs chunks into free out slots, and passes each
+    /// batch to the writers once its DMAs are done (the first writer ready
+    /// takes each chunk); then tells them that the copy has ended. Every
+    /// chunk is sent, failed ones as a bare header with the copy's error.
     pub fn dtoh(
         &mut self,
         backend: &dyn Backend,
@@ -434,25 +436,24 @@ impl Lanes {
         copy: u64,
     ) -> Result<(), CallError> {
         let mut outcome = self.start(backend, &target)?;
-        let lanes = self.ends.len();
         let mut batches = Batches::new(backend, &target, self.fences.as_ref());
         let started = Instant::now();
         for (_, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
             let (l, slot) = loop {
                 self.take_free_out(false)?;
-                if let Some(free) = self.free_out_slot() {
+                if let Some(free) = self.free_out.pop() {
                     break free;
                 }
-                // Every slot is in a batch or lent until the client's
-                // receipt. Pass the oldest batch out once its DMAs are
-                // done (not all of them: more DMAs may queue behind it
-                // meanwhile), so the client can read and answer it; with
-                // none issued, wait for a receipt.
+                // Every slot is in a batch, in the outbox, or lent until
+                // the client's receipt. Pass the oldest batch out once its
+                // DMAs are done (not all of them: more DMAs may queue
+                // behind it meanwhile), so the client can read and answer
+                // it; with none issued, wait for a receipt.
                 if batches.is_empty() {
                     self.take_free_out(true)?;
                 } else {
                     let done = batches.wait_oldest(&mut outcome);
-                    self.pass_out(done, &outcome)?;
+                    self.pass_out(done, &outcome);
                 }
             };
             if let (Ok(()), Ok((ctx, stream))) = (&outcome, &target) {
@@ -462,66 +463,43 @@ impl Lanes {
                 let dma = unsafe { backend.memcpy_dtoh_host(*ctx, dst, src + offset, len as usize, *stream, false) };
                 outcome = dma;
             }
-            let done = batches.push((l, slot, ChunkHeader::new(copy, offset, len)), &mut outcome);
-            self.pass_out(done, &outcome)?;
+            let done = batches.push(((l, slot), ChunkHeader::new(copy, offset, len)), &mut outcome);
+            self.pass_out(done, &outcome);
         }
         let done = batches.finish(&mut outcome);
-        self.pass_out(done, &outcome)?;
+        self.pass_out(done, &outcome);
         debug!(copy, size, done = ?started.elapsed(), "lanes: device to host");
-        for l in 0..lanes {
-            if self.ends[l].outgoing.send(Outgoing::End(copy)).is_err() {
-                return Err(self.lose(format!("lane {l} closed mid-copy")));
-            }
-        }
+        self.hub.outbox.end(copy);
+        // A writer that stopped meanwhile would never end its lane's share.
+        self.take_free_out(false)?;
         outcome
     }
 
     /// Takes the out slots the lanes freed off their channel: those freed
     /// already, and if `wait`, at least one.
     fn take_free_out(&mut self, wait: bool) -> Result<(), CallError> {
-        let mut next = if wait { self.free_out.recv().ok() } else { self.free_out.try_recv().ok() };
+        let mut next = if wait { self.freed.recv().ok() } else { self.freed.try_recv().ok() };
         while let Some(freed) = next {
             match freed {
-                FromLane::Free { lane, slot } => self.free_out_held[lane].push(slot),
+                FromLane::Free(slot) => self.free_out.push(slot),
                 FromLane::Stopped(l) => return Err(self.lose(format!("lane {l} closed mid-copy"))),
                 FromLane::Filled { .. } => unreachable!("only writers send here"),
             }
-            next = self.free_out.try_recv().ok();
+            next = self.freed.try_recv().ok();
         }
         Ok(())
     }
 
-    /// A free out slot of the lane with the most of them: the lane with the
-    /// fewest chunks queued or unanswered, so a copy's first chunks spread
-    /// over every lane, and lanes that drain faster get more.
-    fn free_out_slot(&mut self) -> Option<(usize, usize)> {
-        let lanes = self.free_out_held.len();
-        // The first of the fullest, counting from `next_out`.
-        let l = (0..lanes)
-            .map(|i| (self.next_out + i) % lanes)
-            .min_by_key(|&l| std::cmp::Reverse(self.free_out_held[l].len()))?;
-        let slot = self.free_out_held[l].pop()?;
-        self.next_out = (l + 1) % lanes;
-        Some((l, slot))
-    }
-
-    /// Gives chunks whose DMAs are done to their writers, marked failed if
+    /// Gives chunks whose DMAs are done to the writers, marked failed if
     /// the copy has failed.
-    fn pass_out(
-        &mut self,
-        done: Vec<(usize, usize, ChunkHeader)>,
-        outcome: &Result<(), CallError>,
-    ) -> Result<(), CallError> {
-        for (l, slot, header) in done {
+    fn pass_out(&self, done: Vec<(OutSlot, ChunkHeader)>, outcome: &Result<(), CallError>) {
+        for (slot, header) in done {
             let header = match outcome {
                 Ok(()) => header,
                 Err(e) => header.failed(e.code.0),
             };
-            if self.ends[l].outgoing.send(Outgoing::Chunk { slot, header }).is_err() {
-                return Err(self.lose(format!("lane {l} closed mid-copy")));
-            }
+            self.hub.outbox.put(slot, header);
         }
-        Ok(())
     }
 
     /// Forgets a registration that died with its context.
@@ -534,9 +512,10 @@ impl Lanes {
         }
     }
 
-    /// Unregisters the slots and closes every lane.
+    /// Stops the writers, unregisters the slots and closes every lane.
     /// (The registry forgets the hub when the session closes.)
     pub fn teardown(&mut self, backend: &dyn Backend) {
+        self.hub.outbox.close();
         if let Some(fences) = self.fences.take() {
             fences.destroy(backend);
         }
@@ -631,36 +610,45 @@ fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<Reading, &'static str>
         return Err("that lane has joined already");
     }
     let (free_in, reader_free) = channel();
-    let (outgoing, writer_outgoing) = channel();
     let (lend, lent) = channel();
+    let (answer, answered) = channel();
     for slot in 0..hub.slots.per_lane {
         free_in.send(slot).expect("receiver held here");
     }
     let shared = |_| "cannot share the lane's socket";
     let sender = Arc::new(Mutex::new(lane.try_clone().map_err(shared)?));
     let session_side = lane.try_clone().map_err(shared)?;
-    let (slots, free_out, writer) = (hub.slots.clone(), hub.free_out.clone(), sender.clone());
+    let writing = Writing {
+        sender: sender.clone(),
+        slots: hub.slots.clone(),
+        index,
+        outbox: hub.outbox.clone(),
+        answered,
+        free: hub.free_out.clone(),
+        lend,
+    };
     std::thread::Builder::new()
         .name("gpuplex-lane-out".into())
-        .spawn(move || write_chunks(&writer, &slots, index, writer_outgoing, free_out, lend))
+        .spawn(move || write_chunks(writing))
         .map_err(|_| "cannot start the lane's writer")?;
-    joined[index] = Some(LaneEnd { lane: session_side, free_in, outgoing });
-    Ok(Reading { free: reader_free, lent, sender })
+    joined[index] = Some(LaneEnd { lane: session_side, free_in });
+    Ok(Reading { free: reader_free, lent, answer, sender })
 }
 
 /// What a lane's reader needs besides the lane: its free in slots, the out
-/// slots its writer lent, and the sending side, shared with the writer, to
-/// answer chunks with.
+/// slots its writer lent, word to its writer of each receipt, and the
+/// sending side, shared with the writer, to answer chunks with.
 struct Reading {
     free: Receiver<usize>,
     lent: Receiver<Lent>,
+    answer: Sender<()>,
     sender: Arc<Mutex<Lane>>,
 }
 
 /// An out slot whose chunk the kernel may still be reading, until the
 /// client's receipt for it comes.
 struct Lent {
-    slot: usize,
+    slot: OutSlot,
     header: ChunkHeader,
 }
 
@@ -668,7 +656,7 @@ struct Lent {
 /// each into a free in slot and answered with a receipt, and receipts for
 /// the chunks from the device, each freeing the out slot lent longest.
 fn read_chunks(lane: &Lane, hub: &Hub, index: usize, reading: Reading) -> Result<(), TransportError> {
-    let (slots, Reading { free, lent, sender }) = (&hub.slots, reading);
+    let (slots, Reading { free, lent, answer, sender }) = (&hub.slots, reading);
     loop {
         let header = match lane.recv_header() {
             Err(TransportError::Closed) => return Ok(()),
@@ -680,7 +668,7 @@ fn read_chunks(lane: &Lane, hub: &Hub, index: usize, reading: Reading) -> Result
             let Some(Lent { slot, .. }) = lent.try_recv().ok().filter(|l| header.acknowledges(&l.header)) else {
                 return Err(TransportError::Chunk);
             };
-            if hub.free_out.send(FromLane::Free { lane: index, slot }).is_err() {
+            if hub.free_out.send(FromLane::Free(slot)).is_err() || answer.send(()).is_err() {
                 return Ok(());
             }
             continue;
@@ -705,49 +693,67 @@ fn read_chunks(lane: &Lane, hub: &Hub, index: usize, reading: Reading) -> Result
     }
 }
 
-/// Sends what the session passes. A chunk's bytes go by reference to its
-/// slot's pages (`vmsplice`) where the kernel allows it, so the slot is lent
-/// until the client's receipt, which the reader takes; a failed chunk's
-/// slot carries nothing and is given back at once. Its slots start out free.
-fn write_chunks(
-    sender: &Mutex<Lane>,
-    slots: &Slots,
+/// What a lane's writer needs: the sending side (shared with the reader),
+/// the slots, where finished chunks wait, word of each receipt, and where
+/// to give back a failed chunk's slot.
+struct Writing {
+    sender: Arc<Mutex<Lane>>,
+    slots: Arc<Slots>,
     index: usize,
-    outgoing: Receiver<Outgoing>,
+    outbox: Arc<Outbox>,
+    answered: Receiver<()>,
     free: Sender<FromLane>,
     lend: Sender<Lent>,
-) {
-    let stopped = free.clone();
+}
+
+/// Sends chunks from the outbox while its lane has fewer than
+/// [`outbox::AHEAD`] unanswered, and ends the lane's share of each copy. A
+/// chunk's bytes go by reference to its slot's pages (`vmsplice`) where the
+/// kernel allows it, so the slot is lent until the client's receipt, which
+/// the reader takes; a failed chunk's slot carries nothing and is given
+/// back at once.
+fn write_chunks(w: Writing) {
+    let (index, stopped) = (w.index, w.free.clone());
     let _farewell = Farewell(move || drop(stopped.send(FromLane::Stopped(index))));
     gpuplex_transport::block_sigpipe_on_this_thread();
-    let pipe = Pipe::new(slots.chunk).map_err(|e| debug!("lane writer copies what it sends: no vmsplice ({e})")).ok();
-    for slot in 0..slots.per_lane {
-        if free.send(FromLane::Free { lane: index, slot }).is_err() {
-            return;
+    let pipe = Pipe::new(w.slots.chunk).map_err(|e| debug!("lane writer copies what it sends: no vmsplice ({e})")).ok();
+    let (mut unanswered, mut ended) = (0, 0);
+    loop {
+        unanswered -= w.answered.try_iter().count();
+        if unanswered == outbox::AHEAD {
+            // The reader is gone when its end of the channel is.
+            let Ok(()) = w.answered.recv() else { return };
+            unanswered -= 1;
         }
-    }
-    for next in outgoing {
-        let lane = sender.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(next) = w.outbox.next(ended) else { return };
+        let lane = w.sender.lock().unwrap_or_else(PoisonError::into_inner);
         let sent = match next {
-            Outgoing::Chunk { slot, header } if header.payload_len() > 0 => {
-                // SAFETY: the session gave this slot, DMA complete, to this
-                // writer, which lends it until the client's receipt; the
-                // header's length fits it.
+            Next::Chunk(slot, header) if header.payload_len() > 0 => {
+                // SAFETY: the session gave this slot, DMA complete, to the
+                // outbox, and this writer took it; it lends it until the
+                // client's receipt. The header's length fits it.
                 let data = unsafe {
-                    std::slice::from_raw_parts(slots.ptr(index, Direction::Out, slot), header.payload_len() as usize)
+                    std::slice::from_raw_parts(
+                        w.slots.ptr(slot.0, Direction::Out, slot.1),
+                        header.payload_len() as usize,
+                    )
                 };
-                if lend.send(Lent { slot, header }).is_err() {
+                if w.lend.send(Lent { slot, header }).is_err() {
                     return;
                 }
+                unanswered += 1;
                 match &pipe {
                     Some(pipe) => lane.send_chunk_spliced(&header, data, pipe),
                     None => lane.send_chunk(&header, data),
                 }
             }
-            Outgoing::Chunk { slot, header } => {
-                lane.send_chunk(&header, &[]).map(|()| drop(free.send(FromLane::Free { lane: index, slot })))
+            Next::Chunk(slot, header) => {
+                lane.send_chunk(&header, &[]).map(|()| drop(w.free.send(FromLane::Free(slot))))
             }
-            Outgoing::End(copy) => lane.send_chunk(&ChunkHeader::end(copy), &[]),
+            Next::End(copy) => {
+                ended = copy;
+                lane.send_chunk(&ChunkHeader::end(copy), &[])
+            }
         };
         if let Err(e) = sent {
             debug!("lane writer stops: {e}");
