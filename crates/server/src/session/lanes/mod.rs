@@ -113,7 +113,7 @@ pub struct Hub {
     joined: Mutex<Vec<Option<LaneEnd>>>,
     /// Cloned for each lane's reader and writer (see [`FromLane`]).
     filled: Sender<FromLane>,
-    free_out: Sender<FromLane>,
+    freed: Sender<FromLane>,
     /// Chunks from the device, for every lane's writer.
     outbox: Arc<Outbox>,
 }
@@ -257,11 +257,11 @@ impl Lanes {
         let out_of_memory = |e: std::io::Error| CallError::new(CuError::OUT_OF_MEMORY, format!("lane slots: {e}"));
         let slots = Arc::new(Slots::new(shape).map_err(out_of_memory)?);
         let key = random_key().map_err(|e| CallError::new(CuError::UNKNOWN, format!("no random key: {e}")))?;
-        let ((filled_tx, filled), (free_out_tx, freed)) = (channel(), channel());
+        let ((filled_tx, filled), (freed_tx, freed)) = (channel(), channel());
         let joined = Mutex::new((0..count).map(|_| None).collect());
         let free_out = (0..count).flat_map(|l| (0..shape.slots).map(move |slot| (l, slot))).collect();
         let outbox = Arc::default();
-        let hub = Arc::new(Hub { session, peer, slots, joined, filled: filled_tx, free_out: free_out_tx, outbox });
+        let hub = Arc::new(Hub { session, peer, slots, joined, filled: filled_tx, freed: freed_tx, outbox });
         hubs.lock().insert(key, hub.clone());
         let offer = LaneOffer { key, lanes: count as u32, chunk_bytes: chunk as u64 };
         let lanes = Lanes {
@@ -570,10 +570,10 @@ pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, 
         Ok(reading) => {
             // However the reading ends, the session hears of it, whichever
             // way it copies: its out slots come back through here too.
-            let (filled, free_out) = (hub.filled.clone(), hub.free_out.clone());
+            let (filled, freed) = (hub.filled.clone(), hub.freed.clone());
             let _farewell = Farewell(move || {
                 let _ = filled.send(FromLane::Stopped(index));
-                let _ = free_out.send(FromLane::Stopped(index));
+                let _ = freed.send(FromLane::Stopped(index));
             });
             let ok = lane.send_frame(&Header::reply(header, 0, 0), &[]);
             let read = ok.and_then(|()| read_chunks(&lane, &hub, index, reading));
@@ -624,7 +624,7 @@ fn attach(hub: &Hub, index: usize, lane: &Lane) -> Result<Reading, &'static str>
         index,
         outbox: hub.outbox.clone(),
         answered,
-        free: hub.free_out.clone(),
+        freed: hub.freed.clone(),
         lend,
     };
     std::thread::Builder::new()
@@ -668,7 +668,7 @@ fn read_chunks(lane: &Lane, hub: &Hub, index: usize, reading: Reading) -> Result
             let Some(Lent { slot, .. }) = lent.try_recv().ok().filter(|l| header.acknowledges(&l.header)) else {
                 return Err(TransportError::Chunk);
             };
-            if hub.free_out.send(FromLane::Free(slot)).is_err() || answer.send(()).is_err() {
+            if hub.freed.send(FromLane::Free(slot)).is_err() || answer.send(()).is_err() {
                 return Ok(());
             }
             continue;
@@ -702,7 +702,7 @@ struct Writing {
     index: usize,
     outbox: Arc<Outbox>,
     answered: Receiver<()>,
-    free: Sender<FromLane>,
+    freed: Sender<FromLane>,
     lend: Sender<Lent>,
 }
 
@@ -713,7 +713,7 @@ struct Writing {
 /// the reader takes; a failed chunk's slot carries nothing and is given
 /// back at once.
 fn write_chunks(w: Writing) {
-    let (index, stopped) = (w.index, w.free.clone());
+    let (index, stopped) = (w.index, w.freed.clone());
     let _farewell = Farewell(move || drop(stopped.send(FromLane::Stopped(index))));
     gpuplex_transport::block_sigpipe_on_this_thread();
     let pipe = Pipe::new(w.slots.chunk).map_err(|e| debug!("lane writer copies what it sends: no vmsplice ({e})")).ok();
@@ -748,7 +748,7 @@ fn write_chunks(w: Writing) {
                 }
             }
             Next::Chunk(slot, header) => {
-                lane.send_chunk(&header, &[]).map(|()| drop(w.free.send(FromLane::Free(slot))))
+                lane.send_chunk(&header, &[]).map(|()| drop(w.freed.send(FromLane::Free(slot))))
             }
             Next::End(copy) => {
                 ended = copy;
