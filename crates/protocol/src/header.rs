@@ -11,14 +11,15 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GPX\x01");
 /// memory, host blocks. 3: bulk lanes. 4: lane chunks go on whichever lane
 /// is ready, each lane ends its share of a copy from the device, and the
 /// client returns a receipt for each chunk of it. 5: the server returns a
-/// receipt for each chunk to the device too.
-pub const VERSION: u16 = 5;
-/// The oldest version this build still accepts (N-1 policy: a version 4
+/// receipt for each chunk to the device too. 6: a copy from the device is
+/// cut with small chunks at its ends (`lane::Cut`).
+pub const VERSION: u16 = 6;
+/// The oldest version this build still accepts (N-1 policy: a version 5
 /// client is refused lanes and copies over its one connection, and needs
 /// nothing else that changed).
-pub const MIN_VERSION: u16 = 4;
+pub const MIN_VERSION: u16 = 5;
 /// The first version whose clients may open lanes.
-pub const LANES_VERSION: u16 = 5;
+pub const LANES_VERSION: u16 = 6;
 /// The largest payload either side accepts. Bulk copies larger than this are
 /// split into several calls by the client.
 pub const MAX_PAYLOAD: usize = 64 << 20;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::lane::{self, ChunkHeader};
+use gpuplex_protocol::lane::{ChunkHeader, Cut};
 use gpuplex_protocol::{
     codec, Call, Ctx, CuError, DevPtr, ErrorDetail, Event, Func, Header, Hello, LaneJoin, LaneOffer, Module, Opcode,
     ServerSummary, SessionSummary, SharedLayout, Stream, Welcome,
@@ -876,7 +876,7 @@ impl Lanes {
     /// their receipts.
     fn send(&self, copy: u64, data: &[u8]) -> Result<(), TransportError> {
         let mut sent = vec![Vec::new(); self.lanes.len()];
-        for (i, offset, len) in lane::chunks(data.len() as u64, self.chunk) {
+        for (i, offset, len) in Cut::to_device(data.len() as u64, self.chunk).chunks() {
             let (l, header) = (i as usize % self.lanes.len(), ChunkHeader::new(copy, offset, len));
             self.lanes[l].send_chunk(&header, &data[offset as usize..(offset + len) as usize])?;
             sent[l].push(header);
@@ -889,7 +889,8 @@ impl Lanes {
     /// status. Each chunk must come exactly once.
     fn receive(&self, copy: u64, size: u64) -> Result<Vec<u8>, u32> {
         let mut data = vec![0u8; size as usize];
-        let mut arrived = vec![false; lane::chunks(size, self.chunk).count()];
+        let cut = Cut::from_device(size, self.chunk, self.lanes.len() as u64);
+        let mut arrived = vec![false; cut.count() as usize];
         let mut failed = None;
         for lane in &self.lanes {
             loop {
@@ -897,7 +898,7 @@ impl Lanes {
                 if h.is_end() && h.copy.get() == copy {
                     break;
                 }
-                let i = h.index_in(copy, size, self.chunk).unwrap_or_else(|| panic!("{h:?}: no chunk of copy {copy}"));
+                let i = h.index_in(copy, &cut).unwrap_or_else(|| panic!("{h:?}: no chunk of copy {copy}"));
                 assert!(!std::mem::replace(&mut arrived[i as usize], true), "chunk {i} came twice");
                 let (offset, len) = (h.offset.get() as usize, h.length.get() as usize);
                 match h.status.get() {
@@ -991,7 +992,9 @@ fn a_lane_that_starts_late_delays_a_copy_but_does_not_break_it() {
                         std::thread::sleep(Duration::from_millis(100));
                     }
                     let mut sent = Vec::new();
-                    for (_, offset, len) in lane::chunks(size, chunk).filter(|&(i, _, _)| i as usize % count == l) {
+                    for (_, offset, len) in
+                        Cut::to_device(size, chunk).chunks().filter(|&(i, _, _)| i as usize % count == l)
+                    {
                         let bytes = &data[offset as usize..(offset + len) as usize];
                         sent.push(ChunkHeader::new(1, offset, len));
                         lane.send_chunk(sent.last().unwrap(), bytes).unwrap();
@@ -1017,7 +1020,8 @@ fn one_lane_may_carry_a_whole_copy_in_any_order() {
     let data = pattern(size as usize, 6);
     within_30_s(move || {
         c.send(MemcpyHtoDLanes::Request { dst: p, size, stream: Stream::NULL, copy: 1 }, false);
-        let mut sent: Vec<_> = lane::chunks(size, lanes.chunk).map(|(_, o, len)| ChunkHeader::new(1, o, len)).collect();
+        let mut sent: Vec<_> =
+            Cut::to_device(size, lanes.chunk).chunks().map(|(_, o, len)| ChunkHeader::new(1, o, len)).collect();
         sent.reverse();
         for header in &sent {
             let (offset, len) = (header.offset.get() as usize, header.length.get() as usize);
@@ -1043,6 +1047,7 @@ fn chunks_from_the_device_go_to_the_lanes_that_read() {
     lanes_htod(&mut c, &lanes, p, 1, &data).unwrap();
     within_30_s(move || {
         c.send(MemcpyDtoHLanes::Request { src: p, size, stream: Stream::NULL, copy: 2 }, false);
+        let cut = Cut::from_device(size, lanes.chunk, count as u64);
         let read_share = |lane: &Lane| {
             let mut got = Vec::new();
             loop {
@@ -1051,7 +1056,7 @@ fn chunks_from_the_device_go_to_the_lanes_that_read() {
                     return got;
                 }
                 let (offset, len) = (h.offset.get() as usize, h.length.get() as usize);
-                assert!(h.status.get() == 0 && h.index_in(2, size, lanes.chunk).is_some(), "{h:?}");
+                assert!(h.status.get() == 0 && h.index_in(2, &cut).is_some(), "{h:?}");
                 let mut bytes = vec![0u8; len];
                 lane.recv_exact(&mut bytes).unwrap();
                 lane.send_chunk(&ChunkHeader::receipt(2, offset as u64), &[]).unwrap();
@@ -1140,6 +1145,30 @@ fn a_chunk_sent_twice_ends_its_session() {
     assert!(c.carrier.recv(&mut Vec::new()).is_err(), "then the session ends");
 }
 
+/// A copy larger than any device holds ends its session at once, both
+/// ways, instead of the server counting its chunks; a bystander carries on.
+#[test]
+fn a_copy_larger_than_any_device_ends_its_session() {
+    let address = start_server("lanes-huge");
+    let mut bystander = Client::connect(&address);
+    let p = bystander.alloc(64);
+    bystander.write(p, &[2; 64]);
+    for htod in [true, false] {
+        let mut c = Client::connect(&address);
+        let _lanes = c.open_lanes(&address, None);
+        let (src, dst, size) = (DevPtr(0x1000), DevPtr(0x1000), 1 << 62);
+        if htod {
+            c.send(MemcpyHtoDLanes::Request { dst, size, stream: Stream::NULL, copy: 1 }, false);
+        } else {
+            c.send(MemcpyDtoHLanes::Request { src, size, stream: Stream::NULL, copy: 1 }, false);
+        }
+        let h = c.carrier.recv(&mut Vec::new()).unwrap();
+        assert_eq!(h.status.get(), CuError::DEVICE_UNAVAILABLE.0, "the copy fails");
+        assert!(c.carrier.recv(&mut Vec::new()).is_err(), "then the session ends");
+    }
+    assert_eq!(bystander.read(p, 64), vec![2; 64], "the bystander carries on");
+}
+
 /// A receipt for a chunk the server did not send, or sent and had answered
 /// already, ends its session: the out slot it would free may be in use.
 #[test]
@@ -1164,11 +1193,12 @@ fn a_receipt_for_no_chunk_in_flight_ends_its_session() {
     });
 }
 
-/// A client of protocol 3 is refused lanes (its lanes worked otherwise),
-/// and copies over its one connection instead.
+/// A client of the protocol before `LANES_VERSION` is refused lanes (its
+/// lanes would cut copies otherwise), and copies over its one connection
+/// instead.
 #[test]
 fn a_client_of_the_previous_protocol_gets_no_lanes() {
-    let address = start_server("lanes-v3");
+    let address = start_server("lanes-old");
     let mut c = Client::connect(&address);
     let mut open = Header::request(Opcode::OpenLanes, 77, c.ctx.0, 0);
     open.version = (gpuplex_protocol::LANES_VERSION - 1).into();

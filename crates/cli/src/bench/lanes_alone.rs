@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use gpuplex_protocol::lane::{self, ChunkHeader, AHEAD};
+use gpuplex_protocol::lane::{ChunkHeader, Cut, AHEAD};
 use gpuplex_server::session::lanes::Shape;
 use gpuplex_transport::tcp::{TcpCarrier, TcpListener};
 use gpuplex_transport::unix::UnixCarrier;
@@ -29,7 +29,7 @@ use super::carrier::{random_token, CarrierKind};
 pub fn measure(kind: CarrierKind, shape: Shape, bytes: usize, passes: usize) -> Result<f64, String> {
     let pairs = connect(kind, shape.lanes)?;
     let source = pattern(bytes);
-    let count = lane::chunks(bytes as u64, shape.chunk as u64).count();
+    let count = cut(shape, bytes).count() as usize;
     let plan: Vec<Pass> = (0..=passes).map(|_| Pass::new(count)).collect();
     // Every sender and receiver, then the timer, once the warm-up is through.
     let warm = Barrier::new(2 * shape.lanes + 1);
@@ -159,7 +159,7 @@ fn word(data: &[u8], at: usize) -> u64 {
 fn send(tx: &Lane, shape: Shape, source: &[u8], pass: &Pass, p: u64) -> Result<(), String> {
     // The source never changes, so spliced pages may be read at any time.
     let pipe = Pipe::new(shape.chunk).ok();
-    let size = source.len() as u64;
+    let cut = cut(shape, source.len());
     let mut unanswered = VecDeque::with_capacity(AHEAD);
     let await_receipt = |unanswered: &mut VecDeque<ChunkHeader>| {
         let receipt = tx.recv_header().map_err(|e| format!("receipt: {e}"))?;
@@ -170,8 +170,7 @@ fn send(tx: &Lane, shape: Shape, source: &[u8], pass: &Pass, p: u64) -> Result<(
         if unanswered.len() == AHEAD {
             await_receipt(&mut unanswered)?;
         }
-        let Some((offset, len)) = lane::chunk_at(size, shape.chunk as u64, pass.next.fetch_add(1, Ordering::Relaxed))
-        else {
+        let Some((offset, len)) = cut.at(pass.next.fetch_add(1, Ordering::Relaxed)) else {
             break;
         };
         let header = ChunkHeader::new(p, offset, len);
@@ -189,6 +188,12 @@ fn send(tx: &Lane, shape: Shape, source: &[u8], pass: &Pass, p: u64) -> Result<(
     tx.send_chunk(&ChunkHeader::end(p), &[]).map_err(|e| format!("send: {e}"))
 }
 
+/// How a pass of `bytes` is cut: as a copy to the device is, since its
+/// lanes take chunks the same way.
+fn cut(shape: Shape, bytes: usize) -> Cut {
+    Cut::to_device(bytes as u64, shape.chunk as u64)
+}
+
 /// One pass: chunks into the lane's slots in turn, each checked and
 /// answered, until the marker that ends the lane's share; how many came.
 fn receive(rx: &Lane, shape: Shape, slots: &mut [u8], bytes: usize, pass: &Pass, p: u64) -> Result<usize, String> {
@@ -197,7 +202,7 @@ fn receive(rx: &Lane, shape: Shape, slots: &mut [u8], bytes: usize, pass: &Pass,
         if header.is_end() && header.copy.get() == p {
             return Ok(n);
         }
-        let Some(i) = header.index_in(p, bytes as u64, shape.chunk as u64) else {
+        let Some(i) = header.index_in(p, &cut(shape, bytes)) else {
             return Err(format!("received {header:?}, no chunk of pass {p}"));
         };
         if pass.arrived[i as usize].swap(true, Ordering::Relaxed) {

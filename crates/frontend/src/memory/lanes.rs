@@ -16,8 +16,9 @@
 //! server splices its slots too, and reuses one only after its receipt).
 //! It reads a chunk in pieces into a small buffer that stays in its
 //! core's cache, and writes each out with streaming stores ([`streaming`]).
-//! The call itself still goes on the main connection, in order with every
-//! other.
+//! Both sides cut a copy into chunks alike ([`Cut`]: from the device,
+//! small ones at its ends). The call itself still goes on the main
+//! connection, in order with every other.
 //!
 //! Sending splices the caller's pages into the socket instead of copying
 //! them (`vmsplice`): the client spends no CPU copy on an upload, and on a
@@ -33,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
-use gpuplex_protocol::lane::{self, ChunkHeader, AHEAD};
+use gpuplex_protocol::lane::{ChunkHeader, Cut, AHEAD};
 use gpuplex_protocol::{codec, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, Opcode};
 use gpuplex_transport::{Address, Lane, Pipe, Token, TransportError};
 
@@ -49,6 +50,7 @@ pub struct Lanes {
     /// Per job, the chunks the lane moved.
     done: Receiver<Result<u64, LaneError>>,
     chunk: u64,
+    lanes: u64,
     next_copy: u64,
 }
 
@@ -61,12 +63,11 @@ pub enum LaneError {
 }
 
 /// A copy, for one lane to take its part in: of the buffer at `base` (an
-/// address, to cross threads).
+/// address, to cross threads), as long as `cut` says.
 struct Job {
     copy: u64,
     base: usize,
-    size: u64,
-    chunk: u64,
+    cut: Cut,
     direction: Direction,
 }
 
@@ -106,7 +107,7 @@ impl Lanes {
                 .map_err(|e| format!("cannot start a lane thread: {e}"))?;
             workers.push(jobs);
         }
-        Ok(Lanes { workers, done, chunk: offer.chunk_bytes, next_copy: 1 })
+        Ok(Lanes { workers, done, chunk: offer.chunk_bytes, lanes: offer.lanes.into(), next_copy: 1 })
     }
 
     /// A new copy's number, for its call and its chunks.
@@ -119,23 +120,24 @@ impl Lanes {
     /// Sends all of `src` as chunks of `copy`; returns once the server has
     /// read every byte (answered every chunk), so `src` may change then.
     pub fn send(&mut self, copy: u64, src: &[u8]) -> Result<(), LaneError> {
-        self.run(copy, src.as_ptr() as usize, src.len(), Direction::Send { next: Arc::default() })
+        let cut = Cut::to_device(src.len() as u64, self.chunk);
+        self.run(copy, src.as_ptr() as usize, cut, Direction::Send { next: Arc::default() })
     }
 
     /// Receives every chunk of `copy` into `dst`.
     pub fn receive(&mut self, copy: u64, dst: &mut [u8]) -> Result<(), LaneError> {
-        let count = lane::chunks(dst.len() as u64, self.chunk).count();
-        let arrived = (0..count).map(|_| AtomicBool::new(false)).collect();
-        self.run(copy, dst.as_mut_ptr() as usize, dst.len(), Direction::Receive { arrived })
+        let cut = Cut::from_device(dst.len() as u64, self.chunk, self.lanes);
+        let arrived = (0..cut.count()).map(|_| AtomicBool::new(false)).collect();
+        self.run(copy, dst.as_mut_ptr() as usize, cut, Direction::Receive { arrived })
     }
 
     /// Gives every lane the copy and waits for all of them, so that no lane
     /// touches the buffer after this returns.
-    fn run(&mut self, copy: u64, base: usize, size: usize, direction: Direction) -> Result<(), LaneError> {
+    fn run(&mut self, copy: u64, base: usize, cut: Cut, direction: Direction) -> Result<(), LaneError> {
         let mut started = 0;
         let mut outcome = Ok(());
         for (index, worker) in self.workers.iter().enumerate() {
-            let job = Job { copy, base, size: size as u64, chunk: self.chunk, direction: direction.clone() };
+            let job = Job { copy, base, cut, direction: direction.clone() };
             match worker.send(job) {
                 Ok(()) => started += 1,
                 Err(_) => outcome = Err(LaneError::Lost(format!("lane {index}'s thread is gone"))),
@@ -151,7 +153,7 @@ impl Lanes {
                 _ => {}
             }
         }
-        let count = lane::chunks(size as u64, self.chunk).count() as u64;
+        let count = cut.count();
         if outcome.is_ok() && started == self.workers.len() && moved != count {
             return Err(LaneError::Lost(format!("the lanes moved {moved} of copy {copy}'s {count} chunks")));
         }
@@ -201,7 +203,7 @@ fn send(lane: &Lane, job: &Job, next: &AtomicU64, pipe: Option<&Pipe>) -> Result
         if unanswered.len() == AHEAD {
             await_receipt(lane, &mut unanswered)?;
         }
-        let Some((offset, len)) = lane::chunk_at(job.size, job.chunk, next.fetch_add(1, Ordering::Relaxed)) else {
+        let Some((offset, len)) = job.cut.at(next.fetch_add(1, Ordering::Relaxed)) else {
             break;
         };
         // SAFETY: the caller of `Lanes::run` keeps the buffer alive and
@@ -242,7 +244,7 @@ fn receive(lane: &Lane, job: &Job, arrived: &[AtomicBool], bounce: &mut [u8]) ->
         if header.is_end() && header.copy.get() == job.copy {
             return failed.map_or(Ok(received), |e| Err(LaneError::Failed(e)));
         }
-        let Some(i) = header.index_in(job.copy, job.size, job.chunk) else {
+        let Some(i) = header.index_in(job.copy, &job.cut) else {
             return Err(LaneError::Lost(format!("got {header:?}, no chunk of copy {}", job.copy)));
         };
         if arrived[i as usize].swap(true, Ordering::Relaxed) {

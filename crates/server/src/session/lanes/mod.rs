@@ -17,7 +17,8 @@
 //! session DMAs chunks in the order they arrive, each to its own place;
 //! device to host the session DMAs chunks into any free out slot and puts
 //! each finished one in an outbox, where the first writer whose lane is
-//! ready takes it (`outbox.rs`).
+//! ready takes it (`outbox.rs`), a copy cut with small chunks at its ends
+//! (`lane::Cut`).
 //! Lanes on one machine are far from equal (on the H100 machine the
 //! fastest of 8 bare TCP loopback streams carried up to 1.8 times the
 //! slowest's chunks), and in turn they would all wait for the slowest.
@@ -53,7 +54,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use gpuplex_protocol::lane::{self, ChunkHeader};
+use gpuplex_protocol::lane::{ChunkHeader, Cut};
 use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer};
 use gpuplex_transport::shm::Region;
 use gpuplex_transport::{Carrier, Lane, Peer, Pipe, TransportError};
@@ -104,6 +105,11 @@ const CHUNK_BYTES: usize = 512 << 10;
 /// Several small slots beat two large ones: a slot the lane just filled is
 /// still in the cache when the DMA reads it.
 const LANE_BYTES: usize = 2 << 20;
+
+/// The largest copy the lanes carry: more than any device holds. A larger
+/// one ends its session (its client's lanes would be out of step), rather
+/// than have the session count that many chunks.
+const MAX_COPY: u64 = 1 << 40;
 
 /// A session's lanes as they join, shared with the lane connections.
 pub struct Hub {
@@ -289,6 +295,14 @@ impl Lanes {
         CallError::new(CuError::DEVICE_UNAVAILABLE, "a lane failed; the session ends")
     }
 
+    /// Ends the session on a copy over [`MAX_COPY`].
+    fn check_size(&mut self, size: u64) -> Result<(), CallError> {
+        if size > MAX_COPY {
+            return Err(self.lose(format!("a copy of {size} bytes: more than any device holds")));
+        }
+        Ok(())
+    }
+
     /// Every lane's end; the client opens them all before any copy.
     fn ends(&mut self) -> Result<(), CallError> {
         if self.ends.is_empty() {
@@ -344,22 +358,23 @@ impl Lanes {
         size: u64,
         copy: u64,
     ) -> Result<(), CallError> {
+        self.check_size(size)?;
         let mut outcome = self.start(backend, &target)?;
-        let chunk = self.hub.slots.chunk as u64;
-        let mut arrived = vec![false; lane::chunks(size, chunk).count()];
+        let cut = Cut::to_device(size, self.hub.slots.chunk as u64);
+        let mut arrived = vec![false; cut.count() as usize];
         let mut batches = Batches::new(backend, &target, self.fences.as_ref());
         let (started, mut first) = (Instant::now(), None);
         for _ in 0..arrived.len() {
             let (l, slot, header) = self.next_filled(&mut batches, &mut outcome)?;
             first.get_or_insert_with(|| started.elapsed());
             self.held_in[l] += 1;
-            let Some(i) = header.index_in(copy, size, chunk) else {
+            let Some(i) = header.index_in(copy, &cut) else {
                 return Err(self.lose(format!("lane {l} sent {header:?}, no chunk of copy {copy} ({size} bytes)")));
             };
             if std::mem::replace(&mut arrived[i as usize], true) {
                 return Err(self.lose(format!("lane {l} sent chunk {i} of copy {copy} again")));
             }
-            let (offset, len) = (i * chunk, header.length.get());
+            let (offset, len) = (header.offset.get(), header.length.get());
             match (&outcome, &target) {
                 (Ok(()), Ok((ctx, stream))) => {
                     let src = self.hub.slots.ptr(l, Direction::In, slot);
@@ -435,10 +450,12 @@ impl Lanes {
         size: u64,
         copy: u64,
     ) -> Result<(), CallError> {
+        self.check_size(size)?;
         let mut outcome = self.start(backend, &target)?;
         let mut batches = Batches::new(backend, &target, self.fences.as_ref());
         let started = Instant::now();
-        for (_, offset, len) in lane::chunks(size, self.hub.slots.chunk as u64) {
+        let cut = Cut::from_device(size, self.hub.slots.chunk as u64, self.hub.slots.lanes as u64);
+        for (_, offset, len) in cut.chunks() {
             let (l, slot) = loop {
                 self.take_free_out(false)?;
                 if let Some(free) = self.free_out.pop() {
