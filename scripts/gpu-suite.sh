@@ -4,7 +4,8 @@
 # cuBLAS and cuFFT programs as lib/NAME.*; tests/python/torch_smoke.py where
 # PyTorch is installed), natively and through
 # `gpuplex run --backend cuda`, with stdout and exit status compared and both
-# timed; then the cuda-backend checks that a killed client's memory comes
+# timed; the programs that make large copies again without shared memory, so
+# that those cross bulk lanes (as lanes/NAME); then the cuda-backend checks that a killed client's memory comes
 # back, that garbage on the server's socket harms no other client, and that
 # programs running at once on one server each print what they print alone.
 #
@@ -67,7 +68,8 @@ timed() {
     elapsed "$t0" "$t1" >"$logs/$tag.time"
 }
 
-# Runs PROG natively and through gpuplex and prints a row of the table:
+# Runs PROG natively and through gpuplex (with the environment $via
+# sets, if any) and prints a row of the table:
 # stdout and exit status must match, and match EXPECTED (a file of the
 # expected stdout) where there is one. NAME names the row and the logs.
 declare -A program_of
@@ -81,7 +83,7 @@ compare() {
         return
     fi
     timed "$name.native" "$prog"
-    timed "$name.gpuplex" "$bin/gpuplex" run --backend cuda -- "$prog"
+    timed "$name.gpuplex" env ${via:-} "$bin/gpuplex" run --backend cuda -- "$prog"
     native_rc=$(cat "$logs/$name.native.rc")
     gpuplex_rc=$(cat "$logs/$name.gpuplex.rc")
     [ "$native_rc" = 0 ] || problems+=("native exit $native_rc")
@@ -143,6 +145,19 @@ if python3 -c "import torch" 2>/dev/null; then
 else
     say "py/torch_smoke: skipped: python3 cannot import torch"
 fi
+
+# Bulk lanes: with no shared memory (GPUPLEX_CARRIER=socket, as over TCP),
+# copies of 1 MiB or more cross the lanes, in order with kernels and the
+# rest. These programs make such copies (vector_add's result and atomics'
+# counters after their kernels, copies' up to 256 MiB each way).
+via=GPUPLEX_CARRIER=socket
+for name in vector_add copies rt/atomics.shared rt/streams_overlap.static; do
+    compare "lanes/$name" "${program_of[$name]}" ""
+done
+if [ -n "${program_of[py/torch_smoke]:-}" ]; then
+    compare "lanes/py/torch_smoke" "${program_of[py/torch_smoke]}" ""
+fi
+via=
 
 # The server-side checks, on a server of our own.
 say ""

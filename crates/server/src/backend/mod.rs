@@ -79,6 +79,21 @@ impl Memset {
 
 /// What a server needs from a GPU driver. All methods are callable from any
 /// session thread at once.
+/// One copy of [`Backend::memcpy_host_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct HostCopy {
+    pub way: Way,
+    pub device: u64,
+    pub host: *mut u8,
+    pub len: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    ToDevice,
+    FromDevice,
+}
+
 pub trait Backend: Send + Sync {
     /// `cuda` or `emulated`.
     fn kind(&self) -> &'static str;
@@ -155,6 +170,28 @@ pub trait Backend: Send + Sync {
         stream: Obj,
         sync: bool,
     ) -> BResult<()>;
+
+    /// Several copies between registered host memory and the device, all
+    /// one way, in `stream`'s order (the batch as a whole; within it, in any
+    /// order). The driver takes a batch in one call: on the H100 machine,
+    /// 64 MiB in 512 KiB DMAs moved 43.5 GB/s one call each, 50.5 in calls
+    /// of 4 and 53-54 in calls of 32 (one 64 MiB DMA: 54.7).
+    ///
+    /// # Safety
+    /// Each copy's `host` is registered host memory, valid for `len` bytes,
+    /// left alone until the copies have run.
+    unsafe fn memcpy_host_batch(&self, ctx: Obj, copies: &[HostCopy], stream: Obj) -> BResult<()> {
+        for c in copies {
+            // SAFETY: the caller's guarantee, copy by copy.
+            unsafe {
+                match c.way {
+                    Way::ToDevice => self.memcpy_htod_host(ctx, c.device, c.host, c.len, stream, false),
+                    Way::FromDevice => self.memcpy_dtoh_host(ctx, c.host, c.device, c.len, stream, false),
+                }
+            }?;
+        }
+        Ok(())
+    }
 
     // Modules, libraries, functions, kernels.
     fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj>;

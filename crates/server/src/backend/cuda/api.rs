@@ -19,6 +19,28 @@ use gpuplex_protocol::{CallError, CuError};
 
 use super::{BResult, LaunchConfig};
 
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Default)]
+pub(super) struct MemLocation {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+/// `CUmemcpyAttributes`: how the copies of a batch that it applies to are
+/// made.
+#[repr(C)]
+#[derive(Default)]
+pub(super) struct MemcpyAttributes {
+    pub src_access_order: c_int,
+    pub src_loc_hint: MemLocation,
+    pub dst_loc_hint: MemLocation,
+    pub flags: c_uint,
+}
+
+/// `CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`: the source is read in stream order.
+pub(super) const SRC_ACCESS_ORDER_STREAM: c_int = 1;
+
 /// A driver entry point this `libcuda` does not export (a driver older than
 /// the call).
 #[derive(Clone, Copy, Debug)]
@@ -98,6 +120,16 @@ driver_api! {
     cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, size: usize);
     cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, size: usize, stream: CUstream);
     cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, size: usize, stream: CUstream);
+    cuMemcpyBatchAsync_v2(
+        dsts: *mut CUdeviceptr,
+        srcs: *mut CUdeviceptr,
+        sizes: *mut usize,
+        count: usize,
+        attrs: *mut MemcpyAttributes,
+        attrs_idxs: *mut usize,
+        num_attrs: usize,
+        stream: CUstream,
+    );
     cuMemsetD8Async(dst: CUdeviceptr, value: c_uchar, n: usize, stream: CUstream);
     cuMemsetD16Async(dst: CUdeviceptr, value: c_ushort, n: usize, stream: CUstream);
     cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream);

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::sys;
 use gpuplex_protocol::{Attribute, CallError, CuError, DeviceInfo, Seq, DEVICE_ATTRIBUTE_COUNT};
 
-use super::{BResult, Backend, ClusterQuery, Launch, Memset, Obj, ParamSlot};
+use super::{BResult, Backend, ClusterQuery, HostCopy, Launch, Memset, Obj, ParamSlot, Way};
 
 mod api;
 mod image;
@@ -41,6 +41,20 @@ use image::Image;
 /// The driver object an [`Obj`] holds (stream specials 0, 1, 2 included).
 fn raw<T>(o: Obj) -> *mut T {
     o.0 as usize as *mut T
+}
+
+/// One copy of a batch, on its own.
+///
+/// # Safety
+/// As for [`Backend::memcpy_host_batch`].
+unsafe fn one_copy(c: &HostCopy, stream: sys::CUstream) -> BResult<()> {
+    // SAFETY: the caller's guarantee.
+    check(unsafe {
+        match c.way {
+            Way::ToDevice => api::cuMemcpyHtoDAsync_v2(c.device, c.host.cast(), c.len, stream),
+            Way::FromDevice => api::cuMemcpyDtoHAsync_v2(c.host.cast(), c.device, c.len, stream),
+        }
+    })
 }
 
 /// The [`Obj`] for a driver object.
@@ -508,6 +522,51 @@ impl Backend for Cuda {
             sync_stream(stream)?;
         }
         Ok(())
+    }
+
+    unsafe fn memcpy_host_batch(&self, ctx: Obj, copies: &[HostCopy], stream: Obj) -> BResult<()> {
+        enter(ctx)?;
+        // The driver refuses batches in the legacy default stream (null or
+        // `CU_STREAM_LEGACY`): those copies go one call each.
+        if stream.0 <= 1 {
+            // SAFETY: the caller's guarantee.
+            return copies.iter().try_for_each(|c| unsafe { one_copy(c, raw(stream)) });
+        }
+        let (mut dsts, mut srcs) = (Vec::with_capacity(copies.len()), Vec::with_capacity(copies.len()));
+        for c in copies {
+            // Host memory is addressed by its pointer under unified addressing.
+            let (dst, src) = match c.way {
+                Way::ToDevice => (c.device, c.host as u64),
+                Way::FromDevice => (c.host as u64, c.device),
+            };
+            dsts.push(dst);
+            srcs.push(src);
+        }
+        let mut sizes: Vec<usize> = copies.iter().map(|c| c.len).collect();
+        let mut attrs = api::MemcpyAttributes { src_access_order: api::SRC_ACCESS_ORDER_STREAM, ..Default::default() };
+        let mut first = 0;
+        let (n, stream) = (copies.len(), raw(stream));
+        // SAFETY: three arrays of `n` entries and one attribute applying
+        // from the first copy on; registered host memory (the caller's
+        // guarantee) and checked device ranges.
+        let batch = unsafe {
+            api::cuMemcpyBatchAsync_v2(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                n,
+                &mut attrs,
+                &mut first,
+                1,
+                stream,
+            )
+        };
+        match batch {
+            // A driver before CUDA 13: one call per copy.
+            // SAFETY: the caller's guarantee.
+            Err(api::Missing(_)) => copies.iter().try_for_each(|c| unsafe { one_copy(c, stream) }),
+            batch => check(batch),
+        }
     }
 
     unsafe fn memcpy_dtoh_host(

@@ -7,10 +7,10 @@
 //! lane has a reader and a writer thread here, and a thread in the client,
 //! that only move bytes between the socket and pinned slots; every CUDA
 //! call stays on the session's thread, so a copy keeps its exact place in
-//! its stream. The session DMAs chunks in small batches, each marked by
-//! an event it checks between chunks, so a slot goes back to its lane as
-//! soon as its DMA is done while the copy engine still has work queued
-//! (`batches.rs`).
+//! its stream. The session DMAs chunks in small batches, each issued in
+//! one driver call and marked by an event it checks between chunks, so a
+//! slot goes back to its lane as soon as its DMA is done while the copy
+//! engine still has work queued (`batches.rs`).
 //!
 //! Chunks go on whichever lane is ready first, not in turn: host to device
 //! the client's lane threads each take the next chunk of the copy, and the
@@ -61,7 +61,7 @@ use gpuplex_transport::{Carrier, Lane, Peer, Pipe, TransportError};
 use tracing::{debug, warn};
 
 use super::shared::register_once;
-use crate::backend::{Backend, Obj};
+use crate::backend::{Backend, HostCopy, Obj, Way};
 use batches::{Batches, Fences};
 /// Chunks from the device a lane's writer keeps unanswered.
 pub use outbox::AHEAD as OUT_AHEAD;
@@ -375,18 +375,15 @@ impl Lanes {
                 return Err(self.lose(format!("lane {l} sent chunk {i} of copy {copy} again")));
             }
             let (offset, len) = (header.offset.get(), header.length.get());
-            match (&outcome, &target) {
-                (Ok(()), Ok((ctx, stream))) => {
-                    let src = self.hub.slots.ptr(l, Direction::In, slot);
-                    // SAFETY: a registered slot holding `len` <= chunk bytes,
-                    // not handed back before its batch's DMAs are done.
-                    let dma =
-                        unsafe { backend.memcpy_htod_host(*ctx, dst + offset, src, len as usize, *stream, false) };
-                    outcome = dma;
-                    let done = batches.push((l, slot), &mut outcome);
-                    self.hand_back_all_in(done);
-                }
-                _ => self.hand_back_in(l, slot),
+            if outcome.is_ok() && target.is_ok() {
+                let host = self.hub.slots.ptr(l, Direction::In, slot);
+                let dma = HostCopy { way: Way::ToDevice, device: dst + offset, host, len: len as usize };
+                // SAFETY: a registered slot holding `len` <= chunk bytes,
+                // handed back only once the batches return it.
+                let done = unsafe { batches.push((l, slot), Some(dma), &mut outcome) };
+                self.hand_back_all_in(done);
+            } else {
+                self.hand_back_in(l, slot);
             }
         }
         let last = started.elapsed();
@@ -473,14 +470,12 @@ impl Lanes {
                     self.pass_out(done, &outcome);
                 }
             };
-            if let (Ok(()), Ok((ctx, stream))) = (&outcome, &target) {
-                let dst = self.hub.slots.ptr(l, Direction::Out, slot);
-                // SAFETY: a registered slot with room for `len` <= chunk
-                // bytes, not given to the writer before its batch is done.
-                let dma = unsafe { backend.memcpy_dtoh_host(*ctx, dst, src + offset, len as usize, *stream, false) };
-                outcome = dma;
-            }
-            let done = batches.push(((l, slot), ChunkHeader::new(copy, offset, len)), &mut outcome);
+            let host = self.hub.slots.ptr(l, Direction::Out, slot);
+            let dma = HostCopy { way: Way::FromDevice, device: src + offset, host, len: len as usize };
+            // SAFETY: a registered slot with room for `len` <= chunk bytes,
+            // not given to the writer before the batches return it.
+            let done =
+                unsafe { batches.push(((l, slot), ChunkHeader::new(copy, offset, len)), Some(dma), &mut outcome) };
             self.pass_out(done, &outcome);
         }
         let done = batches.finish(&mut outcome);
