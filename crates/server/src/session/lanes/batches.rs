@@ -13,11 +13,13 @@
 //! A batch's DMAs wait until it is sealed (full, or the session is about to
 //! wait) and then go to the driver together ([`Backend::memcpy_host_batch`]):
 //! the copy engine took 512 KiB DMAs at 43.5 GB/s one call each and 50.5 in
-//! calls of four. End to end, in three pairs of alternating tcp-only benches
-//! on the H100 machine (pinned, GB/s, against one call per DMA): to the
-//! device 26.5-32.0 against 25.2-28.2 at 64 MiB and 36.1-41.2 against
-//! 28.5-36.7 at 256; from it 27.2-29.5 against 21.0-28.4 at 64 MiB, and no
-//! better at 256 (27.4-30.4 against 28.4-33.7).
+//! calls of four. End to end, in five pairs of alternating tcp-only benches
+//! on the H100 machine (pinned, GB/s, one call per DMA first): to the device
+//! at 64 MiB 28.2/30.9, 25.2/26.5, 26.7/32.0, 19.1/25.9, 26.0/19.8, at 256
+//! 28.5/41.2, 34.6/36.1, 36.7/41.2, 25.4/28.6, 33.4/22.8; from it at 64 MiB
+//! 21.0/27.2, 25.6/27.6, 28.4/29.5, 17.3/20.6, 26.8/16.3, and no better at
+//! 256 (28.4/30.4, 29.2/27.4, 33.7/30.1, 20.0/23.9, 23.4/20.6). The last two
+//! pairs came in a slow spell of the machine.
 
 use std::collections::VecDeque;
 
