@@ -124,19 +124,19 @@ const END_OFFSET: u64 = u64::MAX;
 /// How a copy is cut into chunks, which both sides agree on: the header of
 /// each chunk must name one of them ([`ChunkHeader::index_in`]).
 ///
-/// From the device, the first chunk each lane carries and the last two
-/// are a quarter of the lanes' chunk size. The session DMAs a copy's
-/// chunks in order, and a lane takes about a chunk's time to bring one
-/// (512 KiB at 1.5-2.5 GB/s a lane on the H100 machine): with every chunk
-/// full size, the first bytes reached the client that long after the
-/// copy began, and at its end the lanes that took the last chunks still
-/// carried them while the rest idled. Alternating tcp-only benches there,
-/// three runs, pinned, GB/s: 31.0-33.0 against 25.3-28.2 at 64 MiB (one
-/// more sample: 26.7), 34.0-37.4 against 31.6-36.9 at 256, 6.0-6.5 against
-/// 4.2-4.9 at 1 MiB. To the device, the same cut, or small chunks at
-/// either end only, moved no more than full chunks throughout (each lane
-/// there waits for a receipt per chunk, so small chunks cost it more round
-/// trips).
+/// From the device, a copy's first chunks (as many as there are lanes) and
+/// its last (twice as many) are a quarter of the lanes' chunk size. The
+/// session DMAs a copy's chunks in order, and a lane takes about a chunk's
+/// time to bring one (512 KiB at 1.5-2.5 GB/s a lane on the H100 machine):
+/// with every chunk full size, the first bytes reached the client that
+/// long after the copy began, and at its end the lanes that took the last
+/// chunks still carried them while the rest idled. Alternating tcp-only
+/// benches there, three runs, pinned, GB/s: 31.0-33.0 against 25.3-28.2 at
+/// 64 MiB (one more sample: 26.7), 34.0-37.4 against 31.6-36.9 at 256,
+/// 6.0-6.5 against 4.2-4.9 at 1 MiB. To the device, the same cut, or small
+/// chunks at either end only, moved no more than full chunks throughout
+/// (each lane there waits for a receipt per chunk, so small chunks cost it
+/// more round trips).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cut {
     size: u64,

@@ -100,7 +100,8 @@ pub struct Batches<'a, T> {
     /// The copy's context and the stream its DMAs go in, if it has them.
     target: Option<(Obj, Obj)>,
     /// The events batches are marked with; none if the target's context has
-    /// none, and then every batch is waited for with its stream.
+    /// none (or its stream could not be joined), and then every batch is
+    /// waited for with its stream.
     events: Vec<Obj>,
     /// The batch being gathered: its slots, and the DMAs not yet issued.
     filling: Vec<T>,
@@ -121,7 +122,7 @@ impl<'a, T> Batches<'a, T> {
         if let (Some(fences), Some((ctx, stream))) = (fences, target) {
             match fences.join(backend, stream) {
                 Ok(own) => (target, events) = (Some((ctx, own)), fences.events.clone()),
-                Err(e) => warn!("lane copies stay in their own stream: {e}"),
+                Err(e) => warn!("lane DMAs go in the copy's own stream, one batch at a time: {e}"),
             }
         }
         Batches {
