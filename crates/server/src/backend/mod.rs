@@ -79,6 +79,24 @@ impl Memset {
 
 /// What a server needs from a GPU driver. All methods are callable from any
 /// session thread at once.
+/// [`Backend::memcpy_host_batch`] as one call per copy: its default, and
+/// what a backend falls back to where it cannot batch.
+///
+/// # Safety
+/// As for [`Backend::memcpy_host_batch`].
+pub unsafe fn one_by_one<B: Backend + ?Sized>(backend: &B, ctx: Obj, copies: &[HostCopy], stream: Obj) -> BResult<()> {
+    for c in copies {
+        // SAFETY: the caller's guarantee, copy by copy.
+        unsafe {
+            match c.way {
+                Way::ToDevice => backend.memcpy_htod_host(ctx, c.device, c.host, c.len, stream, false),
+                Way::FromDevice => backend.memcpy_dtoh_host(ctx, c.host, c.device, c.len, stream, false),
+            }
+        }?;
+    }
+    Ok(())
+}
+
 /// One copy of [`Backend::memcpy_host_batch`].
 #[derive(Debug, Clone, Copy)]
 pub struct HostCopy {
@@ -181,16 +199,8 @@ pub trait Backend: Send + Sync {
     /// Each copy's `host` is registered host memory, valid for `len` bytes,
     /// left alone until the copies have run.
     unsafe fn memcpy_host_batch(&self, ctx: Obj, copies: &[HostCopy], stream: Obj) -> BResult<()> {
-        for c in copies {
-            // SAFETY: the caller's guarantee, copy by copy.
-            unsafe {
-                match c.way {
-                    Way::ToDevice => self.memcpy_htod_host(ctx, c.device, c.host, c.len, stream, false),
-                    Way::FromDevice => self.memcpy_dtoh_host(ctx, c.host, c.device, c.len, stream, false),
-                }
-            }?;
-        }
-        Ok(())
+        // SAFETY: the caller's guarantee.
+        unsafe { one_by_one(self, ctx, copies, stream) }
     }
 
     // Modules, libraries, functions, kernels.

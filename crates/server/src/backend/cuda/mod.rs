@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::sys;
 use gpuplex_protocol::{Attribute, CallError, CuError, DeviceInfo, Seq, DEVICE_ATTRIBUTE_COUNT};
 
-use super::{BResult, Backend, ClusterQuery, HostCopy, Launch, Memset, Obj, ParamSlot, Way};
+use super::{one_by_one, BResult, Backend, ClusterQuery, HostCopy, Launch, Memset, Obj, ParamSlot, Way};
 
 mod api;
 mod image;
@@ -41,20 +41,6 @@ use image::Image;
 /// The driver object an [`Obj`] holds (stream specials 0, 1, 2 included).
 fn raw<T>(o: Obj) -> *mut T {
     o.0 as usize as *mut T
-}
-
-/// One copy of a batch, on its own.
-///
-/// # Safety
-/// As for [`Backend::memcpy_host_batch`].
-unsafe fn one_copy(c: &HostCopy, stream: sys::CUstream) -> BResult<()> {
-    // SAFETY: the caller's guarantee.
-    check(unsafe {
-        match c.way {
-            Way::ToDevice => api::cuMemcpyHtoDAsync_v2(c.device, c.host.cast(), c.len, stream),
-            Way::FromDevice => api::cuMemcpyDtoHAsync_v2(c.host.cast(), c.device, c.len, stream),
-        }
-    })
 }
 
 /// The [`Obj`] for a driver object.
@@ -530,7 +516,7 @@ impl Backend for Cuda {
         // `CU_STREAM_LEGACY`): those copies go one call each.
         if stream.0 <= 1 {
             // SAFETY: the caller's guarantee.
-            return copies.iter().try_for_each(|c| unsafe { one_copy(c, raw(stream)) });
+            return unsafe { one_by_one(self, ctx, copies, stream) };
         }
         let (mut dsts, mut srcs) = (Vec::with_capacity(copies.len()), Vec::with_capacity(copies.len()));
         for c in copies {
@@ -545,7 +531,7 @@ impl Backend for Cuda {
         let mut sizes: Vec<usize> = copies.iter().map(|c| c.len).collect();
         let mut attrs = api::MemcpyAttributes { src_access_order: api::SRC_ACCESS_ORDER_STREAM, ..Default::default() };
         let mut first = 0;
-        let (n, stream) = (copies.len(), raw(stream));
+        let n = copies.len();
         // SAFETY: three arrays of `n` entries and one attribute applying
         // from the first copy on; registered host memory (the caller's
         // guarantee) and checked device ranges.
@@ -558,13 +544,13 @@ impl Backend for Cuda {
                 &mut attrs,
                 &mut first,
                 1,
-                stream,
+                raw(stream),
             )
         };
         match batch {
             // A driver before CUDA 13: one call per copy.
             // SAFETY: the caller's guarantee.
-            Err(api::Missing(_)) => copies.iter().try_for_each(|c| unsafe { one_copy(c, stream) }),
+            Err(api::Missing(_)) => unsafe { one_by_one(self, ctx, copies, stream) },
             batch => check(batch),
         }
     }

@@ -295,14 +295,6 @@ impl Lanes {
         CallError::new(CuError::DEVICE_UNAVAILABLE, "a lane failed; the session ends")
     }
 
-    /// Ends the session on a copy over [`MAX_COPY`].
-    fn check_size(&mut self, size: u64) -> Result<(), CallError> {
-        if size > MAX_COPY {
-            return Err(self.lose(format!("a copy of {size} bytes: more than any device holds")));
-        }
-        Ok(())
-    }
-
     /// Every lane's end; the client opens them all before any copy.
     fn ends(&mut self) -> Result<(), CallError> {
         if self.ends.is_empty() {
@@ -316,14 +308,19 @@ impl Lanes {
         Ok(())
     }
 
-    /// Readies a copy: every lane's end, and the slots registered from the
-    /// target's context. The inner result is the copy's outcome so far (the
-    /// target's own error, if it has one); the outer one, lost lanes.
+    /// Readies a copy of `size` bytes: every lane's end, and the slots
+    /// registered from the target's context. The inner result is the copy's
+    /// outcome so far (the target's own error, if it has one); the outer
+    /// one, lost lanes, or a copy over [`MAX_COPY`], which ends the session.
     fn start(
         &mut self,
         backend: &dyn Backend,
         target: &Result<(Obj, Obj), CallError>,
+        size: u64,
     ) -> Result<Result<(), CallError>, CallError> {
+        if size > MAX_COPY {
+            return Err(self.lose(format!("a copy of {size} bytes: more than any device holds")));
+        }
         self.ends()?;
         let (ctx, _) = match target {
             Ok(target) => *target,
@@ -335,7 +332,8 @@ impl Lanes {
         Ok(registered.and_then(|()| self.fences_in(backend, ctx)))
     }
 
-    /// Makes the batch events in `ctx`, unless they are there already.
+    /// Makes the lanes' stream and batch events in `ctx`, unless they are
+    /// there already.
     fn fences_in(&mut self, backend: &dyn Backend, ctx: Obj) -> Result<(), CallError> {
         if self.fences.as_ref().is_some_and(|f| f.ctx == ctx) {
             return Ok(());
@@ -348,8 +346,9 @@ impl Lanes {
     }
 
     /// Host to device: takes every chunk of `copy` off the lanes, as they
-    /// come, and DMAs each from its slot to its place in `dst` in
-    /// `target`'s stream, unless the copy already failed. Complete on return.
+    /// come, and DMAs each from its slot to its place in `dst`, after what
+    /// `target`'s stream holds, unless the copy already failed. Complete on
+    /// return.
     pub fn htod(
         &mut self,
         backend: &dyn Backend,
@@ -358,8 +357,7 @@ impl Lanes {
         size: u64,
         copy: u64,
     ) -> Result<(), CallError> {
-        self.check_size(size)?;
-        let mut outcome = self.start(backend, &target)?;
+        let mut outcome = self.start(backend, &target, size)?;
         let cut = Cut::to_device(size, self.hub.slots.chunk as u64);
         let mut arrived = vec![false; cut.count() as usize];
         let mut batches = Batches::new(backend, &target, self.fences.as_ref());
@@ -447,8 +445,7 @@ impl Lanes {
         size: u64,
         copy: u64,
     ) -> Result<(), CallError> {
-        self.check_size(size)?;
-        let mut outcome = self.start(backend, &target)?;
+        let mut outcome = self.start(backend, &target, size)?;
         let mut batches = Batches::new(backend, &target, self.fences.as_ref());
         let started = Instant::now();
         let cut = Cut::from_device(size, self.hub.slots.chunk as u64, self.hub.slots.lanes as u64);
