@@ -199,7 +199,13 @@ fn small_copies(d: &Driver, k: usize, n: u32, checks: &mut Checks) -> (Outcome, 
     (outcome(latency_us(k, n, || d.htod(&dev, &src))), outcome(latency_us(k, n, || d.dtoh(&mut dst, &dev))))
 }
 
-/// 1 MiB allocated and freed: microseconds per pair.
+/// 1 MiB allocated and freed: microseconds per pair. On the H100 machine a
+/// pair took either 62-72 µs or 85-100, natively and through gpuplex alike:
+/// the same CPU gave either from one process to the next, and a process
+/// now and then changed mode between two loops of 1000 pairs. A median of
+/// five samples lands in either mode, so this row's ratio swung from 0.88
+/// to 1.28 between benches of one build, while in two of them the columns'
+/// fastest samples were 0.98 and 1.04 of native.
 fn alloc_free(d: &Driver, k: usize, n: u32) -> driver::Result<Summary> {
     latency_us(k, n, || d.alloc(MIB)?.free())
 }

@@ -14,7 +14,8 @@
 //! the device at 64 and 256 MiB: 25.4, 25.2 and 15.9 (a slow spell) and
 //! 29.6, 27.2 and 24.6 before; 27.9, 25.1 and 23.8 and 33.5, 30.4 and 25.8
 //! with the outbox. 1 or 3 chunks ahead instead of 2 were no clearly
-//! better (one noisy pair each).
+//! better (one noisy pair each); nor was 3 once DMAs went in batches (at 64
+//! MiB, 0.36 and 0.40 of the same bench's lanes alone, against 0.38-0.43).
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
