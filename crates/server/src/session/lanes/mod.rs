@@ -91,14 +91,14 @@ pub type LaneKey = [u8; 32];
 /// 5.5). What limits lanes is TCP itself: the same lanes with no GPU (`gpuplex
 /// bench`'s "lanes alone") moved 21-47 GB/s from run to run with 8 lanes, 37-63
 /// with 16, and a full-speed DMA beside bare TCP cut it by a fifth to a third.
-/// Under TCP lies the machine's memory bandwidth, which every byte crosses
-/// at least twice more here than in a native copy (read out of the socket,
-/// written to a slot, then DMAed): on the H100 machine (a VM of 16 cores),
-/// 16 threads copying memory moved 24.9-48.7 GB/s in all between runs of one
-/// session, with 1-3% of its time stolen and 85% idle. A standalone pipeline
-/// with no sockets at all, 16 threads each copying 64 MiB in turn into 4
-/// pinned 512 KiB slots that the GPU DMAs, moved 33.8-39.6 GB/s (0.62-0.73
-/// of native) as that bandwidth swung; with 2 slots 28.7-30.0, with 8 slots
+/// Under TCP lies host memory, which every byte crosses twice more here
+/// than in a native copy (read out of the socket, written to a slot, then
+/// DMAed): on the H100 machine (a VM of 16 cores), 16 threads copying
+/// memory moved 24.9-48.7 GB/s in all between runs of one session, the
+/// TCP lanes alone 28.2-59.5, with 1-3% of the time stolen. A standalone
+/// pipeline with no sockets at all, 16 threads sharing 64 MiB, each copying
+/// its part into 4 pinned 512 KiB slots of its own that the GPU DMAs, moved
+/// 33.8-39.6 GB/s (0.62-0.73 of native); with 2 slots 28.7-30.0, with 8 slots
 /// or 1 MiB ones no more, with 256 KiB slots 28.6-29.3, and 8-16 with slots
 /// of 32-128 KiB (one DMA call each). The DMAs kept their speed beside the
 /// copying threads.
