@@ -43,6 +43,13 @@ use crate::log;
 
 /// Bytes a lane receives at a time before it writes them to the caller's
 /// buffer (see [`streaming`]): small enough to stay in the core's cache.
+/// Three alternating tcp-only benches on the H100 machine, pinned from the
+/// device at 64 and 256 MiB, GB/s: 28.0-28.9 and 30.7-31.4 with 64 KiB,
+/// 28.4-29.4 and 31.3-33.8 with 256, 28.0-30.0 and 32.4-34.7 with a whole
+/// 512 KiB chunk at a time. Copies to the device, which this does not
+/// touch, spread about as widely in the same runs (26.0-32.4 at 64 MiB,
+/// 39.6-41.3 at 256), and pageable 256 MiB ones from the device fell to
+/// 27.0 in one with 512 (31.9-37.1 otherwise): too little to choose on yet.
 const BOUNCE: usize = 64 << 10;
 
 pub struct Lanes {
