@@ -100,8 +100,9 @@ pub type LaneKey = [u8; 32];
 /// its part into 4 pinned 512 KiB slots of its own that the GPU DMAs, moved
 /// 33.8-39.6 GB/s (0.62-0.73 of native); with 2 slots 28.7-30.0, with 8 slots
 /// or 1 MiB ones no more, with 256 KiB slots 28.6-29.3, and 8-16 with slots
-/// of 32-128 KiB (one DMA call each). The DMAs kept their speed beside the
-/// copying threads.
+/// of 32-128 KiB (one DMA call each). Beside 16 copying threads, 512 KiB
+/// DMAs to the device slowed from 42.5-43.1 GB/s to 34.5-42.0; those from it
+/// kept 44.6-45.6.
 /// Tried and dropped, for no gain beyond the run-to-run noise: flushing the
 /// slots or filling them with streaming stores (faster DMAs, slower readers), a
 /// stream per lane, 4 MiB of slots per lane, 256 KiB chunks, lane threads that
