@@ -34,7 +34,8 @@ use crate::backend::{Backend, HostCopy, Obj, CU_EVENT_DISABLE_TIMING};
 /// nor did batches of 8 or 16, though the copy engine alone takes 32
 /// DMAs per call at 53-54 GB/s: read against the lanes alone of the same
 /// bench, pinned 64 MiB copies to the device moved 0.57-0.62 of that with
-/// 4 and 0.49-0.68 with 8, in four alternating tcp-only benches.)
+/// 4 and 0.49-0.68 with 8, in four alternating tcp-only benches, and 0.62
+/// and 0.67 with 16, in two.)
 const BATCH: usize = 4;
 /// Batches in flight at most (one event each); a session that would issue
 /// more waits for the oldest.
