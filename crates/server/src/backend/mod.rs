@@ -77,8 +77,6 @@ impl Memset {
     }
 }
 
-/// What a server needs from a GPU driver. All methods are callable from any
-/// session thread at once.
 /// [`Backend::memcpy_host_batch`] as one call per copy: its default, and
 /// what a backend falls back to where it cannot batch.
 ///
@@ -112,6 +110,8 @@ pub enum Way {
     FromDevice,
 }
 
+/// What a server needs from a GPU driver. All methods are callable from any
+/// session thread at once.
 pub trait Backend: Send + Sync {
     /// `cuda` or `emulated`.
     fn kind(&self) -> &'static str;

@@ -518,16 +518,14 @@ impl Backend for Cuda {
             // SAFETY: the caller's guarantee.
             return unsafe { one_by_one(self, ctx, copies, stream) };
         }
-        let (mut dsts, mut srcs) = (Vec::with_capacity(copies.len()), Vec::with_capacity(copies.len()));
-        for c in copies {
-            // Host memory is addressed by its pointer under unified addressing.
-            let (dst, src) = match c.way {
+        // Host memory is addressed by its pointer under unified addressing.
+        let (mut dsts, mut srcs): (Vec<u64>, Vec<u64>) = copies
+            .iter()
+            .map(|c| match c.way {
                 Way::ToDevice => (c.device, c.host as u64),
                 Way::FromDevice => (c.host as u64, c.device),
-            };
-            dsts.push(dst);
-            srcs.push(src);
-        }
+            })
+            .unzip();
         let mut sizes: Vec<usize> = copies.iter().map(|c| c.len).collect();
         let mut attrs = api::MemcpyAttributes { src_access_order: api::SRC_ACCESS_ORDER_STREAM, ..Default::default() };
         let mut first = 0;
