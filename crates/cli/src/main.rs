@@ -123,6 +123,9 @@ enum Command {
         /// Samples of each metric.
         #[arg(long, default_value_t = 1)]
         samples: usize,
+        /// Only these rows (default: all).
+        #[arg(long, value_enum)]
+        part: Option<bench::worker::Part>,
     },
 }
 
@@ -144,7 +147,7 @@ fn main() -> ExitCode {
         Command::Bench { backend, carriers, json, quick } => {
             bench::bench(bench::Options { backend, carriers, json, quick })
         }
-        Command::BenchWorker { library, quick, samples } => bench::worker::run(&library, quick, samples),
+        Command::BenchWorker { library, quick, samples, part } => bench::worker::run(&library, quick, samples, part),
     };
     match result {
         Ok(code) => code,

@@ -19,6 +19,17 @@
 //! runs differed (a 4-byte read through shared memory took 7.9 µs in one
 //! run and 9.0 in the next), so that where a process's threads land and
 //! how the machine drifts fall on every column alike.
+//!
+//! A round takes the latency rows of every column first, each from a
+//! worker of its own (`--part latency`), and then their bandwidth rows:
+//! on the H100 machine (a VM) driver calls ran slow for seconds at a time
+//! (1 MiB alloc+free took 63 µs or about 90, natively and through gpuplex
+//! alike, while plain arithmetic kept its speed), spells that could span
+//! processes run back to back (in one 18 s stretch, six 3 s runs in a row
+//! were all slow), and a column's latency rows used to be a whole
+//! bandwidth sweep, several seconds, from the next column's. Now they are
+//! a worker's start and a few hundred milliseconds apart. Not yet measured
+//! on the GPU: whether this steadies the latency rows' ratios.
 
 mod carrier;
 mod driver;
@@ -40,6 +51,7 @@ use gpuplex_server::BackendKind;
 pub use carrier::CarrierKind;
 use gpuplex_server::session::lanes::Shape;
 use report::{Cell, Column, Device, Machine, Report, Summary, WorkerReport, NATIVE, SAMPLES};
+use worker::Part;
 
 use crate::Error;
 
@@ -95,30 +107,28 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
         lineup.push(entry);
     }
 
-    // Rounds of one sample per column, each from a fresh worker, in turns
+    // Rounds of one sample per column, each from fresh workers, in turns
     // that alternate direction: whatever drifts on the machine (clocks,
     // neighbours) and wherever a process's threads land then fall on every
-    // column alike, instead of on whichever ran at a bad moment.
+    // column alike, instead of on whichever ran at a bad moment. A round
+    // takes every column's latency rows first, in workers of their own, so
+    // that each column's are a second or so from the next one's rather than
+    // a whole bandwidth sweep away (see the module doc).
     for round in 0..SAMPLES {
         let started = Instant::now();
         eprint!("gpuplex bench: round {}/{SAMPLES}:", round + 1);
         let order: Vec<usize> =
             if round % 2 == 0 { (0..lineup.len()).collect() } else { (0..lineup.len()).rev().collect() };
-        for i in order {
-            let entry = &mut lineup[i];
-            if entry.error.is_some() {
-                continue;
-            }
-            eprint!(" {}", entry.column.name);
-            let env = entry.server.as_ref().map_or(&[][..], |s| &s.client_env[..]);
-            match worker.run(&entry.library, env, &entry.dir).and_then(|w| entry.check(w)) {
-                Ok(w) => entry.rounds.push(w),
-                Err(e) => {
-                    eprint!(" ({e})");
-                    entry.error = Some(e);
+        for part in [Part::Latency, Part::Bandwidth] {
+            eprint!(" {}", part.name());
+            for &i in &order {
+                let entry = &mut lineup[i];
+                entry.take(&worker, part);
+                if part == Part::Bandwidth {
+                    entry.lanes_alone(opts.quick);
                 }
             }
-            entry.lanes_alone(opts.quick);
+            eprint!(";");
         }
         eprintln!(" ({:.1} s)", started.elapsed().as_secs_f64());
     }
@@ -166,6 +176,27 @@ impl Entry {
 
     fn takes_lanes(&self) -> bool {
         matches!(self.carrier, Some(CarrierKind::Socket | CarrierKind::Tcp))
+    }
+
+    /// Takes this round's `part` of the column's rows from a fresh worker:
+    /// the latency part begins the round's report, the bandwidth part
+    /// completes it. The first failure ends the column's rounds.
+    fn take(&mut self, worker: &Worker<'_>, part: Part) {
+        if self.error.is_some() {
+            return;
+        }
+        eprint!(" {}", self.column.name);
+        let env = self.server.as_ref().map_or(&[][..], |s| &s.client_env[..]);
+        match worker.run(&self.library, env, &self.dir, part).and_then(|w| self.check(w)) {
+            Ok(w) => match (part, self.rounds.last_mut()) {
+                (Part::Bandwidth, Some(round)) => round.join(w),
+                _ => self.rounds.push(w),
+            },
+            Err(e) => {
+                eprint!(" ({e})");
+                self.error = Some(e);
+            }
+        }
     }
 
     /// Takes this round's sample of the lanes alone, right after the
@@ -259,12 +290,18 @@ impl Worker<'_> {
 
     /// The worker's report, or `failed: <why>`. Output goes to files in `dir`
     /// so that a chatty child can never block on a full pipe.
-    fn run(&self, library: &std::ffi::OsStr, env: &[(String, String)], dir: &Path) -> Result<WorkerReport, String> {
+    fn run(
+        &self,
+        library: &std::ffi::OsStr,
+        env: &[(String, String)],
+        dir: &Path,
+        part: Part,
+    ) -> Result<WorkerReport, String> {
         let (out_path, err_path) = (dir.join("worker.out"), dir.join("worker.err"));
         let files = File::create(&out_path).and_then(|o| Ok((o, File::create(&err_path)?)));
         let (out, err) = files.map_err(|e| format!("failed: cannot create files in {}: {e}", dir.display()))?;
         let mut cmd = Command::new(self.exe);
-        cmd.arg("bench-worker").arg("--library").arg(library).arg("--samples").arg("1");
+        cmd.arg("bench-worker").arg("--library").arg(library).arg("--samples").arg("1").arg("--part").arg(part.name());
         if self.quick {
             cmd.arg("--quick");
         }

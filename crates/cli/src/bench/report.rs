@@ -160,6 +160,13 @@ impl Summary {
 }
 
 impl WorkerReport {
+    /// Adds the rows of another worker of the same round.
+    pub fn join(&mut self, other: WorkerReport) {
+        self.results.extend(other.results);
+        self.checks.passed += other.checks.passed;
+        self.checks.failed.extend(other.checks.failed);
+    }
+
     /// One column's rounds as one report: each metric's samples from every
     /// round together, its first error if a round had one; the data checks
     /// of every round. None without rounds.
@@ -432,6 +439,18 @@ mod tests {
         assert_eq!(merged.results["h2d_pinned_1MiB"], Outcome::Error("broke".into()));
         assert_eq!(merged.checks, Checks { passed: 3, failed: vec!["4 KiB round trip".into()] });
         assert!(WorkerReport::merge(vec![]).is_none());
+    }
+
+    #[test]
+    fn a_rounds_parts_join_into_one_report() {
+        let mut latency = worker(&[(LAUNCH_ASYNC, &[4.0])]);
+        latency.checks = Checks { passed: 1, failed: vec![] };
+        let mut bandwidth = worker(&[("h2d_pinned_1MiB", &[50.0])]);
+        bandwidth.checks = Checks { passed: 2, failed: vec!["64 MiB round trip".into()] };
+        latency.join(bandwidth);
+        let names: Vec<&str> = latency.results.keys().map(String::as_str).collect();
+        assert_eq!(names, ["h2d_pinned_1MiB", LAUNCH_ASYNC]);
+        assert_eq!(latency.checks, Checks { passed: 3, failed: vec!["64 MiB round trip".into()] });
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! measurement is reported in its row and the others still run; only a
 //! failure to reach a device at all ends the worker.
 //!
+//! `--part` picks the latency rows (launches, small copies, alloc+free) or
+//! the bandwidth rows; without it the worker measures both. The bench asks
+//! for each part from a worker of its own (see its module for why).
+//!
 //! Each metric is sampled `--samples` times (the bench asks for one per
 //! worker, and runs a worker per sample) and reported as the median of its
 //! samples, with their minimum and maximum: a single sample varied widely
@@ -83,43 +87,72 @@ fn warmup(n: u32) -> u32 {
     (n / 10).max(1)
 }
 
-pub fn run(library: &str, quick: bool, samples: usize) -> Result<ExitCode, Error> {
+/// Which rows a worker measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    Latency,
+    Bandwidth,
+}
+
+impl Part {
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Latency => "latency",
+            Part::Bandwidth => "bandwidth",
+        }
+    }
+}
+
+pub fn run(library: &str, quick: bool, samples: usize, part: Option<Part>) -> Result<ExitCode, Error> {
     if samples == 0 {
         return Err("--samples must be at least 1".into());
     }
     // `system`: whatever libcuda.so.1 the dynamic linker finds, as a CUDA program would.
     let driver = Driver::load(if library == "system" { "libcuda.so.1" } else { library })?;
-    let report = measure(&driver, &Plan::new(quick, samples))?;
+    let report = measure(&driver, &Plan::new(quick, samples), part)?;
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, &report)?;
     writeln!(out)?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn measure(d: &Driver, plan: &Plan) -> Result<WorkerReport, Error> {
+fn measure(d: &Driver, plan: &Plan, part: Option<Part>) -> Result<WorkerReport, Error> {
     d.init()?;
     let dev = d.device(0)?;
     let (device, driver_version) = (d.device_name(dev)?, d.driver_version()?);
     let _ctx = d.primary_context(dev)?;
-    let module = d.load_ptx(EMPTY_KERNEL_PTX)?;
-    let kernel = module.function(EMPTY_KERNEL)?;
-    let stream = d.create_stream()?;
 
     let mut results = BTreeMap::new();
     let mut checks = Checks::default();
-    let k = plan.samples;
-    results.insert(LAUNCH_ASYNC.into(), outcome(launch_async(d, &kernel, &stream, k, plan.async_launches)));
-    results.insert(LAUNCH_SYNC.into(), outcome(launch_sync(d, &kernel, &stream, k, plan.sync_launches)));
-    let (htod, dtoh) = small_copies(d, k, plan.small_copies, &mut checks);
-    results.insert(COPY_HTOD_4B.into(), htod);
-    results.insert(COPY_DTOH_4B.into(), dtoh);
-    results.insert(ALLOC_FREE_1MIB.into(), outcome(alloc_free(d, k, plan.allocations)));
-    results.extend(bandwidth(d, plan, &mut checks));
+    if part != Some(Part::Bandwidth) {
+        results.extend(latency(d, plan, &mut checks)?);
+    }
+    if part != Some(Part::Latency) {
+        results.extend(bandwidth(d, plan, &mut checks));
+    }
     // Errors of queued work surface here rather than going unnoticed.
     if let Err(e) = d.synchronize() {
         checks.failed.push(format!("final synchronize: {e}"));
     }
     Ok(WorkerReport { library: d.path.clone(), gpuplex: d.is_gpuplex, device, driver_version, results, checks })
+}
+
+/// Every latency row.
+fn latency(d: &Driver, plan: &Plan, checks: &mut Checks) -> Result<Vec<(String, Outcome)>, Error> {
+    let module = d.load_ptx(EMPTY_KERNEL_PTX)?;
+    let kernel = module.function(EMPTY_KERNEL)?;
+    let stream = d.create_stream()?;
+    let k = plan.samples;
+    let launches = outcome(launch_async(d, &kernel, &stream, k, plan.async_launches));
+    let launch_and_sync = outcome(launch_sync(d, &kernel, &stream, k, plan.sync_launches));
+    let (htod, dtoh) = small_copies(d, k, plan.small_copies, checks);
+    Ok(vec![
+        (LAUNCH_ASYNC.into(), launches),
+        (LAUNCH_SYNC.into(), launch_and_sync),
+        (COPY_HTOD_4B.into(), htod),
+        (COPY_DTOH_4B.into(), dtoh),
+        (ALLOC_FREE_1MIB.into(), outcome(alloc_free(d, k, plan.allocations))),
+    ])
 }
 
 /// `k` (at least one) values from `one`, summarised; the first error ends the sampling.
@@ -205,7 +238,13 @@ fn small_copies(d: &Driver, k: usize, n: u32, checks: &mut Checks) -> (Outcome, 
 /// now and then changed mode between two loops of 1000 pairs. A median of
 /// five samples lands in either mode, so this row's ratio swung from 0.88
 /// to 1.28 between benches of one build, while in two of them the columns'
-/// fastest samples were 0.98 and 1.04 of native.
+/// fastest samples were 0.98 and 1.04 of native. Traced in 100 ms windows,
+/// a process stayed in one mode for seconds (fast 63 µs for both, slow
+/// 83-91 natively and 86-92 through shared memory) and `cuMemGetInfo`
+/// slowed with it (5.3 to 7.0 µs) while an arithmetic loop did not; within
+/// one process, alternating every 50 ms, a created context, 66 MiB of
+/// registered memory, 16 pinned blocks held or a spinning thread changed
+/// nothing beyond 2 µs. Hence the bench's latency pass (see `mod.rs`).
 fn alloc_free(d: &Driver, k: usize, n: u32) -> driver::Result<Summary> {
     latency_us(k, n, || d.alloc(MIB)?.free())
 }
