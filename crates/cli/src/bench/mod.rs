@@ -21,15 +21,16 @@
 //! how the machine drifts fall on every column alike.
 //!
 //! A round takes the latency rows of every column first, each from a
-//! worker of its own (`--part latency`), and then their bandwidth rows:
-//! on the H100 machine (a VM) driver calls ran slow for seconds at a time
-//! (1 MiB alloc+free took 63 µs or about 90, natively and through gpuplex
-//! alike, while plain arithmetic kept its speed), spells that could span
-//! processes run back to back (in one 18 s stretch, six 3 s runs in a row
-//! were all slow), and a column's latency rows used to be a whole
-//! bandwidth sweep, several seconds, from the next column's. Now they are
-//! a worker's start and a few hundred milliseconds apart. Not yet measured
-//! on the GPU: whether this steadies the latency rows' ratios.
+//! worker of its own (`--part latency`), and then their bandwidth rows.
+//! On the H100 machine (a VM) driver calls ran slow for seconds at a time:
+//! 1 MiB alloc+free took about 63 µs or about 90, natively and through
+//! gpuplex, while plain arithmetic kept its speed. Spells could span
+//! processes run back to back (in one 18 s stretch, five of six 3 s runs
+//! were slow in 21-30 of their 30 windows), and a column's latency rows
+//! used to be a whole bandwidth sweep, several seconds, from the next
+//! column's. Now they are a worker's start and a few hundred milliseconds
+//! apart. Not yet measured on the GPU: whether this steadies the latency
+//! rows' ratios.
 
 mod carrier;
 mod driver;

@@ -239,12 +239,16 @@ fn small_copies(d: &Driver, k: usize, n: u32, checks: &mut Checks) -> (Outcome, 
 /// five samples lands in either mode, so this row's ratio swung from 0.88
 /// to 1.28 between benches of one build, while in two of them the columns'
 /// fastest samples were 0.98 and 1.04 of native. Traced in 100 ms windows,
-/// a process stayed in one mode for seconds (fast 63 µs for both, slow
-/// 83-91 natively and 86-92 through shared memory) and `cuMemGetInfo`
-/// slowed with it (5.3 to 7.0 µs) while an arithmetic loop did not; within
-/// one process, alternating every 50 ms, a created context, 66 MiB of
-/// registered memory, 16 pinned blocks held or a spinning thread changed
-/// nothing beyond 2 µs. Hence the bench's latency pass (see `mod.rs`).
+/// a process kept one mode for seconds, and `cuMemGetInfo` slowed with it
+/// (5.3 to 7.0 µs natively) while an arithmetic loop did not. The fastest
+/// windows were 62 µs natively and 63 through shared memory, but the shared
+/// memory runs spent more of their time slow: of four 8 s runs each, taken
+/// in turn, 121 of 320 windows natively and 33 of 320 through it were under
+/// 72 µs. What makes it so is open: within one process, alternating every
+/// 50 ms, a created context, 66 MiB of registered memory, 16 pinned blocks
+/// held or a spinning thread changed nothing beyond 2 µs, and a guest that
+/// spun without PAUSE did no better. The bench's latency pass (see
+/// `mod.rs`) keeps the columns' samples close in time.
 fn alloc_free(d: &Driver, k: usize, n: u32) -> driver::Result<Summary> {
     latency_us(k, n, || d.alloc(MIB)?.free())
 }
