@@ -197,12 +197,13 @@ fn cut(shape: Shape, bytes: usize) -> Cut {
 /// One pass: chunks into the lane's slots in turn, each checked and
 /// answered, until the marker that ends the lane's share; how many came.
 fn receive(rx: &Lane, shape: Shape, slots: &mut [u8], bytes: usize, pass: &Pass, p: u64) -> Result<usize, String> {
+    let cut = cut(shape, bytes);
     for n in 0.. {
         let header = rx.recv_header().map_err(|e| format!("receive: {e}"))?;
         if header.is_end() && header.copy.get() == p {
             return Ok(n);
         }
-        let Some(i) = header.index_in(p, &cut(shape, bytes)) else {
+        let Some(i) = header.index_in(p, &cut) else {
             return Err(format!("received {header:?}, no chunk of pass {p}"));
         };
         if pass.arrived[i as usize].swap(true, Ordering::Relaxed) {

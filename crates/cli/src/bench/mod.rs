@@ -125,7 +125,8 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
             for &i in &order {
                 let entry = &mut lineup[i];
                 entry.take(&worker, part);
-                if part == Part::Bandwidth {
+                // A column that has failed takes no more samples of either.
+                if part == Part::Bandwidth && entry.error.is_none() {
                     entry.lanes_alone(opts.quick);
                 }
             }
