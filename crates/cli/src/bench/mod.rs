@@ -20,17 +20,23 @@
 //! run and 9.0 in the next), so that where a process's threads land and
 //! how the machine drifts fall on every column alike.
 //!
-//! A round takes the latency rows of every column first, each from a
-//! worker of its own (`--part latency`), and then their bandwidth rows.
-//! On the H100 machine (a VM) driver calls ran slow for seconds at a time:
-//! 1 MiB alloc+free took about 63 µs or about 90, natively and through
-//! gpuplex, while plain arithmetic kept its speed. Spells could span
-//! processes run back to back (in one 18 s stretch, five of six 3 s runs
-//! were slow in 21-30 of their 30 windows), and a column's latency rows
-//! used to be a whole bandwidth sweep, several seconds, from the next
-//! column's. Now they are a worker's start and a few hundred milliseconds
-//! apart. Not yet measured on the GPU: whether this steadies the latency
-//! rows' ratios.
+//! A round takes the latency rows of every column first, in
+//! [`LATENCY_PASSES`] passes of workers of their own (`--part latency`), and
+//! then their bandwidth rows. On the H100 machine (a VM) driver calls ran
+//! slow for seconds at a time: 1 MiB alloc+free took about 63 µs or about
+//! 90, natively and through gpuplex, while plain arithmetic kept its speed.
+//! A column's latency rows used to be a whole bandwidth sweep, several
+//! seconds, from the next column's; now they are a worker's start apart,
+//! and each column has three times the samples.
+//!
+//! What that bought, measured: the spells can outlast a whole bench. In
+//! seven benches of one day (with one to three carriers), the shared-memory
+//! column's alloc+free came out at x0.87 to x1.25 of native (median x1.09),
+//! while the same calls alternated every second or so within one spell came
+//! out even (native 66.8 µs against 72.4 through shared memory over 18
+//! rounds of bench workers, 73.4 against 70.0 over 20, and 100.4 against
+//! 102.6 over 24 rounds of a C loop). A bench is a sample of the machine's
+//! spells, not a measure of them; run it more than once.
 
 mod carrier;
 mod driver;
@@ -51,7 +57,7 @@ use gpuplex_server::BackendKind;
 
 pub use carrier::CarrierKind;
 use gpuplex_server::session::lanes::Shape;
-use report::{Cell, Column, Device, Machine, Report, Summary, WorkerReport, NATIVE, SAMPLES};
+use report::{Cell, Column, Device, Machine, Report, Summary, WorkerReport, LATENCY_PASSES, NATIVE, SAMPLES};
 use worker::Part;
 
 use crate::Error;
@@ -108,29 +114,39 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
         lineup.push(entry);
     }
 
-    // Rounds of one sample per column, each from fresh workers, in turns
-    // that alternate direction: whatever drifts on the machine (clocks,
-    // neighbours) and wherever a process's threads land then fall on every
-    // column alike, instead of on whichever ran at a bad moment. A round
-    // takes every column's latency rows first, in workers of their own, so
-    // that each column's are a second or so from the next one's rather than
-    // a whole bandwidth sweep away (see the module doc).
+    // SAMPLES rounds. A round takes every column's latency rows, in
+    // LATENCY_PASSES passes, then their bandwidth rows, so that each
+    // column's latency samples are a second or so from the next column's
+    // rather than a whole bandwidth sweep away (see the module doc). Every
+    // sample comes from a fresh worker, and each pass runs the columns in
+    // the opposite order to the last of its kind: whatever drifts on the
+    // machine (clocks, neighbours) and wherever a process's threads land
+    // then fall on every column alike, instead of on whichever ran at a bad
+    // moment.
+    let n = lineup.len();
+    let order = |reversed: bool| -> Vec<usize> {
+        if reversed {
+            (0..n).rev().collect()
+        } else {
+            (0..n).collect()
+        }
+    };
     for round in 0..SAMPLES {
         let started = Instant::now();
-        eprint!("gpuplex bench: round {}/{SAMPLES}:", round + 1);
-        let order: Vec<usize> =
-            if round % 2 == 0 { (0..lineup.len()).collect() } else { (0..lineup.len()).rev().collect() };
-        for part in [Part::Latency, Part::Bandwidth] {
-            eprint!(" {}", part.name());
-            for &i in &order {
-                let entry = &mut lineup[i];
-                entry.take(&worker, part);
-                // A column that has failed takes no more samples of either.
-                if part == Part::Bandwidth && entry.error.is_none() {
-                    entry.lanes_alone(opts.quick);
-                }
+        eprint!("gpuplex bench: round {}/{SAMPLES}: latency", round + 1);
+        for pass in 0..LATENCY_PASSES {
+            for i in order((round * LATENCY_PASSES + pass) % 2 == 1) {
+                lineup[i].take(&worker, Part::Latency);
             }
-            eprint!(";");
+        }
+        eprint!("; bandwidth");
+        for i in order(round % 2 == 1) {
+            let entry = &mut lineup[i];
+            entry.take(&worker, Part::Bandwidth);
+            // A column that has failed takes no more samples of either.
+            if entry.error.is_none() {
+                entry.lanes_alone(opts.quick);
+            }
         }
         eprintln!(" ({:.1} s)", started.elapsed().as_secs_f64());
     }
@@ -158,8 +174,9 @@ struct Entry {
     carrier: Option<CarrierKind>,
     server: Option<carrier::Server>,
     dir: PathBuf,
-    rounds: Vec<WorkerReport>,
-    /// Set by the first failure: the column takes no more rounds.
+    /// Every worker's, in the order taken.
+    reports: Vec<WorkerReport>,
+    /// Set by the first failure: the column takes no more samples.
     error: Option<String>,
     /// The lanes alone, a sample a round, where the column's copies take lanes.
     lanes_alone: Result<Vec<f64>, String>,
@@ -173,16 +190,15 @@ impl Entry {
         server: Option<carrier::Server>,
         dir: PathBuf,
     ) -> Entry {
-        Entry { column, library, carrier, server, dir, rounds: Vec::new(), error: None, lanes_alone: Ok(Vec::new()) }
+        Entry { column, library, carrier, server, dir, reports: Vec::new(), error: None, lanes_alone: Ok(Vec::new()) }
     }
 
     fn takes_lanes(&self) -> bool {
         matches!(self.carrier, Some(CarrierKind::Socket | CarrierKind::Tcp))
     }
 
-    /// Takes this round's `part` of the column's rows from a fresh worker:
-    /// the latency part begins the round's report, the bandwidth part
-    /// completes it. The first failure ends the column's rounds.
+    /// Takes a sample of the `part` of the column's rows from a fresh
+    /// worker. The first failure ends the column's sampling.
     fn take(&mut self, worker: &Worker<'_>, part: Part) {
         if self.error.is_some() {
             return;
@@ -190,10 +206,7 @@ impl Entry {
         eprint!(" {}", self.column.name);
         let env = self.server.as_ref().map_or(&[][..], |s| &s.client_env[..]);
         match worker.run(&self.library, env, &self.dir, part).and_then(|w| self.check(w)) {
-            Ok(w) => match (part, self.rounds.last_mut()) {
-                (Part::Bandwidth, Some(round)) => round.join(w),
-                _ => self.rounds.push(w),
-            },
+            Ok(w) => self.reports.push(w),
             Err(e) => {
                 eprint!(" ({e})");
                 self.error = Some(e);
@@ -230,7 +243,7 @@ impl Entry {
         Some((self.column.name.clone(), cell))
     }
 
-    /// A round's report, if the worker loaded the kind of libcuda the column is for.
+    /// A worker's report, if it loaded the kind of libcuda the column is for.
     fn check(&self, w: WorkerReport) -> Result<WorkerReport, String> {
         match (self.carrier.is_some(), w.gpuplex) {
             (false, true) => Err(format!("failed: {} is gpuplex's front-end, not the machine's driver", w.library)),
@@ -239,12 +252,12 @@ impl Entry {
         }
     }
 
-    /// The column and its rounds merged (its server stops here).
+    /// The column and its reports merged (its server stops here).
     fn finish(self) -> (Column, Result<WorkerReport, String>) {
         let mut column = self.column;
         let outcome = match self.error {
             Some(e) => Err(e),
-            None => WorkerReport::merge(self.rounds).ok_or_else(|| "failed: no rounds".to_owned()),
+            None => WorkerReport::merge(self.reports).ok_or_else(|| "failed: no samples".to_owned()),
         };
         if let Ok(w) = &outcome {
             column.library = Some(w.library.clone());

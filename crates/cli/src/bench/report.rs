@@ -3,9 +3,10 @@
 //! and printed under another), the worker's answer, and the report that is
 //! printed as a table or written as JSON.
 //!
-//! Every value is the median of [`SAMPLES`] independent samples, reported
-//! with their count, minimum and maximum (see [`Summary`]); each sample of a
-//! column comes from a worker process of its own (see `mod.rs`).
+//! Every value is the median of independent samples ([`SAMPLES`] for a
+//! bandwidth row, [`LATENCY_SAMPLES`] for a latency row), reported with their
+//! count, minimum and maximum (see [`Summary`]); each sample of a column
+//! comes from a worker process of its own (see `mod.rs`).
 
 use std::collections::BTreeMap;
 
@@ -15,9 +16,19 @@ use serde::{Deserialize, Serialize};
 pub const KIB: usize = 1 << 10;
 pub const MIB: usize = 1 << 20;
 
-/// Independent samples per metric, for every column and with `--quick` alike.
-/// Odd, so that the median is a measured sample.
+/// Rounds, and so independent samples per bandwidth metric, for every
+/// column and with `--quick` alike. Odd, so that the median is a measured
+/// sample.
 pub const SAMPLES: usize = 5;
+
+/// Latency passes per round. The latency rows take a worker's start and a
+/// fraction of a second, and on the H100 machine (a VM) they moved most
+/// from spell to spell (see `mod.rs`), so they get more samples. Odd, as
+/// [`SAMPLES`] is.
+pub const LATENCY_PASSES: usize = 3;
+
+/// Independent samples per latency metric.
+pub const LATENCY_SAMPLES: usize = SAMPLES * LATENCY_PASSES;
 
 /// The transfer sizes of the bandwidth rows.
 const BANDWIDTH_SIZES: [usize; 4] = [4 * KIB, MIB, 64 * MIB, 256 * MIB];
@@ -160,22 +171,19 @@ impl Summary {
 }
 
 impl WorkerReport {
-    /// Adds the rows of another worker of the same round.
-    pub fn join(&mut self, other: WorkerReport) {
-        self.results.extend(other.results);
-        self.checks.passed += other.checks.passed;
-        self.checks.failed.extend(other.checks.failed);
-    }
-
-    /// One column's rounds as one report: each metric's samples from every
-    /// round together, its first error if a round had one; the data checks
-    /// of every round. None without rounds.
-    pub fn merge(rounds: Vec<WorkerReport>) -> Option<WorkerReport> {
-        let mut rounds = rounds.into_iter();
-        let mut merged = rounds.next()?;
-        for round in rounds {
-            for (metric, outcome) in round.results {
-                let mine = merged.results.entry(metric).or_insert_with(|| Outcome::Error("not measured".into()));
+    /// One column's reports (every worker's, in the order taken) as one:
+    /// each metric's samples from every report that measured it, or the
+    /// first error of one that failed it; the data checks of them all. None
+    /// without reports.
+    pub fn merge(reports: Vec<WorkerReport>) -> Option<WorkerReport> {
+        let mut reports = reports.into_iter();
+        let mut merged = reports.next()?;
+        for report in reports {
+            for (metric, outcome) in report.results {
+                let Some(mine) = merged.results.get_mut(&metric) else {
+                    merged.results.insert(metric, outcome);
+                    continue;
+                };
                 if let (Outcome::Measured(a), Outcome::Measured(b)) = (&*mine, &outcome) {
                     let values: Vec<f64> = a.values.iter().chain(&b.values).copied().collect();
                     *mine = Outcome::Measured(Summary::of(&values).expect("samples on both sides"));
@@ -183,8 +191,8 @@ impl WorkerReport {
                     *mine = outcome;
                 }
             }
-            merged.checks.passed += round.checks.passed;
-            merged.checks.failed.extend(round.checks.failed);
+            merged.checks.passed += report.checks.passed;
+            merged.checks.failed.extend(report.checks.failed);
         }
         Some(merged)
     }
@@ -442,15 +450,23 @@ mod tests {
     }
 
     #[test]
-    fn a_rounds_parts_join_into_one_report() {
+    fn a_columns_reports_merge_rows_each_measured_by_some() {
         let mut latency = worker(&[(LAUNCH_ASYNC, &[4.0])]);
         latency.checks = Checks { passed: 1, failed: vec![] };
         let mut bandwidth = worker(&[("h2d_pinned_1MiB", &[50.0])]);
         bandwidth.checks = Checks { passed: 2, failed: vec!["64 MiB round trip".into()] };
-        latency.join(bandwidth);
-        let names: Vec<&str> = latency.results.keys().map(String::as_str).collect();
-        assert_eq!(names, ["h2d_pinned_1MiB", LAUNCH_ASYNC]);
-        assert_eq!(latency.checks, Checks { passed: 3, failed: vec!["64 MiB round trip".into()] });
+        let mut broken = worker(&[(LAUNCH_ASYNC, &[2.0])]);
+        broken.results.insert(LAUNCH_SYNC.into(), Outcome::Error("it broke".into()));
+        let later = worker(&[(LAUNCH_ASYNC, &[3.0]), (LAUNCH_SYNC, &[9.0])]);
+        let merged = WorkerReport::merge(vec![latency, bandwidth, broken, later]).unwrap();
+        let names: Vec<&str> = merged.results.keys().map(String::as_str).collect();
+        assert_eq!(names, ["h2d_pinned_1MiB", LAUNCH_ASYNC, LAUNCH_SYNC]);
+        let Outcome::Measured(launches) = &merged.results[LAUNCH_ASYNC] else { panic!("{merged:?}") };
+        assert_eq!((launches.values.as_slice(), launches.median), (&[4.0, 2.0, 3.0][..], 3.0));
+        // A row that failed once stays failed: its later samples are not a measurement.
+        assert_eq!(merged.results[LAUNCH_SYNC], Outcome::Error("it broke".into()));
+        assert_eq!(merged.checks, Checks { passed: 3, failed: vec!["64 MiB round trip".into()] });
+        assert!(WorkerReport::merge(vec![]).is_none());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::fmt::{self, Write};
 
-use super::report::{Better, Cell, Column, Report, LANES_ALONE, NATIVE, SAMPLES};
+use super::report::{Better, Cell, Column, Report, LANES_ALONE, LATENCY_SAMPLES, NATIVE, SAMPLES};
 
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
@@ -37,7 +37,8 @@ fn write(out: &mut String, r: &Report) -> fmt::Result {
     }
     writeln!(
         out,
-        "Each value is the median of {SAMPLES} samples, one per round of every column; --json also gives their min and max."
+        "Each value is the median of {LATENCY_SAMPLES} samples (latency rows) or {SAMPLES} (bandwidth rows), taken in \
+         {SAMPLES} rounds of every column; --json also gives their min and max."
     )?;
     if r.rows.iter().any(|row| row.name == LANES_ALONE) {
         writeln!(out, "Lanes alone: the socket and tcp columns' lanes moving the largest copy host to host, with no")?;
@@ -178,7 +179,7 @@ mod tests {
         assert!(words(line("empty-kernel launch + stream")).ends_with("us lower 9.00 failed [1] -"), "{text}");
         assert!(line("tcp").contains("unavailable: no tcp"), "{text}");
         assert!(text.contains("\n[1] it broke\n") && text.matches("it broke").count() == 1, "{text}");
-        assert!(text.contains(&format!("median of {SAMPLES} samples")), "{text}");
+        assert!(text.contains(&format!("median of {LATENCY_SAMPLES} samples (latency rows) or {SAMPLES}")), "{text}");
     }
 
     #[test]
