@@ -236,7 +236,8 @@ fn small_copies(d: &Driver, k: usize, n: u32, checks: &mut Checks) -> (Outcome, 
 /// pair took either 62-72 µs or 85-100, natively and through gpuplex alike:
 /// the same CPU gave either from one process to the next, and a process
 /// now and then changed mode between two loops of 1000 pairs. A median of
-/// five samples lands in either mode, so this row's ratio swung from 0.88
+/// five samples (as the bench took then) lands in either mode, so this
+/// row's ratio swung from 0.88
 /// to 1.28 between benches of one build, while in two of them the columns'
 /// fastest samples were 0.98 and 1.04 of native. Traced in 100 ms windows,
 /// a process kept one mode for seconds, and `cuMemGetInfo` slowed with it
@@ -247,8 +248,11 @@ fn small_copies(d: &Driver, k: usize, n: u32, checks: &mut Checks) -> (Outcome, 
 /// 72 µs. What makes it so is open: within one process, alternating every
 /// 50 ms, a created context, 66 MiB of registered memory, 16 pinned blocks
 /// held or a spinning thread changed nothing beyond 2 µs, and a guest that
-/// spun without PAUSE did no better. The bench's latency pass (see
-/// `mod.rs`) keeps the columns' samples close in time.
+/// spun without PAUSE did no better. Profiled, a slow pair's extra time
+/// was spread over libcuda, nvidia.ko and the kernel alike, most of it in
+/// sections run with interrupts off: memory-bound code slowed, as on a CPU
+/// placed far from its memory. What the bench's latency passes made of it
+/// is in `mod.rs`.
 fn alloc_free(d: &Driver, k: usize, n: u32) -> driver::Result<Summary> {
     latency_us(k, n, || d.alloc(MIB)?.free())
 }
