@@ -126,6 +126,9 @@ enum Command {
         /// Only these rows (default: all).
         #[arg(long, value_enum)]
         part: Option<bench::worker::Part>,
+        /// Stay up and answer one sample of each latency row named on stdin.
+        #[arg(long, conflicts_with_all = ["part", "samples"])]
+        turns: bool,
     },
 }
 
@@ -147,7 +150,9 @@ fn main() -> ExitCode {
         Command::Bench { backend, carriers, json, quick } => {
             bench::bench(bench::Options { backend, carriers, json, quick })
         }
-        Command::BenchWorker { library, quick, samples, part } => bench::worker::run(&library, quick, samples, part),
+        Command::BenchWorker { library, quick, samples, part, turns } => {
+            bench::worker::run(&library, quick, samples, part, turns)
+        }
     };
     match result {
         Ok(code) => code,

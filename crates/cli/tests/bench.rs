@@ -45,7 +45,7 @@ fn quick_bench_on_the_emulated_backend() {
     }
 
     let rows = report["rows"].as_array().expect("rows");
-    assert!(rows.len() >= 5 + 4 * 3, "{} rows", rows.len());
+    assert!(rows.len() >= 6 + 4 * 3, "{} rows", rows.len());
     assert_eq!(rows.last().map(|r| &r["name"]), Some(&Value::from("lanes_alone")), "the lanes alone come last");
     let mut spread_somewhere = false;
     for row in rows {
@@ -63,8 +63,8 @@ fn quick_bench_on_the_emulated_backend() {
             // shm (which may still fall back to the socket) has a value or says why not.
             assert!(shm["value"].as_f64().is_some_and(|v| v > 0.0) || shm["error"].is_string(), "{row}");
         }
-        // Every measured cell: the median of 15 samples (times: 3 latency
-        // passes a round) or 5 (bandwidths: one a round), within their range.
+        // Every measured cell: the median of 15 samples (times: 3 a round,
+        // each of 5 turns) or 5 (bandwidths: one a round), within their range.
         let samples = if row["unit"] == "us" { 15 } else { 5 };
         for (carrier, cell) in row["carriers"].as_object().expect("carriers") {
             if cell["value"].is_null() {

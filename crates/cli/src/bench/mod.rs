@@ -20,27 +20,16 @@
 //! run and 9.0 in the next), so that where a process's threads land and
 //! how the machine drifts fall on every column alike.
 //!
-//! A round takes the latency rows of every column first, in
-//! [`LATENCY_PASSES`] passes of workers of their own (`--part latency`), and
-//! then their bandwidth rows. On the H100 machine (a VM) driver calls ran
-//! slow for seconds at a time: 1 MiB alloc+free took about 63 µs or about
-//! 90, natively and through gpuplex, while plain arithmetic kept its speed.
-//! A column's latency rows used to be a whole bandwidth sweep, several
-//! seconds, from the next column's; now they are a worker's start apart,
-//! and each column has three times the samples.
-//!
-//! What that bought, measured: the spells can outlast a whole bench. In
-//! seven benches of one day (with one to three carriers), the shared-memory
-//! column's alloc+free came out at x0.87 to x1.25 of native (median x1.09),
-//! while the same calls alternated every second or so within one spell came
-//! out even (native 66.8 µs against 72.4 through shared memory over 18
-//! rounds of bench workers, 73.4 against 70.0 over 20, and 100.4 against
-//! 102.6 over 24 rounds of a C loop). A bench is a sample of the machine's
-//! spells, not a measure of them; run it more than once.
+//! A round takes the latency rows of every column first, in turns
+//! (`latency.rs`): one worker per column, all started at once, and the
+//! columns take turns of about 10 ms at the machine, so that the spells in
+//! which this VM's driver calls ran slow fall on every column alike. Then
+//! each column's bandwidth rows, a worker each, in the round's order.
 
 mod carrier;
 mod driver;
 mod lanes_alone;
+mod latency;
 mod report;
 mod table;
 pub mod worker;
@@ -57,7 +46,7 @@ use gpuplex_server::BackendKind;
 
 pub use carrier::CarrierKind;
 use gpuplex_server::session::lanes::Shape;
-use report::{Cell, Column, Device, Machine, Report, Summary, WorkerReport, LATENCY_PASSES, NATIVE, SAMPLES};
+use report::{Cell, Column, Device, Machine, Report, Summary, WorkerReport, NATIVE, SAMPLES};
 use worker::Part;
 
 use crate::Error;
@@ -114,15 +103,12 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
         lineup.push(entry);
     }
 
-    // SAMPLES rounds. A round takes every column's latency rows, in
-    // LATENCY_PASSES passes, then their bandwidth rows, so that each
-    // column's latency samples are a second or so from the next column's
-    // rather than a whole bandwidth sweep away (see the module doc). Every
-    // sample comes from a fresh worker, and each pass runs the columns in
-    // the opposite order to the last of its kind: whatever drifts on the
-    // machine (clocks, neighbours) and wherever a process's threads land
-    // then fall on every column alike, instead of on whichever ran at a bad
-    // moment.
+    // SAMPLES rounds. A round takes every column's latency rows, the
+    // columns taking turns (see `latency.rs`), then their bandwidth rows,
+    // each from a fresh worker. The columns' order alternates from round to
+    // round (and from turn to turn): whatever drifts on the machine (clocks,
+    // neighbours) and wherever a process's threads land then fall on every
+    // column alike, instead of on whichever ran at a bad moment.
     let n = lineup.len();
     let order = |reversed: bool| -> Vec<usize> {
         if reversed {
@@ -134,10 +120,9 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     for round in 0..SAMPLES {
         let started = Instant::now();
         eprint!("gpuplex bench: round {}/{SAMPLES}: latency", round + 1);
-        for pass in 0..LATENCY_PASSES {
-            for i in order((round * LATENCY_PASSES + pass) % 2 == 1) {
-                lineup[i].take(&worker, Part::Latency);
-            }
+        let workers = lineup.iter().map(|e| e.turn_worker(&worker)).collect();
+        for (entry, report) in lineup.iter_mut().zip(latency::round(workers, round % 2 == 1)) {
+            entry.took(report);
         }
         eprint!("; bandwidth");
         for i in order(round % 2 == 1) {
@@ -200,15 +185,31 @@ impl Entry {
     /// Takes a sample of the `part` of the column's rows from a fresh
     /// worker. The first failure ends the column's sampling.
     fn take(&mut self, worker: &Worker<'_>, part: Part) {
+        if self.error.is_none() {
+            eprint!(" {}", self.column.name);
+            let env = self.server.as_ref().map_or(&[][..], |s| &s.client_env[..]);
+            self.took(worker.run(&self.library, env, &self.dir, part));
+        }
+    }
+
+    /// A worker for this round's latency turns, or why the column has none.
+    fn turn_worker(&self, worker: &Worker<'_>) -> Result<latency::TurnWorker, String> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let env = self.server.as_ref().map_or(&[][..], |s| &s.client_env[..]);
+        worker.turns(&self.library, env, &self.dir)
+    }
+
+    /// Keeps a worker's report, or the column's first failure.
+    fn took(&mut self, report: Result<WorkerReport, String>) {
         if self.error.is_some() {
             return;
         }
-        eprint!(" {}", self.column.name);
-        let env = self.server.as_ref().map_or(&[][..], |s| &s.client_env[..]);
-        match worker.run(&self.library, env, &self.dir, part).and_then(|w| self.check(w)) {
+        match report.and_then(|w| self.check(w)) {
             Ok(w) => self.reports.push(w),
             Err(e) => {
-                eprint!(" ({e})");
+                eprint!(" ({}: {e})", self.column.name);
                 self.error = Some(e);
             }
         }
@@ -303,6 +304,35 @@ impl Worker<'_> {
         Duration::from_secs(if self.quick { 300 } else { 900 })
     }
 
+    /// `gpuplex bench-worker` for `library`, with only the column's own
+    /// client variables.
+    fn command(&self, library: &std::ffi::OsStr, env: &[(String, String)]) -> Command {
+        let mut cmd = Command::new(self.exe);
+        cmd.arg("bench-worker").arg("--library").arg(library);
+        if self.quick {
+            cmd.arg("--quick");
+        }
+        for var in CLIENT_VARS {
+            cmd.env_remove(var);
+        }
+        cmd.env("LD_LIBRARY_PATH", self.library_path).envs(env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// A worker answering latency turns; its stderr goes to a file in `dir`.
+    fn turns(
+        &self,
+        library: &std::ffi::OsStr,
+        env: &[(String, String)],
+        dir: &Path,
+    ) -> Result<latency::TurnWorker, String> {
+        let err_path = dir.join("turns.err");
+        let err = File::create(&err_path).map_err(|e| format!("failed: cannot create {}: {e}", err_path.display()))?;
+        let mut cmd = self.command(library, env);
+        cmd.arg("--turns").stderr(err);
+        latency::TurnWorker::spawn(cmd, err_path, self.timeout())
+    }
+
     /// The worker's report, or `failed: <why>`. Output goes to files in `dir`
     /// so that a chatty child can never block on a full pipe.
     fn run(
@@ -315,15 +345,8 @@ impl Worker<'_> {
         let (out_path, err_path) = (dir.join("worker.out"), dir.join("worker.err"));
         let files = File::create(&out_path).and_then(|o| Ok((o, File::create(&err_path)?)));
         let (out, err) = files.map_err(|e| format!("failed: cannot create files in {}: {e}", dir.display()))?;
-        let mut cmd = Command::new(self.exe);
-        cmd.arg("bench-worker").arg("--library").arg(library).arg("--samples").arg("1").arg("--part").arg(part.name());
-        if self.quick {
-            cmd.arg("--quick");
-        }
-        for var in CLIENT_VARS {
-            cmd.env_remove(var);
-        }
-        cmd.env("LD_LIBRARY_PATH", self.library_path).envs(env.iter().map(|(k, v)| (k, v)));
+        let mut cmd = self.command(library, env);
+        cmd.arg("--samples").arg("1").arg("--part").arg(part.name());
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(out)

@@ -21,14 +21,14 @@ pub const MIB: usize = 1 << 20;
 /// sample.
 pub const SAMPLES: usize = 5;
 
-/// Latency passes per round. The latency rows take a worker's start and a
-/// fraction of a second, and on the H100 machine (a VM) they moved most
-/// from spell to spell (see `mod.rs`), so they get more samples. Odd, as
-/// [`SAMPLES`] is.
-pub const LATENCY_PASSES: usize = 3;
+/// Samples per latency metric per round, each the mean of a few turns
+/// (see `latency.rs`). The latency rows take a fraction of a second, and on
+/// the H100 machine (a VM) they moved most from spell to spell, so they get
+/// more samples. Odd, as [`SAMPLES`] is.
+pub const LATENCY_SAMPLES_PER_ROUND: usize = 3;
 
-/// Independent samples per latency metric.
-pub const LATENCY_SAMPLES: usize = SAMPLES * LATENCY_PASSES;
+/// Samples per latency metric.
+pub const LATENCY_SAMPLES: usize = SAMPLES * LATENCY_SAMPLES_PER_ROUND;
 
 /// The transfer sizes of the bandwidth rows.
 const BANDWIDTH_SIZES: [usize; 4] = [4 * KIB, MIB, 64 * MIB, 256 * MIB];
@@ -77,6 +77,11 @@ pub const LAUNCH_SYNC: &str = "launch_sync";
 pub const COPY_HTOD_4B: &str = "memcpy_htod_4B";
 pub const COPY_DTOH_4B: &str = "memcpy_dtoh_4B";
 pub const ALLOC_FREE_1MIB: &str = "alloc_free_1MiB";
+pub const ALLOC_FREE_1MIB_BESIDE: &str = "alloc_free_1MiB_beside";
+
+/// The latency rows, in the order measured and printed.
+pub const LATENCY_METRICS: [&str; 6] =
+    [LAUNCH_ASYNC, LAUNCH_SYNC, COPY_HTOD_4B, COPY_DTOH_4B, ALLOC_FREE_1MIB, ALLOC_FREE_1MIB_BESIDE];
 
 /// `4 KiB`, `64 MiB`.
 pub fn size_label(bytes: usize) -> String {
@@ -120,6 +125,7 @@ pub fn catalog(quick: bool) -> Vec<Metric> {
         time(COPY_HTOD_4B, "4 B copy host->device"),
         time(COPY_DTOH_4B, "4 B copy device->host"),
         time(ALLOC_FREE_1MIB, "1 MiB cuMemAlloc + cuMemFree"),
+        time(ALLOC_FREE_1MIB_BESIDE, "the same, 4 B held meanwhile"),
     ];
     for mem in [HostMemory::Pageable, HostMemory::Pinned] {
         for dir in [Direction::HostToDevice, Direction::DeviceToHost] {
@@ -395,7 +401,7 @@ mod tests {
         let rows = catalog(false);
         let names: std::collections::BTreeSet<_> = rows.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names.len(), rows.len());
-        assert_eq!(rows.len(), 5 + 4 * 4);
+        assert_eq!(rows.len(), LATENCY_METRICS.len() + 4 * 4);
         assert!(names.contains("h2d_pageable_4KiB") && names.contains("d2h_pinned_256MiB"));
         assert!(!catalog(true).iter().any(|m| m.name == "d2h_pinned_256MiB"));
     }

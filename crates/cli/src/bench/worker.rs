@@ -6,26 +6,29 @@
 //! failure to reach a device at all ends the worker.
 //!
 //! `--part` picks the latency rows (launches, small copies, alloc+free) or
-//! the bandwidth rows; without it the worker measures both. The bench asks
-//! for each part from a worker of its own (see its module for why).
+//! the bandwidth rows; without it the worker measures both. Each metric is
+//! sampled `--samples` times and reported as the median of its samples,
+//! with their minimum and maximum: a single sample varied widely from run
+//! to run on a real GPU (launch overhead, bandwidth), and a median is not
+//! moved by one disturbed sample. A latency sample is one timed loop of
+//! calls; a bandwidth sample is one stretch of copies.
 //!
-//! Each metric is sampled `--samples` times (the bench asks for one per
-//! worker, and runs a worker per sample) and reported as the median of its
-//! samples, with their minimum and maximum: a single sample varied widely
-//! from run to run on a real GPU (launch overhead, bandwidth), and a median
-//! is not moved by one disturbed sample. A latency sample is one timed loop
-//! of calls; a bandwidth sample is one stretch of copies.
+//! The bench asks for the bandwidth rows this way, one sample per worker.
+//! The latency rows it takes with `--turns`: the worker stays up and
+//! answers one sample of a row at a time, when asked, so that the columns
+//! can take turns at the machine (see `latency.rs` for why).
 
 use std::collections::BTreeMap;
 use std::ffi::CStr;
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use super::driver::{self, DeviceBuffer, Driver, Function, Stream};
 use super::report::{
     bandwidth_metric, bandwidth_sizes, size_label, Checks, Direction, HostMemory, Outcome, Summary, WorkerReport,
-    ALLOC_FREE_1MIB, COPY_DTOH_4B, COPY_HTOD_4B, LAUNCH_ASYNC, LAUNCH_SYNC, MIB,
+    ALLOC_FREE_1MIB, ALLOC_FREE_1MIB_BESIDE, COPY_DTOH_4B, COPY_HTOD_4B, LATENCY_METRICS, LAUNCH_ASYNC, LAUNCH_SYNC,
+    MIB,
 };
 use crate::Error;
 
@@ -42,7 +45,9 @@ const EMPTY_KERNEL_PTX: &CStr = c".version 8.0
 ";
 const EMPTY_KERNEL: &CStr = c"gpuplex_bench_empty";
 
-/// How much of each measurement to do, per sample.
+/// How much of each measurement to do, per sample. A latency sample (a
+/// turn, in `--turns`) lasts about 10 ms on the H100 machine: short enough
+/// that the columns' turns see the machine alike (see `latency.rs`).
 struct Plan {
     samples: usize,
     /// Launches queued before the one synchronize.
@@ -61,20 +66,20 @@ impl Plan {
         if quick {
             Plan {
                 samples,
-                async_launches: 2000,
-                sync_launches: 200,
-                small_copies: 200,
-                allocations: 50,
+                async_launches: 200,
+                sync_launches: 50,
+                small_copies: 50,
+                allocations: 10,
                 copy_time: Duration::from_millis(2),
                 sizes: bandwidth_sizes(true),
             }
         } else {
             Plan {
                 samples,
-                async_launches: 20_000,
-                sync_launches: 2000,
-                small_copies: 5000,
-                allocations: 1000,
+                async_launches: 2000,
+                sync_launches: 1000,
+                small_copies: 1000,
+                allocations: 200,
                 copy_time: Duration::from_millis(40),
                 sizes: bandwidth_sizes(false),
             }
@@ -103,56 +108,144 @@ impl Part {
     }
 }
 
-pub fn run(library: &str, quick: bool, samples: usize, part: Option<Part>) -> Result<ExitCode, Error> {
+pub fn run(library: &str, quick: bool, samples: usize, part: Option<Part>, turns: bool) -> Result<ExitCode, Error> {
     if samples == 0 {
         return Err("--samples must be at least 1".into());
     }
     // `system`: whatever libcuda.so.1 the dynamic linker finds, as a CUDA program would.
     let driver = Driver::load(if library == "system" { "libcuda.so.1" } else { library })?;
-    let report = measure(&driver, &Plan::new(quick, samples), part)?;
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, &report)?;
-    writeln!(out)?;
+    let plan = Plan::new(quick, samples);
+    if turns {
+        answer_turns(&driver, &plan)?;
+    } else {
+        let report = measure(&driver, &plan, part)?;
+        print_line(&mut std::io::stdout().lock(), &report)?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-fn measure(d: &Driver, plan: &Plan, part: Option<Part>) -> Result<WorkerReport, Error> {
+/// One JSON line, flushed: the bench waits for it.
+fn print_line(out: &mut impl Write, value: &impl serde::Serialize) -> Result<(), Error> {
+    serde_json::to_writer(&mut *out, value)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// The device's primary context, made current, and a report of what was
+/// reached, with no rows yet.
+fn open(d: &Driver) -> Result<(WorkerReport, driver::PrimaryContext<'_>), Error> {
     d.init()?;
     let dev = d.device(0)?;
     let (device, driver_version) = (d.device_name(dev)?, d.driver_version()?);
-    let _ctx = d.primary_context(dev)?;
+    let ctx = d.primary_context(dev)?;
+    let header = WorkerReport {
+        library: d.path.clone(),
+        gpuplex: d.is_gpuplex,
+        device,
+        driver_version,
+        results: BTreeMap::new(),
+        checks: Checks::default(),
+    };
+    Ok((header, ctx))
+}
 
-    let mut results = BTreeMap::new();
-    let mut checks = Checks::default();
+fn measure(d: &Driver, plan: &Plan, part: Option<Part>) -> Result<WorkerReport, Error> {
+    let (mut report, _ctx) = open(d)?;
+    let checks = &mut report.checks;
     if part != Some(Part::Bandwidth) {
-        results.extend(latency(d, plan, &mut checks)?);
+        report.results.extend(latency(d, plan, checks)?);
     }
     if part != Some(Part::Latency) {
-        results.extend(bandwidth(d, plan, &mut checks));
+        report.results.extend(bandwidth(d, plan, checks));
     }
-    // Errors of queued work surface here rather than going unnoticed.
+    final_synchronize(d, checks);
+    Ok(report)
+}
+
+/// Errors of queued work surface here rather than going unnoticed.
+fn final_synchronize(d: &Driver, checks: &mut Checks) {
     if let Err(e) = d.synchronize() {
         checks.failed.push(format!("final synchronize: {e}"));
     }
-    Ok(WorkerReport { library: d.path.clone(), gpuplex: d.is_gpuplex, device, driver_version, results, checks })
 }
 
-/// Every latency row.
+/// `--turns`: the latency rows, one sample at a time, as the bench asks for
+/// them. Prints the report of what was reached (with no rows) once set up;
+/// then, for each row name read from stdin, one sample of that row as an
+/// [`Outcome`]; at the end of input, the [`Checks`] of the final
+/// synchronize. The bench keeps every column's worker up at once and asks
+/// each in turn (see `latency.rs`).
+fn answer_turns(d: &Driver, plan: &Plan) -> Result<(), Error> {
+    let (mut header, _ctx) = open(d)?;
+    let module = d.load_ptx(EMPTY_KERNEL_PTX)?;
+    let rig = Rig::new(d, &module, &mut header.checks)?;
+    let mut out = std::io::stdout().lock();
+    print_line(&mut out, &header)?;
+    for metric in std::io::stdin().lock().lines() {
+        print_line(&mut out, &rig.measure(metric?.trim(), 1, plan))?;
+    }
+    let mut checks = Checks::default();
+    final_synchronize(d, &mut checks);
+    print_line(&mut out, &checks)
+}
+
+/// Every latency row, `k` samples each.
 fn latency(d: &Driver, plan: &Plan, checks: &mut Checks) -> Result<Vec<(String, Outcome)>, Error> {
     let module = d.load_ptx(EMPTY_KERNEL_PTX)?;
-    let kernel = module.function(EMPTY_KERNEL)?;
-    let stream = d.create_stream()?;
-    let k = plan.samples;
-    let launches = outcome(launch_async(d, &kernel, &stream, k, plan.async_launches));
-    let launch_and_sync = outcome(launch_sync(d, &kernel, &stream, k, plan.sync_launches));
-    let (htod, dtoh) = small_copies(d, k, plan.small_copies, checks);
-    Ok(vec![
-        (LAUNCH_ASYNC.into(), launches),
-        (LAUNCH_SYNC.into(), launch_and_sync),
-        (COPY_HTOD_4B.into(), htod),
-        (COPY_DTOH_4B.into(), dtoh),
-        (ALLOC_FREE_1MIB.into(), outcome(alloc_free(d, k, plan.allocations))),
-    ])
+    let rig = Rig::new(d, &module, checks)?;
+    Ok(LATENCY_METRICS.iter().map(|&m| (m.to_owned(), rig.measure(m, plan.samples, plan))).collect())
+}
+
+/// What the latency rows use, set up once per worker. It holds no device
+/// memory between samples: the alloc+free row is taken with none held (see
+/// [`alloc_free`]).
+struct Rig<'a> {
+    d: &'a Driver,
+    kernel: Function<'a>,
+    stream: Stream<'a>,
+    /// Whether 4 bytes were seen to round-trip, or why the 4 B rows cannot be measured.
+    small_copies: Result<(), String>,
+}
+
+/// What the 4-byte copies write.
+const SMALL: [u8; 4] = [0xC0, 0xFF, 0xEE, 0x42];
+
+impl<'a> Rig<'a> {
+    fn new(d: &'a Driver, module: &'a driver::Module<'a>, checks: &mut Checks) -> Result<Rig<'a>, Error> {
+        let kernel = module.function(EMPTY_KERNEL)?;
+        let stream = d.create_stream()?;
+        Ok(Rig { d, kernel, stream, small_copies: check_small_copies(d, checks) })
+    }
+
+    /// `k` samples of the latency row `metric`, each one timed loop of the
+    /// plan's calls after a warm-up.
+    fn measure(&self, metric: &str, k: usize, plan: &Plan) -> Outcome {
+        let d = self.d;
+        // The 4 device bytes of the 4-byte copies, for this measurement only.
+        let small = || match &self.small_copies {
+            Ok(()) => d.alloc(4).map_err(|e| Outcome::Error(e.to_string())),
+            Err(e) => Err(Outcome::Error(e.clone())),
+        };
+        outcome(match metric {
+            LAUNCH_ASYNC => launch_async(d, &self.kernel, &self.stream, k, plan.async_launches),
+            LAUNCH_SYNC => launch_sync(d, &self.kernel, &self.stream, k, plan.sync_launches),
+            COPY_HTOD_4B => match small() {
+                Ok(dev) => latency_us(k, plan.small_copies, || d.htod(&dev, &SMALL)),
+                Err(e) => return e,
+            },
+            COPY_DTOH_4B => match small() {
+                Ok(dev) => {
+                    let mut dst = [0u8; 4];
+                    latency_us(k, plan.small_copies, || d.dtoh(&mut dst, &dev))
+                }
+                Err(e) => return e,
+            },
+            ALLOC_FREE_1MIB => alloc_free(d, k, plan.allocations),
+            ALLOC_FREE_1MIB_BESIDE => d.alloc(4).and_then(|_held| alloc_free(d, k, plan.allocations)),
+            _ => return Outcome::Error(format!("no latency row is named {metric}")),
+        })
+    }
 }
 
 /// `k` (at least one) values from `one`, summarised; the first error ends the sampling.
@@ -208,51 +301,36 @@ fn outcome(r: driver::Result<Summary>) -> Outcome {
     r.map_or_else(|e| Outcome::Error(e.to_string()), Outcome::Measured)
 }
 
-/// The same error for both directions.
-fn both(e: impl ToString) -> (Outcome, Outcome) {
-    (Outcome::Error(e.to_string()), Outcome::Error(e.to_string()))
-}
-
-/// 4-byte synchronous copies each way from `malloc`'d memory, timed once
-/// the bytes are seen to round-trip.
-fn small_copies(d: &Driver, k: usize, n: u32, checks: &mut Checks) -> (Outcome, Outcome) {
-    let dev = match d.alloc(4) {
-        Ok(dev) => dev,
-        Err(e) => return both(e),
-    };
-    let (src, mut dst) = (vec![0xC0, 0xFF, 0xEE, 0x42u8], vec![0u8; 4]);
-    if let Err(e) = d.htod(&dev, &src).and_then(|()| d.dtoh(&mut dst, &dev)) {
-        return both(e);
-    }
-    if dst != src {
-        checks.failed.push(format!("4 B round trip: wrote {src:02x?}, read back {dst:02x?}"));
-        return both("data check failed (4 B round trip)");
+/// Whether [`SMALL`] round-trips through 4 device bytes from `malloc`'d
+/// memory, counted in `checks`.
+fn check_small_copies(d: &Driver, checks: &mut Checks) -> Result<(), String> {
+    let dev = d.alloc(4).map_err(|e| e.to_string())?;
+    let mut back = [0u8; 4];
+    d.htod(&dev, &SMALL).and_then(|()| d.dtoh(&mut back, &dev)).map_err(|e| e.to_string())?;
+    if back != SMALL {
+        checks.failed.push(format!("4 B round trip: wrote {SMALL:02x?}, read back {back:02x?}"));
+        return Err("data check failed (4 B round trip)".into());
     }
     checks.passed += 1;
-    (outcome(latency_us(k, n, || d.htod(&dev, &src))), outcome(latency_us(k, n, || d.dtoh(&mut dst, &dev))))
+    Ok(())
 }
 
-/// 1 MiB allocated and freed: microseconds per pair. On the H100 machine a
-/// pair took either 62-72 µs or 85-100, natively and through gpuplex alike:
-/// the same CPU gave either from one process to the next, and a process
-/// now and then changed mode between two loops of 1000 pairs. A median of
-/// five samples (as the bench took then) lands in either mode, so this
-/// row's ratio swung from 0.88
-/// to 1.28 between benches of one build, while in two of them the columns'
-/// fastest samples were 0.98 and 1.04 of native. Traced in 100 ms windows,
-/// a process kept one mode for seconds, and `cuMemGetInfo` slowed with it
-/// (5.3 to 7.0 µs natively) while an arithmetic loop did not. The fastest
-/// windows were 62 µs natively and 63 through shared memory, but the shared
-/// memory runs spent more of their time slow: of four 8 s runs each, taken
-/// in turn, 121 of 320 windows natively and 33 of 320 through it were under
-/// 72 µs. What makes it so is open: within one process, alternating every
-/// 50 ms, a created context, 66 MiB of registered memory, 16 pinned blocks
-/// held or a spinning thread changed nothing beyond 2 µs, and a guest that
-/// spun without PAUSE did no better. Profiled, a slow pair's extra time
-/// was spread over libcuda, nvidia.ko and the kernel alike, most of it in
-/// sections run with interrupts off: memory-bound code slowed, as on a CPU
-/// placed far from its memory. What the bench's latency passes made of it
-/// is in `mod.rs`.
+/// 1 MiB allocated and freed: microseconds per pair. What a pair costs
+/// depends on what else is allocated: in a C loop on the H100, with nothing
+/// else allocated a pair took 57-72 µs, with 4 B or 64 KiB held 1.8-3.6 µs,
+/// and with 4 MiB held about 60 again. A small live allocation seemingly
+/// keeps the driver's suballocation block mapped, where otherwise each pair
+/// maps and unmaps its own. The rig therefore holds no device memory: the
+/// plain row is the empty heap (the brief's 63 µs baseline), and
+/// [`ALLOC_FREE_1MIB_BESIDE`] holds 4 B, where native is a few µs and
+/// gpuplex's round trip for the allocation's address shows in full.
+///
+/// On the empty heap a pair also ran slow in spells of seconds (85-100 µs
+/// instead of 62-72), natively and through gpuplex alike, with the whole
+/// driver slowing (`cuMemGetInfo` 5.3 to 7.0 µs) while arithmetic did not;
+/// profiled, the extra time was spread over libcuda, nvidia.ko and the
+/// kernel, as on a CPU far from its memory. Hence the turns of
+/// `latency.rs`.
 fn alloc_free(d: &Driver, k: usize, n: u32) -> driver::Result<Summary> {
     latency_us(k, n, || d.alloc(MIB)?.free())
 }
