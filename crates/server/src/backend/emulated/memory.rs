@@ -103,7 +103,12 @@ impl Memory {
         }
         let mut data = Vec::new();
         data.try_reserve_exact(size as usize).map_err(|_| CuError::OUT_OF_MEMORY)?;
-        data.resize(size as usize, 0);
+        // Zeroed by doubling copies: `resize` writes a byte at a time in the
+        // unoptimized server the end-to-end tests run (3.5 s for 512 MiB).
+        data.push(0);
+        while data.len() < size as usize {
+            data.extend_from_within(..data.len().min(size as usize - data.len()));
+        }
         let n = init.len().min(data.len());
         data[..n].copy_from_slice(&init[..n]);
         let addr = self.next;

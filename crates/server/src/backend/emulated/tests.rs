@@ -35,6 +35,18 @@ fn memsets_fill_rows_and_leave_the_pitch_gap() {
 }
 
 #[test]
+fn fill_repeats_its_element_over_any_whole_number_of_elements() {
+    for len in [0, 4, 8, 12, 4 * 1000 + 4] {
+        let mut bytes = vec![0u8; len];
+        fill(&mut bytes, &[1, 2, 3, 4]);
+        assert!(bytes.chunks(4).all(|c| c == [1, 2, 3, 4]), "{len} bytes");
+    }
+    let mut one = [0u8; 7];
+    fill(&mut one, &[9]);
+    assert_eq!(one, [9; 7]);
+}
+
+#[test]
 fn out_of_bounds_copies_fail() {
     let (e, ctx) = setup();
     let p = e.mem_alloc(ctx, 16).unwrap();
