@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 
-use super::carrier;
 use super::report::{Checks, Outcome, Summary, WorkerReport, LATENCY_METRICS, LATENCY_SAMPLES_PER_ROUND};
+use super::{carrier, order};
 
 /// Turns per sample.
 pub const TURNS: usize = 5;
@@ -198,14 +198,6 @@ pub fn round(workers: Vec<Result<TurnWorker, String>>, reversed: bool) -> Vec<Re
         }
     }
     takers.into_iter().map(|t| t.and_then(Taker::finish)).collect()
-}
-
-fn order(n: usize, reversed: bool) -> Vec<usize> {
-    if reversed {
-        (0..n).rev().collect()
-    } else {
-        (0..n).collect()
-    }
 }
 
 #[cfg(test)]

@@ -109,14 +109,6 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     // round (and from turn to turn): whatever drifts on the machine (clocks,
     // neighbours) and wherever a process's threads land then fall on every
     // column alike, instead of on whichever ran at a bad moment.
-    let n = lineup.len();
-    let order = |reversed: bool| -> Vec<usize> {
-        if reversed {
-            (0..n).rev().collect()
-        } else {
-            (0..n).collect()
-        }
-    };
     for round in 0..SAMPLES {
         let started = Instant::now();
         eprint!("gpuplex bench: round {}/{SAMPLES}: latency", round + 1);
@@ -125,7 +117,7 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
             entry.took(report);
         }
         eprint!("; bandwidth");
-        for i in order(round % 2 == 1) {
+        for i in order(lineup.len(), round % 2 == 1) {
             let entry = &mut lineup[i];
             entry.take(&worker, Part::Bandwidth);
             // A column that has failed takes no more samples of either.
@@ -148,6 +140,15 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
         std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Indices `0..n`, backwards if `reversed`: the order the columns go in.
+fn order(n: usize, reversed: bool) -> Vec<usize> {
+    if reversed {
+        (0..n).rev().collect()
+    } else {
+        (0..n).collect()
+    }
 }
 
 /// One column through the rounds.

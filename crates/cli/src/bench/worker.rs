@@ -222,29 +222,25 @@ impl<'a> Rig<'a> {
     /// plan's calls after a warm-up.
     fn measure(&self, metric: &str, k: usize, plan: &Plan) -> Outcome {
         let d = self.d;
-        // The 4 device bytes of the 4-byte copies, for this measurement only.
-        let small = || match &self.small_copies {
-            Ok(()) => d.alloc(4).map_err(|e| Outcome::Error(e.to_string())),
-            Err(e) => Err(Outcome::Error(e.clone())),
-        };
+        let n = plan.small_copies;
         outcome(match metric {
             LAUNCH_ASYNC => launch_async(d, &self.kernel, &self.stream, k, plan.async_launches),
             LAUNCH_SYNC => launch_sync(d, &self.kernel, &self.stream, k, plan.sync_launches),
-            COPY_HTOD_4B => match small() {
-                Ok(dev) => latency_us(k, plan.small_copies, || d.htod(&dev, &SMALL)),
-                Err(e) => return e,
-            },
-            COPY_DTOH_4B => match small() {
-                Ok(dev) => {
-                    let mut dst = [0u8; 4];
-                    latency_us(k, plan.small_copies, || d.dtoh(&mut dst, &dev))
-                }
-                Err(e) => return e,
-            },
+            COPY_HTOD_4B => return self.small_copy(|dev| latency_us(k, n, || d.htod(dev, &SMALL))),
+            COPY_DTOH_4B => return self.small_copy(|dev| latency_us(k, n, || d.dtoh(&mut [0; 4], dev))),
             ALLOC_FREE_1MIB => alloc_free(d, k, plan.allocations),
             ALLOC_FREE_1MIB_BESIDE => d.alloc(4).and_then(|_held| alloc_free(d, k, plan.allocations)),
             _ => return Outcome::Error(format!("no latency row is named {metric}")),
         })
+    }
+
+    /// `time`d with 4 device bytes of this measurement's own, if the 4-byte
+    /// round trip checked out.
+    fn small_copy(&self, time: impl FnOnce(&DeviceBuffer<'_>) -> driver::Result<Summary>) -> Outcome {
+        match &self.small_copies {
+            Ok(()) => outcome(self.d.alloc(4).and_then(|dev| time(&dev))),
+            Err(e) => Outcome::Error(e.clone()),
+        }
     }
 }
 
