@@ -342,7 +342,7 @@ fn bogus_arguments_get_clear_errors() {
 fn module_functions_are_the_handles_get_function_gives() {
     let address = start_server("modfuncs");
     let mut c = Client::connect(&address);
-    let ptx = include_bytes!("../src/backend/emulated/testdata/kernels.ptx").to_vec();
+    let ptx = include_bytes!("../testdata/kernels.ptx").to_vec();
     let hmod = c.module(ptx);
     // One name asked for before the listing, the others after it.
     let scale = c.call(cuModuleGetFunction::Request { hmod, name: "_Z5scaleIfEvPT_S0_j".into() }).unwrap().hfunc;

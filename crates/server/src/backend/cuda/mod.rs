@@ -38,6 +38,13 @@ mod image;
 use api::{check, or_older, Raw};
 use image::Image;
 
+/// Checks a client's module image the way the driver will be handed it
+/// (the framing of a fatbin or ELF stays inside its bytes), without a driver:
+/// for fuzzing and for callers that want the verdict before loading.
+pub fn check_image(image: &[u8]) -> BResult<()> {
+    Image::new(image).map(drop)
+}
+
 /// The driver object an [`Obj`] holds (stream specials 0, 1, 2 included).
 fn raw<T>(o: Obj) -> *mut T {
     o.0 as usize as *mut T

@@ -10,7 +10,7 @@
 //! A kernel fault becomes the context's sticky error, as on a GPU.
 
 mod device;
-pub mod image;
+
 pub mod kernels;
 mod memory;
 
@@ -21,7 +21,7 @@ use std::time::Instant;
 use gpuplex_protocol::{CallError, CuError, DeviceInfo};
 
 use super::{BResult, Backend, ClusterQuery, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING};
-use image::{Image, KernelInfo};
+use crate::image::{self, Image, KernelInfo};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
 

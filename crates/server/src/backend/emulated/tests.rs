@@ -92,7 +92,7 @@ fn garbage_images_are_invalid() {
 fn kernel_attributes_set_hold_for_its_functions_now_and_later() {
     const MAX_DYNAMIC_SHARED: i32 = 8;
     let (e, ctx) = setup();
-    let lib = e.library_load(include_bytes!("testdata/plain.fatbin")).unwrap();
+    let lib = e.library_load(include_bytes!("../../../testdata/plain.fatbin")).unwrap();
     let kernel = e.library_get_kernel(lib, "reduce").unwrap();
     // reduce has 1024 bytes of static shared memory.
     assert_eq!(e.kernel_get_attribute(kernel, MAX_DYNAMIC_SHARED, 0).unwrap(), 48 * 1024 - 1024);

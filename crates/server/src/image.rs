@@ -715,12 +715,12 @@ fn int_lit(t: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
-    const PLAIN: &[u8] = include_bytes!("testdata/plain.fatbin");
-    const ZSTD: &[u8] = include_bytes!("testdata/zstd.fatbin");
-    const LZ4: &[u8] = include_bytes!("testdata/lz4.fatbin");
-    const PTX_ONLY: &[u8] = include_bytes!("testdata/ptxonly.fatbin");
-    const CUBIN: &[u8] = include_bytes!("testdata/sm90.cubin");
-    const PTX: &[u8] = include_bytes!("testdata/kernels.ptx");
+    const PLAIN: &[u8] = include_bytes!("../testdata/plain.fatbin");
+    const ZSTD: &[u8] = include_bytes!("../testdata/zstd.fatbin");
+    const LZ4: &[u8] = include_bytes!("../testdata/lz4.fatbin");
+    const PTX_ONLY: &[u8] = include_bytes!("../testdata/ptxonly.fatbin");
+    const CUBIN: &[u8] = include_bytes!("../testdata/sm90.cubin");
+    const PTX: &[u8] = include_bytes!("../testdata/kernels.ptx");
     const BINARIES: [&[u8]; 5] = [PLAIN, ZSTD, LZ4, PTX_ONLY, CUBIN];
     /// char@0, short@2, int@4, double@8, 24-byte struct@16, pointer@40.
     const MIXED: [(u32, u32); 6] = [(0, 1), (2, 2), (4, 4), (8, 8), (16, 24), (40, 8)];
