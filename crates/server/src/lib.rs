@@ -7,6 +7,7 @@
 //! session's thread, so a slow or silent peer delays no one else.
 
 pub mod backend;
+pub mod config;
 pub mod image;
 mod registry;
 pub mod session;

@@ -72,6 +72,17 @@ impl Token {
     }
 }
 
+/// Every byte is compared whatever the first difference, so that the time
+/// taken never shows how much of a secret matched.
+impl PartialEq for Token {
+    fn eq(&self, other: &Token) -> bool {
+        let (a, b) = (self.bytes(), other.bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl Eq for Token {}
+
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Token(..)")
@@ -118,5 +129,13 @@ mod tests {
         assert!(Token::from_file(&huge.0).is_err());
         assert!(Token::from_file(Path::new("/nonexistent/gpuplex-token")).is_err());
         assert!(Token::new(b"").is_err());
+    }
+
+    #[test]
+    fn equal_when_the_secrets_are() {
+        let a = Token::new(b"0123456789abcdef").unwrap();
+        assert_eq!(a, Token::new(b"0123456789abcdef").unwrap());
+        assert_ne!(a, Token::new(b"0123456789abcdeF").unwrap());
+        assert_ne!(a, Token::new(b"0123456789abcdef0").unwrap());
     }
 }
