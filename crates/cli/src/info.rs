@@ -1,10 +1,12 @@
-//! `gpuplex info`, and the probe `run` uses to find a live server.
+//! `gpuplex status`, and the probe `run` uses to find a live server.
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use gpuplex_protocol::{codec, Header, Opcode, ServerSummary, SessionSummary};
+use gpuplex_protocol::{codec, Header, Opcode, ServerStatus, ServerSummary, SessionSummary};
+use gpuplex_server::config::format_size;
 use gpuplex_transport::{Address, Token, TransportError};
+use serde_json::json;
 
 use crate::Error;
 
@@ -20,50 +22,165 @@ pub fn query(address: &Address, token: Option<&Token>) -> Result<ServerSummary, 
     Ok(codec::decode(&buf)?)
 }
 
+/// Asks a server for its status (a one-shot `Status` connection).
+pub fn query_status(address: &Address, token: Option<&Token>) -> Result<ServerStatus, Error> {
+    let mut carrier = gpuplex_transport::connect(address, token)?;
+    carrier.send(&Header::request(Opcode::Status, 1, 0, 0), &[])?;
+    let mut buf = Vec::new();
+    let header = carrier.recv(&mut buf)?;
+    if header.status.get() != 0 {
+        let detail = codec::decode::<gpuplex_protocol::ErrorDetail>(&buf).map(|d| d.detail).unwrap_or_default();
+        return Err(format!("server answered status {}: {detail}", header.status.get()).into());
+    }
+    Ok(codec::decode(&buf)?)
+}
+
 /// Why `query` failed, for the user: no server, or one that will not have us.
 pub fn failure(address: &Address, e: &Error) -> String {
     match e.downcast_ref::<TransportError>() {
         Some(TransportError::Auth(_) | TransportError::Token(_)) => {
             format!("cannot use the gpuplex server at {address}: {}", crate::chain(&**e))
         }
-        _ => format!("no gpuplex server at {address}: {}", crate::chain(&**e)),
+        _ => format!(
+            "no gpuplex server at {address}: {} (start one with `gpuplex serve`, or give --server)",
+            crate::chain(&**e)
+        ),
     }
 }
 
-pub fn info(server: Option<Address>, token_file: Option<&Path>) -> Result<ExitCode, Error> {
+pub fn status(server: Option<Address>, token_file: Option<&Path>, json: bool) -> Result<ExitCode, Error> {
     let address = match server {
         Some(a) => a,
         None => crate::default_server()?,
     };
     let token = crate::client_token(&address, token_file)?;
-    let s = query(&address, token.as_ref()).map_err(|e| failure(&address, &e))?;
+    let s = query_status(&address, token.as_ref()).map_err(|e| failure(&address, &e))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&address, &s))?);
+    } else {
+        print_tables(&address, &s);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Remote sessions have no pid or uid the kernel vouches for.
+fn known(v: u32, none: u32) -> Option<u32> {
+    (v != none).then_some(v)
+}
+
+fn to_json(address: &Address, s: &ServerStatus) -> serde_json::Value {
+    let devices: Vec<_> = s
+        .devices
+        .0
+        .iter()
+        .map(|d| json!({ "name": d.name, "total_memory": d.total_mem, "pci_bus_id": d.pci_bus_id }))
+        .collect();
+    let tenants: Vec<_> = s
+        .tenants
+        .0
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "sessions": t.sessions,
+                "memory_used": t.memory_used,
+                "memory_limit": (t.memory_limit != 0).then_some(t.memory_limit),
+                "weight": t.weight,
+                "calls": t.calls,
+                "calls_per_second": t.calls_per_second,
+                "gpu_busy": t.gpu_busy,
+            })
+        })
+        .collect();
+    let sessions: Vec<_> = s
+        .sessions
+        .0
+        .iter()
+        .map(|t| {
+            json!({
+                "id": t.id,
+                "tenant": t.tenant,
+                "client_pid": known(t.client_pid, SessionSummary::NO_PID),
+                "uid": known(t.uid, SessionSummary::NO_UID),
+                "peer": t.peer,
+                "program": t.program,
+                "worker_pid": t.worker_pid,
+                "contexts": t.contexts,
+                "memory_used": t.memory_used,
+                "calls": t.calls,
+                "calls_per_second": t.calls_per_second,
+                "gpu_busy": t.gpu_busy,
+                "seconds": t.seconds,
+            })
+        })
+        .collect();
+    json!({
+        "server": address.to_string(),
+        "backend": s.backend,
+        "driver_version": s.driver_version,
+        "devices": devices,
+        "view": if s.full { "all" } else { "own tenant" },
+        "uptime_seconds": s.uptime_seconds,
+        "idle_workers": s.idle_workers,
+        "interval_seconds": s.interval_seconds,
+        "tenants": tenants,
+        "sessions": sessions,
+    })
+}
+
+fn print_tables(address: &Address, s: &ServerStatus) {
     println!("server   {address}");
     println!("backend  {}", s.backend);
     println!("driver   {}.{}", s.driver_version / 1000, s.driver_version % 1000 / 10);
     for (i, d) in s.devices.0.iter().enumerate() {
-        println!("device {i}  {}  {} MiB  {}", d.name, d.total_mem >> 20, d.pci_bus_id);
+        println!("device {i}  {}  {}  {}", d.name, format_size(d.total_mem), d.pci_bus_id);
     }
-    println!("sessions {}", s.sessions.0.len());
-    if !s.sessions.0.is_empty() {
+    println!("up       {} s, {} idle worker(s)", s.uptime_seconds, s.idle_workers);
+    if !s.full {
+        println!("view     your own tenant only");
+    }
+    let rate = |r: f32| format!("{r:.1}");
+    let busy = |b: f32| format!("{:.0}%", b * 100.0);
+    println!();
+    println!(
+        "{:<16} {:>8} {:>12} {:>12} {:>6} {:>12} {:>9} {:>6}",
+        "tenant", "sessions", "memory", "limit", "weight", "calls", "calls/s", "busy"
+    );
+    for t in &s.tenants.0 {
+        let limit = if t.memory_limit == 0 { "-".to_owned() } else { format_size(t.memory_limit) };
         println!(
-            "  {:>4} {:>8} {:>6} {:>4} {:>12} {:>10} {:>8}  program",
-            "id", "pid", "uid", "ctx", "device MiB", "calls", "seconds"
+            "{:<16} {:>8} {:>12} {:>12} {:>6} {:>12} {:>9} {:>6}",
+            t.name,
+            t.sessions,
+            format_size(t.memory_used),
+            limit,
+            t.weight,
+            t.calls,
+            rate(t.calls_per_second),
+            busy(t.gpu_busy)
         );
-        // Remote sessions have no pid or uid the kernel vouches for.
-        let known = |v: u32, none: u32| if v == none { "-".to_owned() } else { v.to_string() };
-        for t in &s.sessions.0 {
-            println!(
-                "  {:>4} {:>8} {:>6} {:>4} {:>12} {:>10} {:>8}  {}",
-                t.id,
-                known(t.pid, SessionSummary::NO_PID),
-                known(t.uid, SessionSummary::NO_UID),
-                t.contexts,
-                t.device_bytes >> 20,
-                t.calls,
-                t.seconds,
-                t.program
-            );
-        }
     }
-    Ok(ExitCode::SUCCESS)
+    println!();
+    println!(
+        "{:>5} {:<16} {:>8} {:>6} {:>8} {:>4} {:>12} {:>10} {:>9} {:>6} {:>7}  program",
+        "id", "tenant", "pid", "uid", "worker", "ctx", "memory", "calls", "calls/s", "busy", "seconds"
+    );
+    let opt = |v: Option<u32>| v.map_or("-".to_owned(), |v| v.to_string());
+    for t in &s.sessions.0 {
+        println!(
+            "{:>5} {:<16} {:>8} {:>6} {:>8} {:>4} {:>12} {:>10} {:>9} {:>6} {:>7}  {}",
+            t.id,
+            t.tenant,
+            opt(known(t.client_pid, SessionSummary::NO_PID)),
+            opt(known(t.uid, SessionSummary::NO_UID)),
+            t.worker_pid,
+            t.contexts,
+            format_size(t.memory_used),
+            t.calls,
+            rate(t.calls_per_second),
+            busy(t.gpu_busy),
+            t.seconds,
+            t.program
+        );
+    }
 }

@@ -5,6 +5,7 @@ mod bench;
 mod info;
 mod relay;
 mod run;
+mod serve;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,7 +27,9 @@ struct Cli {
 const EXAMPLES: &str = "Examples:
   gpuplex run -- ./app               run ./app on this machine's GPUs (starts a server if none runs)
   gpuplex serve &                    keep a shared server on the default socket
-  gpuplex info                       show its devices and who is using them
+  gpuplex status                     show its devices, tenants and sessions
+  gpuplex serve --config /etc/gpuplex/gpuplex.toml --metrics 127.0.0.1:9400
+                                     tenants with memory limits; Prometheus metrics at /metrics
   gpuplex serve --listen unix:/run/gpuplex.sock
   GPUPLEX_SERVER=unix:/run/gpuplex.sock ./app   use a server without `gpuplex run`
                                      (needs gpuplex's libcuda.so.1 on LD_LIBRARY_PATH)
@@ -56,6 +59,28 @@ enum Command {
         /// device for machines without one (it runs only registered test kernels).
         #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
         backend: BackendKind,
+        /// Tenants and server settings (TOML; see docs/configuration.md).
+        /// Without one, every local user is a tenant of its own with no
+        /// limit. SIGHUP reloads it.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Check a configuration file and exit.
+        #[arg(long, value_name = "FILE", conflicts_with = "config")]
+        check_config: Option<PathBuf>,
+        /// Serve Prometheus metrics at http://HOST:PORT/metrics (every
+        /// tenant's figures: bind it where only the operator can reach it).
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics: Option<String>,
+        /// Worker processes kept started and ready for the next guest
+        /// (default 2).
+        #[arg(long, value_name = "N")]
+        workers: Option<usize>,
+    },
+    /// One guest's worker process, started by the server.
+    #[command(hide = true)]
+    Worker {
+        #[arg(long, value_name = "cuda|emulated")]
+        backend: BackendKind,
     },
     /// Run a program with its CUDA calls served by gpuplex.
     ///
@@ -78,8 +103,12 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
         command: Vec<std::ffi::OsString>,
     },
-    /// Show a server's backend, devices and live sessions.
-    Info {
+    /// Show a server's devices, tenants and sessions.
+    ///
+    /// The server's owner sees every tenant; anyone else sees only their
+    /// own tenant's sessions.
+    #[command(alias = "info")]
+    Status {
         /// The server to ask (unix:PATH or tcp:HOST:PORT). Default:
         /// GPUPLEX_SERVER, else the default socket.
         #[arg(long, value_name = "ADDR")]
@@ -87,6 +116,9 @@ enum Command {
         /// The token of a TCP server (else GPUPLEX_TOKEN_FILE).
         #[arg(long, value_name = "PATH")]
         token_file: Option<PathBuf>,
+        /// Print JSON (keys `tenants` and `sessions`) instead of tables.
+        #[arg(long)]
+        json: bool,
     },
     /// Measure driver-call costs natively and through gpuplex, side by side.
     ///
@@ -140,13 +172,14 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 
     let result = match cli.command {
-        Command::Serve { listen, token_file, backend } => {
-            serve(listen.unwrap_or_else(Address::default_local), token_file.as_deref(), backend)
+        Command::Serve { listen, token_file, backend, config, check_config, metrics, workers } => {
+            serve::serve(serve::Options { listen, token_file, backend, config, check_config, metrics, workers })
         }
+        Command::Worker { backend } => return ExitCode::from(gpuplex_server::worker::run(backend) as u8),
         Command::Run { server, token_file, backend, command } => {
             run::run(server, token_file.as_deref(), backend, &command)
         }
-        Command::Info { server, token_file } => info::info(server, token_file.as_deref()),
+        Command::Status { server, token_file, json } => info::status(server, token_file.as_deref(), json),
         Command::Bench { backend, carriers, json, quick } => {
             bench::bench(bench::Options { backend, carriers, json, quick })
         }
@@ -165,30 +198,7 @@ fn main() -> ExitCode {
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// An error and its sources, as one line.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-fn serve(address: Address, token_file: Option<&Path>, kind: BackendKind) -> Result<ExitCode, Error> {
-    let token = token_file.map(Token::from_file).transpose()?;
-    // Before the backend: a refused address or token should not wait on the GPUs.
-    let listener =
-        gpuplex_transport::listen(&address, token).map_err(|e| format!("cannot listen on {address}: {}", chain(&e)))?;
-    if let Address::Tcp(_) = address {
-        tracing::warn!("frames over TCP are not encrypted: use a trusted network, a VPN or an SSH tunnel");
-    }
-    let backend = gpuplex_server::open_backend(kind)?;
-    gpuplex_server::Server::new(backend).serve(listener.as_ref())?;
-    Ok(ExitCode::SUCCESS)
-}
+pub use gpuplex_server::chain;
 
 /// The token a client shows `address`: `--token-file`, else
 /// GPUPLEX_TOKEN_FILE. Only TCP uses one.

@@ -114,17 +114,35 @@ pub fn run(
     })
 }
 
-/// Starts a server inside this process, listening in `dir`.
-fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, std::thread::JoinHandle<()>), Error> {
-    let backend = gpuplex_server::open_backend(kind)?;
+/// Starts a server inside this process, listening in `dir`: a supervisor
+/// of its own, whose workers serve the program (and any process it starts)
+/// as `gpuplex serve`'s would.
+fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, Embedded), Error> {
+    let command = crate::serve::worker_command(kind)?;
+    let placement = gpuplex_server::Placement::Workers { command, keep_idle: 1 };
+    let supervisor = gpuplex_server::Supervisor::start(placement, gpuplex_server::config::Config::none(), None)?;
     let address = Address::Unix(dir.join("server.sock"));
     let listener = gpuplex_transport::listen(&address, None)?;
-    info!(address = %address, backend = backend.kind(), "started an embedded server");
-    let server = gpuplex_server::Server::new(backend);
-    let thread = std::thread::Builder::new().name("gpuplex-server".into()).spawn(move || {
-        if let Err(e) = server.serve(listener.as_ref()) {
+    info!(address = %address, backend = %supervisor.backend().kind, "started an embedded server");
+    let serving = supervisor.clone();
+    std::thread::Builder::new().name("gpuplex-server".into()).spawn(move || {
+        if let Err(e) = serving.serve(listener.as_ref()) {
             tracing::error!("embedded server stopped: {e}");
         }
     })?;
-    Ok((address, thread))
+    Ok((address, Embedded(supervisor)))
+}
+
+/// An embedded server, kept until the program ends.
+struct Embedded(std::sync::Arc<gpuplex_server::Supervisor>);
+
+impl Drop for Embedded {
+    /// Waits a little for the program's sessions to end, so that its
+    /// workers release what it held before this command returns.
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !self.0.registry().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
 }

@@ -13,13 +13,21 @@
 //! posted ones ([`post`]) do not, and their errors come back on a later
 //! waited-for call. A lost server is sticky: every later call fails with
 //! `CUDA_ERROR_DEVICE_UNAVAILABLE`, since the server freed everything the
-//! process held when the connection dropped.
+//! process held when the connection dropped. A server that stops answering
+//! counts as lost after `GPUPLEX_TIMEOUT` seconds of silence ([`patience`]);
+//! while a call runs long the server sends heartbeats, so only a stopped or
+//! hung server trips it. What the program's kernels printed arrives just
+//! before the reply to the call that printed it and goes to the program's
+//! own `stdout` or `stderr` ([`device_output`]).
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
-use gpuplex_protocol::{codec, Call, CuError, ErrorDetail, Header, Hello, LaneOffer, Opcode, SharedLayout, Welcome};
+use gpuplex_protocol::{
+    codec, Call, CuError, DeviceOutput, ErrorDetail, Header, Hello, LaneOffer, Opcode, SharedLayout, Welcome,
+};
 use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::{Address, Carrier, Token};
 
@@ -45,6 +53,7 @@ pub struct Conn {
     address: Address,
     token: Option<Token>,
     lanes: LaneState,
+    patience: Option<Duration>,
 }
 
 /// Bulk lanes are opened by the first copy that wants them.
@@ -96,6 +105,52 @@ fn address() -> Result<Address, CuError> {
             CuError::NO_DEVICE
         }),
         _ => Ok(Address::default_local()),
+    }
+}
+
+/// How long a call waits in silence before the server counts as lost:
+/// `GPUPLEX_TIMEOUT` seconds (0: forever), by default [`DEFAULT_TIMEOUT`].
+/// Liveness, not call duration: a server running a long call says so every
+/// second.
+fn patience() -> Option<Duration> {
+    let seconds = match std::env::var("GPUPLEX_TIMEOUT") {
+        Err(_) => return Some(DEFAULT_TIMEOUT),
+        Ok(v) => v.trim().parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0),
+    };
+    match seconds {
+        Some(s) if s == 0.0 => None,
+        // Below a few heartbeats a busy server would look lost.
+        Some(s) => Some(Duration::from_secs_f64(s.max(MIN_TIMEOUT.as_secs_f64()))),
+        None => {
+            log::warn("GPUPLEX_TIMEOUT must be a number of seconds (0: wait forever); using the default");
+            Some(DEFAULT_TIMEOUT)
+        }
+    }
+}
+
+/// How long a silent server is waited for, unless `GPUPLEX_TIMEOUT` says.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+const MIN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Writes what the program's kernels printed to the program's own C
+/// `stdout` or `stderr`, where it takes its place among what the program
+/// printed itself, as when the driver prints it natively.
+fn device_output(payload: &[u8]) {
+    let Ok(out) = codec::decode::<DeviceOutput>(payload) else {
+        return log::warn("undecodable device output from the server");
+    };
+    extern "C" {
+        static mut stdout: *mut libc::FILE;
+        static mut stderr: *mut libc::FILE;
+    }
+    // SAFETY: the C library's own streams, written with a live buffer and
+    // its length; stdio locks the stream itself.
+    unsafe {
+        let stream = if out.stream == 2 { stderr } else { stdout };
+        libc::fwrite(out.bytes.as_ptr().cast(), 1, out.bytes.len(), stream);
+        if out.stream == 2 {
+            libc::fflush(stream);
+        }
     }
 }
 
@@ -154,10 +209,14 @@ impl Client {
             })?,
             _ => None,
         };
-        let carrier = gpuplex_transport::connect(&address, token.as_ref()).map_err(|e| {
+        let mut carrier = gpuplex_transport::connect(&address, token.as_ref()).map_err(|e| {
             log::error(&format!("cannot reach the gpuplex server at {address}: {e}"));
             CuError::NO_DEVICE
         })?;
+        let patience = patience();
+        if let Err(e) = carrier.set_patience(patience) {
+            log::warn(&format!("calls will wait for the server without a time limit: {e}"));
+        }
         let pid = std::process::id();
         // SAFETY: registers a handler that only stores to an atomic.
         if unsafe { libc::pthread_atfork(None, None, Some(forked)) } != 0 {
@@ -173,6 +232,7 @@ impl Client {
             address: address.clone(),
             token,
             lanes: LaneState::Untried,
+            patience,
         };
         let program = std::env::args().next().unwrap_or_default();
         let welcome: Welcome =
@@ -286,6 +346,7 @@ impl Conn {
         let rings = gpuplex_transport::rings(region.clone(), layout, Side::Client)
             .map_err(|e| self.lose_with(e.to_string()))?;
         self.carrier.attach_rings(rings).map_err(|e| self.lose_with(e.to_string()))?;
+        self.carrier.set_patience(self.patience).map_err(|e| self.lose_with(e.to_string()))?;
         self.staging = Some(Staging {
             region,
             offset: layout.staging_offset(),
@@ -328,7 +389,14 @@ impl Conn {
         if self.broken {
             return Err(SERVER_GONE);
         }
-        let header = self.carrier.recv(&mut self.buf).map_err(|e| self.lose(&e.to_string()))?;
+        let header = loop {
+            let header = self.carrier.recv(&mut self.buf).map_err(|e| self.lose(&e.to_string()))?;
+            match header.opcode() {
+                Ok(Opcode::Heartbeat) => continue,
+                Ok(Opcode::DeviceOutput) => device_output(&self.buf),
+                _ => break header,
+            }
+        };
         if header.request_id.get() != id || header.opcode.get() != opcode as u16 {
             return Err(self.lose("reply does not match the request"));
         }

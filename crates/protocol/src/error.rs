@@ -28,6 +28,7 @@ impl CuError {
     pub const NOT_FOUND: CuError = CuError(500);
     pub const NOT_READY: CuError = CuError(600);
     pub const ILLEGAL_ADDRESS: CuError = CuError(700);
+    pub const ASSERT: CuError = CuError(710);
     pub const LAUNCH_OUT_OF_RESOURCES: CuError = CuError(701);
     pub const LAUNCH_FAILED: CuError = CuError(719);
     pub const PRIMARY_CONTEXT_ACTIVE: CuError = CuError(708);

@@ -1,4 +1,5 @@
-//! The opening exchange and the server summary for `gpuplex info`.
+//! The opening exchange, the server's status for `gpuplex status`, and the
+//! frames a server sends unasked.
 
 use crate::codec::Seq;
 use crate::wire_struct;
@@ -106,6 +107,77 @@ wire_struct! {
         pub driver_version: i32,
         pub devices: Seq<DeviceInfo>,
         pub sessions: Seq<SessionSummary>,
+    }
+}
+
+wire_struct! {
+    /// The reply to `Status`: the server and its tenants and sessions as the
+    /// asker may see them (all of them for the server's owner, else only the
+    /// asker's own tenant).
+    pub struct ServerStatus {
+        pub backend: String,
+        pub driver_version: i32,
+        pub devices: Seq<DeviceInfo>,
+        /// Whether this is the whole server or one tenant's view of it.
+        pub full: bool,
+        pub uptime_seconds: u64,
+        /// Worker processes started and ready for the next guest.
+        pub idle_workers: u32,
+        /// Seconds over which the rates below are measured.
+        pub interval_seconds: f32,
+        pub tenants: Seq<TenantStatus>,
+        pub sessions: Seq<SessionStatus>,
+    }
+}
+
+wire_struct! {
+    /// One tenant: the sum of its live sessions, and its settings.
+    pub struct TenantStatus {
+        pub name: String,
+        pub sessions: u32,
+        /// Device memory its sessions hold together.
+        pub memory_used: u64,
+        /// 0: no limit.
+        pub memory_limit: u64,
+        pub weight: u32,
+        /// Calls of its sessions, live and ended, since the server started.
+        pub calls: u64,
+        pub calls_per_second: f32,
+        /// The share of the last interval its work kept a GPU busy (0 to 1
+        /// per GPU, summed over its sessions).
+        pub gpu_busy: f32,
+    }
+}
+
+wire_struct! {
+    /// One live session.
+    pub struct SessionStatus {
+        pub id: u64,
+        pub tenant: String,
+        /// As the kernel reports them for a local peer; a remote peer has
+        /// none ([`SessionSummary::NO_PID`], [`SessionSummary::NO_UID`]).
+        pub client_pid: u32,
+        pub uid: u32,
+        /// The peer as the server knows it: `pid P uid U` or an address.
+        pub peer: String,
+        pub program: String,
+        /// The process serving it.
+        pub worker_pid: u32,
+        pub contexts: u32,
+        pub memory_used: u64,
+        pub calls: u64,
+        pub calls_per_second: f32,
+        pub gpu_busy: f32,
+        pub seconds: u64,
+    }
+}
+
+wire_struct! {
+    /// What a guest's kernels printed (device `printf` to `stream` 1,
+    /// `assert` messages to 2) while the call this frame precedes ran.
+    pub struct DeviceOutput {
+        pub stream: u32,
+        pub bytes: Vec<u8>,
     }
 }
 

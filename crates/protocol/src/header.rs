@@ -12,12 +12,16 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GPX\x01");
 /// is ready, each lane ends its share of a copy from the device, and the
 /// client returns a receipt for each chunk of it. 5: the server returns a
 /// receipt for each chunk to the device too. 6: a copy from the device is
-/// cut with small chunks at its ends (`lane::Cut`).
-pub const VERSION: u16 = 6;
-/// The oldest version this build still accepts (N-1 policy: a version 5
-/// client is refused lanes and copies over its one connection, and needs
-/// nothing else that changed).
-pub const MIN_VERSION: u16 = 5;
+/// cut with small chunks at its ends (`lane::Cut`). 7: a server may send
+/// `Heartbeat` and `DeviceOutput` frames before a reply; `Status`.
+pub const VERSION: u16 = 7;
+/// The oldest version this build still accepts (N-1 policy: a version 6
+/// client is sent no heartbeat and no device output, and needs nothing else
+/// that changed).
+pub const MIN_VERSION: u16 = 6;
+/// The first version whose clients take `Heartbeat` and `DeviceOutput`
+/// frames while they wait for a reply.
+pub const UNSOLICITED_VERSION: u16 = 7;
 /// The first version whose clients may open lanes.
 pub const LANES_VERSION: u16 = 6;
 /// The largest payload either side accepts. Bulk copies larger than this are

@@ -20,6 +20,11 @@
 //!
 //! A reply with `status == 0` carries the call's `Reply`; any other status
 //! is the CUDA error the caller sees, with an [`ErrorDetail`] for logs.
+//! Before a reply the server may send frames the client did not ask for:
+//! `DeviceOutput` (what the guest's kernels printed while the call ran,
+//! [`DeviceOutput`]) and, while a call runs long, `Heartbeat` (no payload),
+//! which tells a waiting client that the server is alive. Both carry the
+//! request id of the call they precede (a heartbeat may carry 0).
 //! A request flagged [`POSTED`] gets no reply; its error, if any, answers
 //! the next request that does wait.
 //!
@@ -32,6 +37,10 @@
 //! over them in chunks ([`lane`]), several connections at once.
 //! A frame that fails validation, an unknown opcode, or a payload that does
 //! not decode ends that session only.
+//!
+//! A connection whose first frame is `ServerInfo` or `Status` gets one
+//! answer ([`ServerSummary`], [`ServerStatus`]): what that peer may see of
+//! the server, and no session.
 //!
 //! # Versioning
 //!
@@ -61,7 +70,9 @@ pub use digest::image_digest;
 pub use error::{CallError, CuError, DecodeError, HeaderError, CUDA_ERRORS, MAX_DETAIL};
 pub use handles::*;
 pub use handshake::*;
-pub use header::{Header, HEADER_SIZE, LANES_VERSION, MAGIC, MAX_PAYLOAD, MIN_VERSION, POSTED, VERSION};
+pub use header::{
+    Header, HEADER_SIZE, LANES_VERSION, MAGIC, MAX_PAYLOAD, MIN_VERSION, POSTED, UNSOLICITED_VERSION, VERSION,
+};
 
 /// A request message and the reply it expects.
 pub trait Call: Wire {

@@ -153,6 +153,11 @@ struct Entry<'a> {
 
 /// Picks the entry to read: ELF over PTX, then the highest arch.
 fn select_entry(data: &[u8]) -> Result<Entry<'_>, ImageError> {
+    entries(data)?.into_iter().max_by_key(|e| (e.kind, e.arch)).ok_or(ImageError::NoEntry)
+}
+
+/// Every entry of a fatbin that holds code, in order.
+fn entries(data: &[u8]) -> Result<Vec<Entry<'_>>, ImageError> {
     let bad = ImageError::Fatbin;
     let (hs, size) = (le(data, 6, 2), le(data, 8, 8));
     let (Some(hs), Some(size)) = (hs, size) else {
@@ -160,7 +165,7 @@ fn select_entry(data: &[u8]) -> Result<Entry<'_>, ImageError> {
     };
     let end = hs.checked_add(size).filter(|&e| hs >= 16 && e <= data.len() as u64);
     let end = end.ok_or(bad("size exceeds the image"))? as usize;
-    let (mut off, mut best) = (hs as usize, None::<Entry<'_>>);
+    let (mut off, mut found) = (hs as usize, Vec::new());
     while off < end {
         let e = data.get(off..end).unwrap_or_default();
         let header = e.get(..ENTRY_HEADER).ok_or(bad("truncated entry header"))?;
@@ -179,13 +184,11 @@ fn select_entry(data: &[u8]) -> Result<Entry<'_>, ImageError> {
             _ => None,
         };
         if let Some(kind) = kind {
-            if best.as_ref().is_none_or(|b| (kind, arch) > (b.kind, b.arch)) {
-                best = Some(Entry { kind, arch, header, payload });
-            }
+            found.push(Entry { kind, arch, header, payload });
         }
         off += stop;
     }
-    best.ok_or(ImageError::NoEntry)
+    Ok(found)
 }
 
 /// The entry's image, decompressed if need be.
@@ -231,6 +234,72 @@ fn entry_payload<'a>(e: &Entry<'a>) -> Result<Cow<'a, [u8]>, ImageError> {
     Ok(Cow::Owned(out))
 }
 
+// ---- footprint ----
+
+/// Device memory loading `image` may take: the code and data the driver
+/// keeps and every global, zero-initialised ones included. A fatbin counts
+/// as its largest entry, since the driver loads one of them and which one
+/// depends on the device. Only sizes are read: nothing the size of a global
+/// is allocated here.
+pub fn footprint(image: &[u8]) -> Result<u64, ImageError> {
+    match u32_at(image, 0) {
+        Some(FATBIN_MAGIC) => {
+            let mut most = 0;
+            for entry in entries(image)? {
+                let data = entry_payload(&entry)?;
+                most = most.max(match entry.kind {
+                    EntryKind::Elf => cubin_footprint(&data)?,
+                    EntryKind::Ptx => ptx_footprint(&data)?,
+                });
+            }
+            Ok(most)
+        }
+        Some(WRAPPER_MAGIC) => Err(ImageError::Wrapper),
+        _ if image.starts_with(b"\x7fELF") => cubin_footprint(image),
+        _ if looks_like_ptx(image) => ptx_footprint(image),
+        _ => Err(ImageError::UnknownFormat),
+    }
+}
+
+/// The sections a cubin loads, by size: code, constants, globals. Shared
+/// and local memory are per block and per thread, not the module's.
+fn cubin_footprint(data: &[u8]) -> Result<u64, ImageError> {
+    with_aligned(data, |data| {
+        let elf = Elf::parse(data).map_err(elf_err)?;
+        let mut total = 0u64;
+        for s in elf.sections() {
+            let object::SectionFlags::Elf { sh_flags } = s.flags() else { continue };
+            let name = s.name().unwrap_or_default();
+            if sh_flags & u64::from(object::elf::SHF_ALLOC) == 0
+                || name.starts_with(".nv.shared.")
+                || name.starts_with(".nv.local.")
+            {
+                continue;
+            }
+            total = total.saturating_add(s.size());
+        }
+        Ok(total)
+    })
+}
+
+/// PTX's own length (what it compiles to is about as large) and its
+/// module-scope `.global` and `.const` variables.
+fn ptx_footprint(bytes: &[u8]) -> Result<u64, ImageError> {
+    let text = bytes.split(|&b| b == 0).next().unwrap_or_default();
+    let mut total = text.len() as u64;
+    walk_ptx(text, |stmt| {
+        let linkage = [".visible", ".weak", ".extern", ".common"];
+        if matches!(stmt.iter().find(|t| !linkage.contains(t)), Some(&".global" | &".const")) {
+            let d = decl(stmt)?;
+            if !d.is_extern {
+                total = total.saturating_add(d.size()?);
+            }
+        }
+        Ok(())
+    }, |_, _| Ok(()))?;
+    Ok(total)
+}
+
 // ---- cubin ----
 
 type Elf<'a> = ElfFile64<'a, LittleEndian>;
@@ -258,16 +327,21 @@ fn elf_err(e: impl std::fmt::Display) -> ImageError {
 }
 
 fn parse_cubin(data: &[u8]) -> Result<Image, ImageError> {
-    // `object` reads ELF structures in place: they must be 8-byte aligned.
+    with_aligned(data, parse_aligned_cubin)
+}
+
+/// Runs `f` on `data` 8-byte aligned, as `object` reads ELF structures in
+/// place (copied if it is not).
+fn with_aligned<T>(data: &[u8], f: impl FnOnce(&[u8]) -> Result<T, ImageError>) -> Result<T, ImageError> {
     if data.as_ptr() as usize & 7 == 0 {
-        return parse_aligned_cubin(data);
+        return f(data);
     }
     let mut buf = vec![0u8; data.len() + 7];
     let skip = (8 - (buf.as_ptr() as usize & 7)) & 7;
     match buf.get_mut(skip..skip + data.len()) {
         Some(copy) => {
             copy.copy_from_slice(data);
-            parse_aligned_cubin(copy)
+            f(copy)
         }
         None => Err(elf_err("cannot align the image")),
     }
@@ -426,11 +500,27 @@ fn looks_like_ptx(b: &[u8]) -> bool {
 fn parse_ptx(bytes: &[u8]) -> Result<Image, ImageError> {
     // The driver reads PTX up to its NUL; fatbin entries are NUL-padded.
     let text = bytes.split(|&b| b == 0).next().unwrap_or_default();
+    let (mut globals, mut kernels, mut total) = (Vec::new(), Vec::new(), 0);
+    walk_ptx(
+        text,
+        |stmt| Ok(globals.extend(ptx_global(stmt, &mut total)?)),
+        |head, body| Ok(kernels.push(ptx_kernel(head, body)?)),
+    )?;
+    Ok(Image { kernels, globals })
+}
+
+/// Calls `statement` with each module-scope statement ended by `;` and
+/// `entry` with the head and body of each `.entry`.
+fn walk_ptx(
+    text: &[u8],
+    mut statement: impl FnMut(&[&str]) -> Result<(), ImageError>,
+    mut entry: impl FnMut(&[&str], &[&str]) -> Result<(), ImageError>,
+) -> Result<(), ImageError> {
     let toks = tokenize(std::str::from_utf8(text).map_err(|_| ptx_err("not UTF-8"))?)?;
     if toks.first() != Some(&".version") {
         return Err(ptx_err("no leading .version"));
     }
-    let (mut img, mut total, mut i, mut start) = (Image::default(), 0, 0, 0);
+    let (mut i, mut start) = (0, 0);
     // Whether the statement so far has an `=`, whose `{` opens an initialiser, not a body.
     let mut init = false;
     while let Some(&t) = toks.get(i) {
@@ -447,15 +537,14 @@ fn parse_ptx(bytes: &[u8]) -> Result<Image, ImageError> {
         let head = toks.get(start..i).unwrap_or_default();
         match t {
             ";" => {
-                img.globals.extend(ptx_global(head, &mut total)?);
+                statement(head)?;
                 (i, start, init) = (i + 1, i + 1, false);
             }
             "{" => {
                 let close = matching(&toks, i)?;
                 if !init {
                     if head.contains(&".entry") {
-                        let body = toks.get(i + 1..close).unwrap_or_default();
-                        img.kernels.push(ptx_kernel(head, body)?);
+                        entry(head, toks.get(i + 1..close).unwrap_or_default())?;
                     }
                     start = close + 1;
                 }
@@ -468,7 +557,7 @@ fn parse_ptx(bytes: &[u8]) -> Result<Image, ImageError> {
     if start < toks.len() {
         return Err(ptx_err("unterminated statement at the end"));
     }
-    Ok(img)
+    Ok(())
 }
 
 fn tokenize(s: &str) -> Result<Vec<&str>, ImageError> {

@@ -18,7 +18,8 @@ use gpuplex_protocol::{
     ServerSummary, SessionSummary, SharedLayout, Stream, Welcome,
 };
 use gpuplex_server::backend::emulated::Emulated;
-use gpuplex_server::Server;
+use gpuplex_server::config::Config;
+use gpuplex_server::{Placement, Supervisor};
 use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::{Address, AuthError, Carrier, Lane, Token, TransportError};
 use proptest::prelude::*;
@@ -49,9 +50,14 @@ fn start_server(name: &str) -> TestServer {
     std::fs::create_dir_all(&dir).unwrap();
     let address = Address::Unix(dir.join("s.sock"));
     let listener = gpuplex_transport::listen(&address, None).unwrap();
-    let server = Server::new(Arc::new(Emulated::new()));
+    let server = in_process(None);
     std::thread::spawn(move || server.serve(listener.as_ref()));
     TestServer { address, dir }
+}
+
+/// A supervisor whose guests run on its own threads, on one emulated device.
+fn in_process(token: Option<Token>) -> Arc<Supervisor> {
+    Supervisor::start(Placement::InProcess(Arc::new(Emulated::new())), Config::none(), token).unwrap()
 }
 
 fn token(s: &str) -> Token {
@@ -60,9 +66,9 @@ fn token(s: &str) -> Token {
 
 /// A server on a free loopback port, admitting peers by `token`.
 fn start_tcp_server(token: Token) -> Address {
-    let listener = gpuplex_transport::listen(&"tcp:127.0.0.1:0".parse().unwrap(), Some(token)).unwrap();
+    let server = in_process(Some(token));
+    let listener = gpuplex_transport::listen_with_keys(&"tcp:127.0.0.1:0".parse().unwrap(), server.keys()).unwrap();
     let address = listener.address();
-    let server = Server::new(Arc::new(Emulated::new()));
     std::thread::spawn(move || server.serve(listener.as_ref()));
     address
 }
@@ -81,9 +87,16 @@ impl Client {
     }
 
     fn connect_with(address: &Address, token: Option<&Token>) -> Client {
+        Client::connect_as(address, token, gpuplex_protocol::VERSION)
+    }
+
+    /// A client speaking protocol `version`.
+    fn connect_as(address: &Address, token: Option<&Token>, version: u16) -> Client {
         let mut carrier = gpuplex_transport::connect(address, token).unwrap();
         let hello = codec::encode(&Hello { pid: 1, program: "test".into() });
-        carrier.send(&Header::request(Opcode::Hello, 1, 0, hello.len()), &hello).unwrap();
+        let mut header = Header::request(Opcode::Hello, 1, 0, hello.len());
+        header.version = version.into();
+        carrier.send(&header, &hello).unwrap();
         let mut buf = Vec::new();
         carrier.recv(&mut buf).unwrap();
         let welcome: Welcome = codec::decode(&buf).unwrap();
@@ -110,7 +123,13 @@ impl Client {
 
     fn reply_detail<C: Call>(&mut self) -> Result<C::Reply, (CuError, String)> {
         let mut buf = Vec::new();
-        let h = self.carrier.recv(&mut buf).unwrap();
+        // A call that runs long is preceded by heartbeats.
+        let h = loop {
+            let h = self.carrier.recv(&mut buf).unwrap();
+            if h.opcode.get() != Opcode::Heartbeat as u16 {
+                break h;
+            }
+        };
         assert_eq!(h.request_id.get(), self.next, "a reply to another request");
         if let Err(e) = CuError::check(h.status.get()) {
             return Err((e, codec::decode::<ErrorDetail>(&buf).unwrap().detail));
@@ -480,6 +499,10 @@ const LAUNCH_PTX: &str = ".version 8.0
 ret;
 }
 .visible .entry nowhere()
+{
+ret;
+}
+.visible .entry sleep_ms(.param .u32 ms)
 {
 ret;
 }
@@ -1196,16 +1219,34 @@ fn a_receipt_for_no_chunk_in_flight_ends_its_session() {
 /// A client of the protocol before `LANES_VERSION` is refused lanes (its
 /// lanes would cut copies otherwise), and copies over its one connection
 /// instead.
+/// A guest of the previous protocol still gets lanes, and no frame it
+/// would not understand: a long call it waits for is answered by its reply
+/// alone, where a current guest hears heartbeats first.
 #[test]
-fn a_client_of_the_previous_protocol_gets_no_lanes() {
-    let address = start_server("lanes-old");
-    let mut c = Client::connect(&address);
-    let mut open = Header::request(Opcode::OpenLanes, 77, c.ctx.0, 0);
-    open.version = (gpuplex_protocol::LANES_VERSION - 1).into();
-    c.carrier.send(&open, &[]).unwrap();
-    let h = c.carrier.recv(&mut Vec::new()).unwrap();
-    assert_eq!((h.request_id.get(), h.status.get()), (77, CuError::NOT_SUPPORTED.0));
-    let p = c.alloc(64);
-    c.write(p, &[3; 64]);
-    assert_eq!(c.read(p, 64), vec![3; 64]);
+fn a_client_of_the_previous_protocol_gets_lanes_and_no_heartbeats() {
+    let address = start_server("previous-protocol");
+    for (version, heartbeats) in [(gpuplex_protocol::MIN_VERSION, false), (gpuplex_protocol::VERSION, true)] {
+        let mut c = Client::connect_as(&address, None, version);
+        let mut open = Header::request(Opcode::OpenLanes, 77, c.ctx.0, 0);
+        open.version = version.into();
+        c.carrier.send(&open, &[]).unwrap();
+        let h = c.carrier.recv(&mut Vec::new()).unwrap();
+        assert_eq!((h.request_id.get(), h.status.get()), (77, 0), "version {version} gets lanes");
+        let sleep = c.function(LAUNCH_PTX, "sleep_ms");
+        let payload = codec::encode(&launch(sleep, 1, 2000u32.to_le_bytes().to_vec()));
+        c.next += 1;
+        let mut header = Header::request(Opcode::Launch, c.next, c.ctx.0, payload.len()).from_thread(c.thread);
+        header.version = version.into();
+        c.carrier.send(&header, &payload).unwrap();
+        let mut beats = 0;
+        let reply = loop {
+            let h = c.carrier.recv(&mut Vec::new()).unwrap();
+            if h.opcode.get() != Opcode::Heartbeat as u16 {
+                break h;
+            }
+            beats += 1;
+        };
+        assert_eq!((reply.request_id.get(), reply.status.get()), (c.next, 0));
+        assert_eq!(beats > 0, heartbeats, "version {version}: {beats} heartbeats");
+    }
 }

@@ -86,19 +86,24 @@ pub(crate) fn client(socket: &mut TcpStream, token: &Token, timeout: Duration) -
     })
 }
 
-/// The server's side, run on the session's thread.
-pub(crate) fn server(socket: &mut TcpStream, token: &Token, timeout: Duration) -> Result<(), AuthError> {
+/// The server's side, run on the connection's own thread: the peer must
+/// prove one of `tokens`; returns which. Every token is tried, so how long
+/// the check takes does not tell which one nearly matched.
+pub(crate) fn server(socket: &mut TcpStream, tokens: &[Token], timeout: Duration) -> Result<usize, AuthError> {
     within(socket, timeout, |socket, deadline| {
         let server_nonce = nonce()?;
         deadline.write(socket, &[&MAGIC, &server_nonce])?;
         let mut reply = [0u8; NONCE_LEN + PROOF_LEN];
         deadline.read(socket, &mut reply)?;
         let (client_nonce, proof) = reply.split_at(NONCE_LEN);
-        prove(token, CLIENT_LABEL, &server_nonce, client_nonce)
-            .verify_slice(proof)
-            .map_err(|_| AuthError::WrongToken)?;
-        let answer = prove(token, SERVER_LABEL, client_nonce, &server_nonce).finalize().into_bytes();
-        deadline.write(socket, &[&answer])
+        let matched = tokens.iter().enumerate().fold(None, |found, (i, token)| {
+            let ok = prove(token, CLIENT_LABEL, &server_nonce, client_nonce).verify_slice(proof).is_ok();
+            found.or(ok.then_some(i))
+        });
+        let index = matched.ok_or(AuthError::WrongToken)?;
+        let answer = prove(&tokens[index], SERVER_LABEL, client_nonce, &server_nonce).finalize().into_bytes();
+        deadline.write(socket, &[&answer])?;
+        Ok(index)
     })
 }
 

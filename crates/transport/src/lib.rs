@@ -22,13 +22,14 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::time::Duration;
 
 use gpuplex_protocol::{Header, HeaderError};
 
 pub use address::Address;
 pub use auth::AuthError;
 pub use lane::{block_sigpipe_on_this_thread, Lane, Pipe};
-pub use token::{Token, MIN_TOKEN_LEN, TOKEN_FILE_ENV};
+pub use token::{Keyring, Token, MIN_TOKEN_LEN, TOKEN_FILE_ENV};
 
 /// Who is on the other end, as the operating system reports it (never as
 /// the peer claims it).
@@ -82,6 +83,8 @@ pub enum TransportError {
     Shared(String),
     #[error("this carrier cannot {0}")]
     Unsupported(&'static str),
+    #[error("the peer sent nothing in time{}", .0.map(|d| format!(" ({} s)", d.as_secs_f32())).unwrap_or_default())]
+    TimedOut(Option<std::time::Duration>),
     /// A missing, unreadable or unfit token; the text says which and why.
     #[error("{0}")]
     Token(String),
@@ -110,6 +113,14 @@ pub trait Carrier: Send {
     /// causes an allocation.
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError>;
 
+    /// How long `recv` waits for the peer's next byte before it fails with
+    /// [`TransportError::TimedOut`] (`None`: as long as the peer is
+    /// connected). A client sets it so that a server that stopped answering
+    /// is noticed; the server's heartbeat keeps a long call from tripping it.
+    fn set_patience(&mut self, _patience: Option<Duration>) -> Result<(), TransportError> {
+        Ok(())
+    }
+
     /// Whether bytes of another frame have arrived already, so that `recv`
     /// would not wait for the peer. A carrier that cannot tell cheaply
     /// says no.
@@ -117,8 +128,23 @@ pub trait Carrier: Send {
         false
     }
 
+    /// Receives the connection's first frame, before the peer is known to
+    /// be a guest: a payload over `max` bytes is refused unread, and the
+    /// whole frame must arrive within `timeout`.
+    fn recv_opening(&mut self, payload: &mut Vec<u8>, max: usize, timeout: Duration) -> Result<Header, TransportError>;
+
     /// The peer's identity as the operating system reports it.
     fn peer(&self) -> Peer;
+
+    /// The name of the key a peer proved when it authenticated (TCP: its
+    /// tenant's token), if the carrier has keys.
+    fn key(&self) -> Option<&str> {
+        None
+    }
+
+    /// Gives up the connection's socket so that another process can serve
+    /// it ([`adopt`]). Only while frames still travel on the socket.
+    fn into_socket(self: Box<Self>) -> Result<(SocketKind, OwnedFd), TransportError>;
 
     /// Whether the peer is a process on this host that can map memory we
     /// pass it ([`Carrier::send_fd`], [`Carrier::attach_rings`]).
@@ -150,6 +176,41 @@ pub trait Carrier: Send {
     }
 }
 
+/// What kind of connection a handed-over socket is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketKind {
+    Unix,
+    /// Authenticated already, by the process that accepted it.
+    Tcp,
+}
+
+impl SocketKind {
+    pub fn as_u32(self) -> u32 {
+        match self {
+            SocketKind::Unix => 1,
+            SocketKind::Tcp => 2,
+        }
+    }
+
+    pub fn from_u32(v: u32) -> Option<SocketKind> {
+        match v {
+            1 => Some(SocketKind::Unix),
+            2 => Some(SocketKind::Tcp),
+            _ => None,
+        }
+    }
+}
+
+/// Serves a connection another process accepted and handed over
+/// ([`Carrier::into_socket`]). The peer is read from the socket itself, so
+/// it is the same one the acceptor saw.
+pub fn adopt(kind: SocketKind, socket: OwnedFd) -> Result<Box<dyn Carrier>, TransportError> {
+    Ok(match kind {
+        SocketKind::Unix => Box::new(unix::UnixCarrier::adopt(socket)?),
+        SocketKind::Tcp => Box::new(tcp::TcpCarrier::adopt(socket)?),
+    })
+}
+
 /// A region shared with the peer and the rings in it, ready to attach.
 pub fn rings(region: Arc<shm::Region>, layout: shm::Layout, side: shm::Side) -> Result<shm::Rings, TransportError> {
     shm::Rings::new(region, layout, side)
@@ -179,13 +240,24 @@ pub fn connect(address: &Address, token: Option<&Token>) -> Result<Box<dyn Carri
 /// socket refuses one, since it would not be checked (filesystem
 /// permissions guard it instead).
 pub fn listen(address: &Address, token: Option<Token>) -> Result<Box<dyn Listener>, TransportError> {
-    match (address, token) {
-        (Address::Unix(path), None) => Ok(Box::new(unix::UnixListener::bind(path)?)),
-        (Address::Unix(_), Some(_)) => Err(TransportError::Token(
+    let keys = Arc::new(Keyring::default());
+    if let Some(token) = token {
+        keys.replace(vec![(String::new(), token)]);
+    }
+    listen_with_keys(address, keys)
+}
+
+/// As [`listen`], admitting TCP peers that prove any key of `keys`, each
+/// key named (by its tenant) so that the server knows who connected. The
+/// keys may change while listening (a reloaded configuration).
+pub fn listen_with_keys(address: &Address, keys: Arc<Keyring>) -> Result<Box<dyn Listener>, TransportError> {
+    match address {
+        Address::Unix(path) if keys.is_empty() => Ok(Box::new(unix::UnixListener::bind(path)?)),
+        Address::Unix(_) => Err(TransportError::Token(
             "a token admits TCP peers only; a Unix socket is guarded by its file permissions".into(),
         )),
-        (Address::Tcp(host_port), Some(token)) => Ok(Box::new(tcp::TcpListener::bind(host_port, token)?)),
-        (Address::Tcp(_), None) => {
+        Address::Tcp(host_port) if !keys.is_empty() => Ok(Box::new(tcp::TcpListener::bind(host_port, keys)?)),
+        Address::Tcp(_) => {
             Err(TransportError::Token("listening on TCP needs a token (--token-file) to admit peers by".into()))
         }
     }

@@ -221,7 +221,7 @@ impl Rings {
             data: unsafe { base.add(CONTROL_BYTES + i * layout.ring_bytes) },
             cap,
             pos: 0,
-            wait: Wait { spin: Cell::new(SPIN), adaptive, socket: -1 },
+            wait: Wait { spin: Cell::new(SPIN), adaptive, socket: -1, patience: None },
         };
         let (out, inn) = match side {
             Side::Client => (0, 1),
@@ -235,6 +235,11 @@ impl Rings {
     pub(crate) fn watch(&mut self, socket: RawFd) {
         self.writer.end.wait.socket = socket;
         self.reader.end.wait.socket = socket;
+    }
+
+    /// How long the reader waits for a byte before giving up on the peer.
+    pub(crate) fn set_patience(&mut self, patience: Option<Duration>) {
+        self.reader.end.wait.patience = patience;
     }
 }
 
@@ -451,6 +456,8 @@ struct Wait {
     adaptive: bool,
     /// The connection's socket, polled for hang-up while sleeping.
     socket: RawFd,
+    /// How long to wait at most (`None`: as long as the peer lives).
+    patience: Option<Duration>,
 }
 
 impl Wait {
@@ -500,6 +507,9 @@ impl Wait {
             }
             if self.socket >= 0 && hung_up(self.socket) {
                 return Err(TransportError::Closed);
+            }
+            if let Some(patience) = self.patience.filter(|&p| start.elapsed() >= p) {
+                return Err(TransportError::TimedOut(Some(patience)));
             }
         }
     }

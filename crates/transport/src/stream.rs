@@ -91,13 +91,90 @@ pub(crate) fn await_readable(socket: &impl AsRawFd) {
 }
 
 pub(crate) fn recv<R: Read>(r: &mut R, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
+    recv_at_most(r, payload, gpuplex_protocol::MAX_PAYLOAD)
+}
+
+/// [`recv`] refusing a payload over `max` bytes before reading or
+/// allocating any of it.
+pub(crate) fn recv_at_most<R: Read>(r: &mut R, payload: &mut Vec<u8>, max: usize) -> Result<Header, TransportError> {
     let mut raw = [0u8; HEADER_SIZE];
     read_exact(r, &mut raw, true)?;
     let header = Header::parse(&raw)?;
+    if header.payload_len() > max {
+        return Err(gpuplex_protocol::HeaderError::TooLong(header.payload_len()).into());
+    }
     payload.clear();
     payload.resize(header.payload_len(), 0);
     read_exact(r, payload, false)?;
     Ok(header)
+}
+
+/// Receives a connection's opening frame: at most `max` payload bytes, the
+/// whole frame within `timeout`, so that a peer that has not yet said who it
+/// is can neither hold a thread for long nor make the server allocate.
+pub(crate) fn recv_opening<S: AsRawFd>(
+    socket: &S,
+    payload: &mut Vec<u8>,
+    max: usize,
+    timeout: Duration,
+) -> Result<Header, TransportError>
+where
+    for<'s> &'s S: Read,
+{
+    let mut reader = Deadline { socket, at: Instant::now() + timeout };
+    let header = recv_at_most(&mut reader, payload, max).map_err(|e| match e {
+        TransportError::TimedOut(_) => TransportError::TimedOut(Some(timeout)),
+        TransportError::Io(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            TransportError::TimedOut(Some(timeout))
+        }
+        e => e,
+    });
+    set_recv_timeout(socket, None)?;
+    header
+}
+
+/// Reads from a socket until a deadline: each read may wait only for what
+/// is left of it, so a peer dribbling a byte at a time cannot stretch it.
+struct Deadline<'a, S> {
+    socket: &'a S,
+    at: Instant,
+}
+
+impl<S: AsRawFd> Read for Deadline<'_, S>
+where
+    for<'s> &'s S: Read,
+{
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        set_recv_timeout(self.socket, Some(left))?;
+        let mut socket = self.socket;
+        socket.read(buf)
+    }
+}
+
+/// Sets (or clears, with `None`) how long a blocking receive on `socket` waits.
+pub(crate) fn set_recv_timeout(socket: &impl AsRawFd, timeout: Option<Duration>) -> std::io::Result<()> {
+    let t = timeout.unwrap_or_default();
+    // A zero timeval means "no timeout": round a remainder up to 1 µs.
+    let tv = libc::timeval { tv_sec: t.as_secs() as _, tv_usec: t.subsec_micros().max(u32::from(timeout.is_some())) as _ };
+    // SAFETY: `tv` is a live timeval and the length passed is its size, as
+    // setsockopt(SO_RCVTIMEO) requires.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `read_exact` that reports a clean close before the first byte as `Closed`.
@@ -110,6 +187,10 @@ pub(crate) fn read_exact<R: Read>(r: &mut R, buf: &mut [u8], at_frame_start: boo
             Ok(n) => done += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if is_disconnect(&e) => return Err(TransportError::Closed),
+            // A receive timeout (a client's patience) ran out.
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(TransportError::TimedOut(None))
+            }
             Err(e) => return Err(e.into()),
         }
     }

@@ -18,13 +18,14 @@
 //! Nothing is encrypted: see the threat model in docs/ARCHITECTURE.md.
 
 use std::net::{self, SocketAddr, ToSocketAddrs};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpuplex_protocol::Header;
 
 pub use crate::auth::AuthError;
-use crate::{auth, stream, Address, Carrier, Lane, Listener, Peer, Token, TransportError};
+use crate::{auth, stream, Address, Carrier, Keyring, Lane, Listener, Peer, SocketKind, Token, TransportError};
 
 /// How long either side waits for the whole opening exchange.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,10 +53,12 @@ pub struct TcpCarrier {
     peer: SocketAddr,
     /// The server's side of the opening, until it has succeeded.
     pending: Option<PendingAuth>,
+    /// The name of the key the peer proved (server side).
+    key: Option<String>,
 }
 
 struct PendingAuth {
-    token: Token,
+    keys: Arc<Keyring>,
     timeout: Duration,
 }
 
@@ -85,7 +88,14 @@ impl TcpCarrier {
         socket.set_nodelay(true)?;
         set_buffers(&socket, SOCKET_BUFFER);
         let peer = socket.peer_addr()?;
-        Ok(TcpCarrier { socket, peer, pending })
+        Ok(TcpCarrier { socket, peer, pending, key: None })
+    }
+
+    /// A connection another process accepted and authenticated, handed over.
+    pub fn adopt(socket: OwnedFd) -> Result<TcpCarrier, TransportError> {
+        let socket = net::TcpStream::from(socket);
+        let peer = socket.peer_addr()?;
+        Ok(TcpCarrier { socket, peer, pending: None, key: None })
     }
 
     /// The underlying socket, for tests that must misbehave on the wire.
@@ -104,13 +114,37 @@ impl TcpCarrier {
 impl Carrier for TcpCarrier {
     fn authenticate(&mut self) -> Result<(), TransportError> {
         let Some(pending) = &self.pending else { return Ok(()) };
-        if let Err(e) = auth::server(&mut self.socket, &pending.token, pending.timeout) {
-            // Whatever the caller does next, this peer gets nothing more.
-            let _ = self.socket.shutdown(net::Shutdown::Both);
-            return Err(TransportError::Auth(e));
+        let keys = pending.keys.keys();
+        let tokens: Vec<Token> = keys.iter().map(|(_, token)| token.clone()).collect();
+        match auth::server(&mut self.socket, &tokens, pending.timeout) {
+            Ok(index) => self.key = Some(keys[index].0.clone()),
+            Err(e) => {
+                // Whatever the caller does next, this peer gets nothing more.
+                let _ = self.socket.shutdown(net::Shutdown::Both);
+                return Err(TransportError::Auth(e));
+            }
         }
         self.pending = None;
         Ok(())
+    }
+
+    fn recv_opening(&mut self, payload: &mut Vec<u8>, max: usize, timeout: Duration) -> Result<Header, TransportError> {
+        self.ready()?;
+        stream::recv_opening(&self.socket, payload, max, timeout)
+    }
+
+    fn set_patience(&mut self, patience: Option<Duration>) -> Result<(), TransportError> {
+        stream::set_recv_timeout(&self.socket, patience)?;
+        Ok(())
+    }
+
+    fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    fn into_socket(self: Box<Self>) -> Result<(SocketKind, OwnedFd), TransportError> {
+        self.ready()?;
+        Ok((SocketKind::Tcp, self.socket.into()))
     }
 
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
@@ -138,17 +172,17 @@ impl Carrier for TcpCarrier {
 pub struct TcpListener {
     listener: net::TcpListener,
     address: Address,
-    token: Token,
+    keys: Arc<Keyring>,
     auth_timeout: Duration,
 }
 
 impl TcpListener {
     /// Listens on `host_port`; port 0 picks a free one ([`Listener::address`]
-    /// tells which). Peers are admitted by `token`.
-    pub fn bind(host_port: &str, token: Token) -> Result<TcpListener, TransportError> {
+    /// tells which). Peers are admitted by proving any of `keys`.
+    pub fn bind(host_port: &str, keys: Arc<Keyring>) -> Result<TcpListener, TransportError> {
         let listener = net::TcpListener::bind(host_port)?;
         let address = Address::Tcp(listener.local_addr()?.to_string());
-        Ok(TcpListener { listener, address, token, auth_timeout: AUTH_TIMEOUT })
+        Ok(TcpListener { listener, address, keys, auth_timeout: AUTH_TIMEOUT })
     }
 
     /// How long a new peer has to complete the opening ([`AUTH_TIMEOUT`]
@@ -163,7 +197,7 @@ impl Listener for TcpListener {
     /// Returns at once; the opening runs in [`Carrier::authenticate`].
     fn accept(&self) -> Result<Box<dyn Carrier>, TransportError> {
         let (socket, _) = self.listener.accept()?;
-        let pending = PendingAuth { token: self.token.clone(), timeout: self.auth_timeout };
+        let pending = PendingAuth { keys: self.keys.clone(), timeout: self.auth_timeout };
         Ok(Box::new(TcpCarrier::new(socket, Some(pending))?))
     }
 
@@ -217,7 +251,9 @@ mod tests {
     }
 
     fn listener(t: Token) -> (TcpListener, String) {
-        let l = TcpListener::bind("127.0.0.1:0", t).unwrap();
+        let keys = Arc::new(Keyring::default());
+        keys.replace(vec![("t".into(), t)]);
+        let l = TcpListener::bind("127.0.0.1:0", keys).unwrap();
         let Address::Tcp(host_port) = l.address() else { unreachable!("a TCP listener") };
         (l, host_port)
     }

@@ -11,7 +11,7 @@ use std::fmt;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::TransportError;
 
@@ -137,5 +137,24 @@ mod tests {
         assert_eq!(a, Token::new(b"0123456789abcdef").unwrap());
         assert_ne!(a, Token::new(b"0123456789abcdeF").unwrap());
         assert_ne!(a, Token::new(b"0123456789abcdef0").unwrap());
+    }
+}
+
+/// The keys a TCP listener admits peers by, each named by whom it admits.
+/// Replaced as a whole when the server's configuration is reloaded.
+#[derive(Default)]
+pub struct Keyring(RwLock<Vec<(String, Token)>>);
+
+impl Keyring {
+    pub fn replace(&self, keys: Vec<(String, Token)>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = keys;
+    }
+
+    pub fn keys(&self) -> Vec<(String, Token)> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).is_empty()
     }
 }

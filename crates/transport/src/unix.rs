@@ -4,12 +4,13 @@
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use gpuplex_protocol::Header;
 use zerocopy::IntoBytes;
 
 use crate::shm::{self, Rings};
-use crate::{stream, Address, Carrier, Lane, Listener, Peer, TransportError};
+use crate::{stream, Address, Carrier, Lane, Listener, Peer, SocketKind, TransportError};
 
 /// Frames go over the socket until shared rings are attached; from then on
 /// the socket carries only descriptors, and its closing tells either side
@@ -28,6 +29,11 @@ impl UnixCarrier {
     fn new(socket: net::UnixStream) -> Result<UnixCarrier, TransportError> {
         let peer = peer_credentials(&socket)?;
         Ok(UnixCarrier { socket, peer, rings: None })
+    }
+
+    /// A connection another process accepted, handed over.
+    pub fn adopt(socket: OwnedFd) -> Result<UnixCarrier, TransportError> {
+        UnixCarrier::new(net::UnixStream::from(socket))
     }
 
     /// A connected pair, for tests.
@@ -60,11 +66,33 @@ impl Carrier for UnixCarrier {
         }
     }
 
+    fn recv_opening(&mut self, payload: &mut Vec<u8>, max: usize, timeout: Duration) -> Result<Header, TransportError> {
+        match self.rings {
+            Some(_) => Err(TransportError::Unsupported("open once frames are in shared memory")),
+            None => stream::recv_opening(&self.socket, payload, max, timeout),
+        }
+    }
+
+    fn into_socket(self: Box<Self>) -> Result<(SocketKind, OwnedFd), TransportError> {
+        match self.rings {
+            Some(_) => Err(TransportError::Unsupported("hand over a connection whose frames are in shared memory")),
+            None => Ok((SocketKind::Unix, self.socket.into())),
+        }
+    }
+
     fn into_lane(self: Box<Self>) -> Result<Lane, TransportError> {
         match self.rings {
             Some(_) => Err(TransportError::Unsupported("carry a lane once its frames are in shared memory")),
             None => Ok(Lane::new(self.socket.into())),
         }
+    }
+
+    fn set_patience(&mut self, patience: Option<Duration>) -> Result<(), TransportError> {
+        if let Some(rings) = &mut self.rings {
+            rings.set_patience(patience);
+        }
+        stream::set_recv_timeout(&self.socket, patience)?;
+        Ok(())
     }
 
     fn frame_waiting(&self) -> bool {

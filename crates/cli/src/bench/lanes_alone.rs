@@ -102,8 +102,9 @@ fn connect(kind: CarrierKind, lanes: usize) -> Result<Vec<(Lane, Lane)>, String>
         CarrierKind::Tcp => {
             let token = random_token().map_err(|e| format!("no token: {e}"))?;
             let token = Token::new(&token).map_err(|e| e.to_string())?;
-            let listener =
-                TcpListener::bind("127.0.0.1:0", token.clone()).map_err(|e| format!("cannot listen: {e}"))?;
+            let keys = std::sync::Arc::new(gpuplex_transport::Keyring::default());
+            keys.replace(vec![(String::new(), token.clone())]);
+            let listener = TcpListener::bind("127.0.0.1:0", keys).map_err(|e| format!("cannot listen: {e}"))?;
             let gpuplex_transport::Address::Tcp(host_port) = listener.address() else {
                 unreachable!("a TCP listener has a TCP address")
             };

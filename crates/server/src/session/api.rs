@@ -35,11 +35,17 @@ fn invalid(detail: impl Into<String>) -> CallError {
 }
 
 impl Session {
+    /// A device as the guest numbers it, checked.
     fn device(&self, dev: i32) -> R<usize> {
         usize::try_from(dev)
             .ok()
             .filter(|&d| d < self.primaries.len())
             .ok_or_else(|| CallError::new(CuError::INVALID_DEVICE, format!("no device {dev}")))
+    }
+
+    /// The backend's ordinal of a device the guest names.
+    fn backend_device(&self, dev: i32) -> R<i32> {
+        Ok(self.devices[self.device(dev)?])
     }
 
     /// A context handle as `(handle, backend context)`; a retained primary
@@ -74,7 +80,7 @@ impl Session {
     fn activate_primary(&mut self, dev: usize) -> R<Obj> {
         let p = self.primaries[dev];
         // The driver's primary contexts always map host memory.
-        let obj = self.backend.ctx_create(dev as i32, p.flags | CU_CTX_MAP_HOST)?;
+        let obj = self.backend.ctx_create(self.devices[dev], p.flags | CU_CTX_MAP_HOST)?;
         self.tables.contexts.insert(p.handle, CtxEntry { obj: Some(obj), device: dev as i32, primary: true });
         Ok(obj)
     }
@@ -196,6 +202,30 @@ impl Session {
         })
     }
 
+    /// Charges the tenant what loading `image` takes on the device (see
+    /// [`crate::image::footprint`]). Under a memory limit an image that
+    /// cannot be measured is refused, since it could hold anything; without
+    /// one it counts as its own length.
+    fn charge_image(&mut self, digest: u64, image: &[u8]) -> R<u64> {
+        let limited = self.account.tenant_usage().0 != 0;
+        let footprint = match self.images.footprint(digest) {
+            Some(bytes) => bytes,
+            None if !limited => image.len() as u64,
+            None => {
+                let bytes = crate::image::footprint(image).map_err(|e| {
+                    CallError::new(
+                        CuError::INVALID_IMAGE,
+                        format!("cannot tell what this image takes on the device, for the tenant's memory limit: {e}"),
+                    )
+                })?;
+                self.images.set_footprint(digest, bytes);
+                bytes
+            }
+        };
+        self.account.charge(footprint)?;
+        Ok(footprint)
+    }
+
     fn add_global(&mut self, ctx: u64, owner: Owner, (ptr, size): (u64, u64)) -> (DevPtr, u64) {
         self.tables.add_region(ptr, Region { size, ctx, owner: Some(owner) });
         (DevPtr(ptr), size)
@@ -205,14 +235,13 @@ impl Session {
 #[allow(non_snake_case)]
 impl Api for Session {
     fn cuDeviceCanAccessPeer(&mut self, req: cuDeviceCanAccessPeer::Request) -> R<cuDeviceCanAccessPeer::Reply> {
-        self.device(req.dev)?;
-        self.device(req.peerDev)?;
-        Ok(cuDeviceCanAccessPeer::Reply { canAccessPeer: self.backend.can_access_peer(req.dev, req.peerDev)? })
+        let (dev, peer) = (self.backend_device(req.dev)?, self.backend_device(req.peerDev)?);
+        Ok(cuDeviceCanAccessPeer::Reply { canAccessPeer: self.backend.can_access_peer(dev, peer)? })
     }
 
     fn CtxCreate(&mut self, req: CtxCreate::Request) -> R<CtxCreate::Reply> {
         let device = self.device(req.dev)? as i32;
-        let obj = self.backend.ctx_create(device, req.flags)?;
+        let obj = self.backend.ctx_create(self.devices[device as usize], req.flags)?;
         Ok(CtxCreate::Reply { ctx: Ctx(self.tables.add_ctx(CtxEntry { obj: Some(obj), device, primary: false })) })
     }
 
@@ -363,6 +392,7 @@ impl Api for Session {
         if req.bytesize == 0 {
             return Err(invalid("zero-byte allocation"));
         }
+        self.account.charge(req.bytesize)?;
         let ptr = self.backend.mem_alloc(ctx, req.bytesize)?;
         self.tables.add_region(ptr, Region { size: req.bytesize, ctx: h, owner: None });
         Ok(cuMemAlloc_v2::Reply { dptr: DevPtr(ptr) })
@@ -384,16 +414,38 @@ impl Api for Session {
         Ok(cuMemFree_v2::Reply {})
     }
 
+    /// Under a memory limit the device is as large as the limit, and what
+    /// the tenant's other sessions hold is not free.
     fn cuMemGetInfo_v2(&mut self, _: cuMemGetInfo_v2::Request) -> R<cuMemGetInfo_v2::Reply> {
         let (_, ctx) = self.current_ctx()?;
         let (free, total) = self.backend.mem_get_info(ctx)?;
-        Ok(cuMemGetInfo_v2::Reply { free, total })
+        match self.account.tenant_usage() {
+            (0, _) => Ok(cuMemGetInfo_v2::Reply { free, total }),
+            (limit, used) => {
+                Ok(cuMemGetInfo_v2::Reply { free: free.min(limit.saturating_sub(used)), total: total.min(limit) })
+            }
+        }
     }
 
     fn cuMemAllocPitch_v2(&mut self, req: cuMemAllocPitch_v2::Request) -> R<cuMemAllocPitch_v2::Reply> {
         let (h, ctx) = self.current_ctx()?;
+        // The pitch is known only once allocated: charge the rows' bytes
+        // first, then the padding, and give it all back if that is refused.
+        let rows = req.widthInBytes.checked_mul(req.height).ok_or_else(|| invalid("pitched size overflows"))?;
+        self.account.charge(rows)?;
         let (ptr, pitch) = self.backend.mem_alloc_pitch(ctx, req.widthInBytes, req.height, req.elementSizeBytes)?;
-        let size = pitch.checked_mul(req.height).ok_or_else(|| invalid("pitched size overflows"))?;
+        let size = pitch.checked_mul(req.height).filter(|&s| s >= rows);
+        let padding = size.ok_or_else(|| invalid("pitched size overflows")).and_then(|size| {
+            self.account.charge(size - rows)?;
+            Ok(size)
+        });
+        let size = match padding {
+            Ok(size) => size,
+            Err(e) => {
+                self.backend.mem_free(ctx, ptr)?;
+                return Err(e);
+            }
+        };
         self.tables.add_region(ptr, Region { size, ctx: h, owner: None });
         Ok(cuMemAllocPitch_v2::Reply { dptr: DevPtr(ptr), pitch })
     }
@@ -527,12 +579,11 @@ impl Api for Session {
     fn ModuleLoad(&mut self, req: ModuleLoad::Request) -> R<ModuleLoad::Reply> {
         let (h, ctx) = self.current_ctx()?;
         let image = self.images.resolve(req.digest, req.image)?;
+        let footprint = self.charge_image(req.digest, &image)?;
         let obj = self.backend.module_load(ctx, &image)?;
-        Ok(ModuleLoad::Reply {
-            module: gpuplex_protocol::Module(
-                self.tables.add(Kind::Module, Entry { obj, ctx: h, owner: Owner::Ctx(h) }),
-            ),
-        })
+        let module = self.tables.add(Kind::Module, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
+        self.tables.set_footprint(module, footprint);
+        Ok(ModuleLoad::Reply { module: gpuplex_protocol::Module(module) })
     }
 
     fn cuModuleUnload(&mut self, req: cuModuleUnload::Request) -> R<cuModuleUnload::Reply> {
@@ -584,8 +635,10 @@ impl Api for Session {
 
     fn LibraryLoad(&mut self, req: LibraryLoad::Request) -> R<LibraryLoad::Reply> {
         let image = self.images.resolve(req.digest, req.image)?;
+        let footprint = self.charge_image(req.digest, &image)?;
         let obj = self.backend.library_load(&image)?;
         let h = self.tables.add(Kind::Library, Entry { obj, ctx: 0, owner: Owner::Ctx(0) });
+        self.tables.set_footprint(h, footprint);
         Ok(LibraryLoad::Reply { library: gpuplex_protocol::Library(h) })
     }
 
@@ -679,21 +732,21 @@ impl Api for Session {
 
     fn cuKernelGetAttribute(&mut self, req: cuKernelGetAttribute::Request) -> R<cuKernelGetAttribute::Reply> {
         let kernel = self.kernel(req.kernel.0)?;
-        self.device(req.dev)?;
-        Ok(cuKernelGetAttribute::Reply { pi: self.backend.kernel_get_attribute(kernel, req.attrib, req.dev)? })
+        let dev = self.backend_device(req.dev)?;
+        Ok(cuKernelGetAttribute::Reply { pi: self.backend.kernel_get_attribute(kernel, req.attrib, dev)? })
     }
 
     fn cuKernelSetAttribute(&mut self, req: cuKernelSetAttribute::Request) -> R<cuKernelSetAttribute::Reply> {
         let kernel = self.kernel(req.kernel.0)?;
-        self.device(req.dev)?;
-        self.backend.kernel_set_attribute(kernel, req.attrib, req.val, req.dev)?;
+        let dev = self.backend_device(req.dev)?;
+        self.backend.kernel_set_attribute(kernel, req.attrib, req.val, dev)?;
         Ok(cuKernelSetAttribute::Reply {})
     }
 
     fn cuKernelSetCacheConfig(&mut self, req: cuKernelSetCacheConfig::Request) -> R<cuKernelSetCacheConfig::Reply> {
         let kernel = self.kernel(req.kernel.0)?;
-        self.device(req.dev)?;
-        self.backend.kernel_set_cache_config(kernel, req.config, req.dev)?;
+        let dev = self.backend_device(req.dev)?;
+        self.backend.kernel_set_cache_config(kernel, req.config, dev)?;
         Ok(cuKernelSetCacheConfig::Reply {})
     }
 

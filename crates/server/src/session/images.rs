@@ -16,9 +16,20 @@ pub struct Images {
     by_digest: HashMap<u64, Arc<Vec<u8>>>,
     order: VecDeque<u64>,
     bytes: usize,
+    /// What each image takes on the device, once measured.
+    footprints: HashMap<u64, u64>,
 }
 
 impl Images {
+    /// What the image `digest` takes on the device, if measured before.
+    pub fn footprint(&self, digest: u64) -> Option<u64> {
+        self.footprints.get(&digest).copied()
+    }
+
+    pub fn set_footprint(&mut self, digest: u64, bytes: u64) {
+        self.footprints.insert(digest, bytes);
+    }
+
     /// The image a load names: the bytes sent, remembered under their
     /// digest, or for an empty image the bytes sent before under `digest`.
     pub fn resolve(&mut self, digest: u64, image: Vec<u8>) -> Result<Arc<Vec<u8>>, CallError> {

@@ -1,20 +1,21 @@
-//! One session per client connection.
+//! One session per guest connection.
 //!
-//! A session runs on its own thread: it answers the handshake, then reads
-//! frames, dispatches each call through the generated [`dispatch`] onto its
+//! The supervisor has read the guest's `Hello` and placed it; the session
+//! answers with `Welcome` and runs on its own thread: it reads frames,
+//! dispatches each call through the generated [`dispatch`] onto its
 //! [`Api`](gpuplex_protocol::Api) implementation (in `api.rs`), and writes
-//! the reply. Everything the client holds lives in the session's [`Tables`];
+//! the reply. Everything the guest holds lives in the session's [`Tables`];
 //! when the connection ends, by exit, crash or protocol violation, `Drop`
 //! unloads its libraries and destroys its contexts, which frees every
-//! allocation, module, stream and event they held. Nothing here is shared
-//! with other sessions except the backend, so one client's malformed frames
-//! or CUDA errors never reach another.
+//! allocation, module, stream and event they held. What the guest holds is
+//! charged to its tenant in the ledger ([`Account`]), before the backend
+//! allocates and exactly after every call.
 
 mod api;
 mod images;
 pub mod lanes;
 mod launcher;
-pub mod metrics;
+mod line;
 mod scratch;
 mod shared;
 pub mod tables;
@@ -22,22 +23,46 @@ pub mod tables;
 use std::sync::Arc;
 
 use gpuplex_protocol::{
-    codec, dispatch, CallError, Ctx, CuError, DecodeError, ErrorDetail, Header, Hello, LaneJoin, Opcode, Welcome,
-    LANES_VERSION,
+    codec, dispatch, CallError, Ctx, CuError, DecodeError, DeviceInfo, DeviceOutput, ErrorDetail, Header, Hello,
+    Opcode, Seq, Welcome, LANES_VERSION, MAX_PAYLOAD, UNSOLICITED_VERSION,
 };
 use gpuplex_transport::shm::Side;
 use gpuplex_transport::{Carrier, TransportError};
 use tracing::{debug, info, warn};
 
 use crate::backend::{Backend, Obj};
-use crate::registry::Registry;
-use metrics::SessionMetrics;
+use crate::ledger::Account;
+use lanes::{Hubs, LaneKey};
+use line::Line;
 use tables::{HandleMap, Kind, Tables};
+
+pub use line::HEARTBEAT;
+
+/// What the supervisor tells a session about the guest it serves.
+pub struct Guest {
+    pub id: u64,
+    pub tenant: String,
+    /// The guest's slot in its tenant's ledger.
+    pub account: Account,
+    /// The key the guest's bulk lanes will present.
+    pub lane_key: LaneKey,
+    /// The guest's `Hello`, as the supervisor read it.
+    pub hello_header: Header,
+    pub hello: Hello,
+    /// The backend's device ordinals the guest may use; the guest numbers
+    /// them from 0 in this order.
+    pub devices: Vec<i32>,
+    /// Whether this process catches what kernels print for this guest alone
+    /// (a worker serving one guest; see `worker::output`).
+    pub device_output: bool,
+}
 
 pub struct Session {
     backend: Arc<dyn Backend>,
     tables: Tables,
-    /// Primary context state per device.
+    /// The backend ordinal of each device the guest sees.
+    devices: Vec<i32>,
+    /// Primary context state per device the guest sees.
     primaries: Vec<Primary>,
     /// The caller's current context for the call being run (from the header).
     current: Ctx,
@@ -55,7 +80,12 @@ pub struct Session {
     /// buffer, so the session does.
     param_bytes: HandleMap<u64, usize>,
     images: images::Images,
-    metrics: Arc<SessionMetrics>,
+    id: u64,
+    account: Account,
+    /// The guest's protocol version: whether it takes frames it did not ask for.
+    unsolicited: bool,
+    device_output: bool,
+    lane_key: LaneKey,
     shared: shared::Shared,
     /// Pinned memory for short device-to-host reads.
     scratch: scratch::Scratch,
@@ -88,9 +118,9 @@ pub enum SessionError {
 }
 
 impl Session {
-    fn new(backend: Arc<dyn Backend>, metrics: Arc<SessionMetrics>) -> Session {
+    fn new(backend: Arc<dyn Backend>, guest: &Guest) -> Session {
         let mut tables = Tables::new();
-        let primaries = (0..backend.devices().len() as i32)
+        let primaries = (0..guest.devices.len() as i32)
             .map(|device| Primary {
                 handle: tables.add_ctx(tables::CtxEntry { obj: None, device, primary: true }),
                 refcount: 0,
@@ -101,6 +131,7 @@ impl Session {
             launcher: launcher::Launcher::new(backend.clone()),
             backend,
             tables,
+            devices: guest.devices.clone(),
             primaries,
             current: Ctx(0),
             thread: 0,
@@ -108,7 +139,11 @@ impl Session {
             per_thread_streams: HandleMap::default(),
             param_bytes: HandleMap::default(),
             images: images::Images::default(),
-            metrics,
+            id: guest.id,
+            account: guest.account.clone(),
+            unsolicited: guest.hello_header.version.get() >= UNSOLICITED_VERSION,
+            device_output: guest.device_output,
+            lane_key: guest.lane_key,
             shared: shared::Shared::new(),
             scratch: scratch::Scratch::default(),
             lanes: None,
@@ -117,56 +152,59 @@ impl Session {
         }
     }
 
-    /// Serves one connection until it ends. Never panics on peer input.
-    /// The peer proves itself first (on this thread, so a slow one stalls
-    /// no one else); until it has, none of its bytes are read as a frame.
-    pub fn run(mut carrier: Box<dyn Carrier>, backend: Arc<dyn Backend>, registry: Arc<Registry>) {
+    /// Serves a guest the supervisor placed here until its connection ends.
+    /// Never panics on guest input.
+    pub fn serve_guest(carrier: Box<dyn Carrier>, backend: Arc<dyn Backend>, guest: Guest, hubs: &Hubs) {
         let peer = carrier.peer();
-        if let Err(e) = carrier.authenticate() {
-            warn!(%peer, "refused a connection: {e}");
-            return;
-        }
-        let mut buf = Vec::new();
-        let (header, hello) = match handshake(carrier.as_mut(), &mut buf, &backend, &registry) {
-            Ok(Opening::Session(header, hello)) => (header, hello),
-            Ok(Opening::Lane(header, join)) => return lanes::run_lane(carrier, &header, join, &registry.lanes),
-            Ok(Opening::Answered) => return,
-            Err(e) => {
-                warn!(%peer, "handshake failed: {e}");
-                return;
-            }
-        };
-        let metrics = registry.open(peer, hello.program.clone());
-        let id = metrics.id;
-        let span = tracing::info_span!("session", id, %peer);
+        let span = tracing::info_span!("session", id = guest.id, tenant = %guest.tenant, %peer);
         let _enter = span.enter();
-        let mut session = Session::new(backend.clone(), metrics);
+        let line = Line::new(carrier, guest.hello_header.version.get() >= UNSOLICITED_VERSION);
+        let mut session = Session::new(backend.clone(), &guest);
         let welcome = Welcome {
-            session: id,
+            session: guest.id,
             backend: backend.kind().to_owned(),
             driver_version: backend.driver_version(),
-            devices: gpuplex_protocol::Seq(backend.devices().to_vec()),
-            primary_contexts: gpuplex_protocol::Seq(session.primaries.iter().map(|p| Ctx(p.handle)).collect()),
+            devices: Seq(session.visible_devices()),
+            primary_contexts: Seq(session.primaries.iter().map(|p| Ctx(p.handle)).collect()),
         };
-        let end = match send_reply(carrier.as_mut(), &header, &codec::encode(&welcome)) {
+        let mut buf = Vec::new();
+        let end = match send_reply(&line, &guest.hello_header, &codec::encode(&welcome)) {
             Ok(()) => {
                 // The pid is the client's own claim: the kernel's is in the span where it has one.
-                info!(program = %hello.program, client_pid = hello.pid, "session opened");
-                session.serve(carrier.as_mut(), &mut buf, &registry)
+                info!(program = %guest.hello.program, client_pid = guest.hello.pid, "session opened");
+                session.serve(&line, &mut buf, hubs)
             }
             Err(e) => Err(e.into()),
         };
         match end {
             Ok(()) => info!("session closed by the client"),
-            Err(e) => warn!("session ended: {e}"),
+            Err(e) => warn!("session ended: {}", crate::chain(&e)),
         }
+        line.stop();
         drop(session);
-        registry.close(id);
+        hubs.close(guest.id);
     }
 
-    fn serve(&mut self, carrier: &mut dyn Carrier, buf: &mut Vec<u8>, registry: &Registry) -> Result<(), SessionError> {
+    /// The devices the guest sees, each with its tenant's memory limit as
+    /// its total, so that frameworks size themselves to what they may use.
+    fn visible_devices(&self) -> Vec<DeviceInfo> {
+        let limit = self.account.tenant_usage().0;
+        let all = self.backend.devices();
+        self.devices
+            .iter()
+            .map(|&d| {
+                let mut info = all[d as usize].clone();
+                if limit != 0 {
+                    info.total_mem = info.total_mem.min(limit);
+                }
+                info
+            })
+            .collect()
+    }
+
+    fn serve(&mut self, line: &Line, buf: &mut Vec<u8>, hubs: &Hubs) -> Result<(), SessionError> {
         loop {
-            let header = match carrier.recv(buf) {
+            let header = match line.recv(buf) {
                 Ok(h) => h,
                 Err(TransportError::Closed) => return Ok(()),
                 Err(e) => return Err(e.into()),
@@ -174,25 +212,25 @@ impl Session {
             let opcode = match header.opcode() {
                 Ok(op) => op,
                 Err(e) => {
-                    reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
+                    reply_error(line, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
                     return Err(SessionError::Protocol(e.to_string()));
                 }
             };
-            self.metrics.count_call();
+            self.account.count_call();
             // Whatever is not another posted launch comes after the launches before it.
             if !(header.is_posted() && opcode == Opcode::Launch) {
                 self.drain_launches();
             }
             match opcode {
-                Opcode::Hello | Opcode::JoinLane => {
+                Opcode::Hello | Opcode::JoinLane | Opcode::Heartbeat | Opcode::DeviceOutput => {
                     return Err(SessionError::Protocol(format!("{} inside a session", opcode.name())))
                 }
-                Opcode::ServerInfo => {
-                    let summary = registry.summary(&*self.backend);
-                    send_reply(carrier, &header, &codec::encode(&summary))?;
+                Opcode::ServerInfo | Opcode::Status => {
+                    let why = "the server's status is answered on a connection of its own (gpuplex status)";
+                    reply_error(line, &header, CallError::new(CuError::NOT_SUPPORTED, why))?;
                 }
-                Opcode::SharedMemory => self.share_memory(carrier, &header)?,
-                Opcode::OpenLanes => self.open_lanes(carrier, &header, registry)?,
+                Opcode::SharedMemory => self.share_memory(line, &header)?,
+                Opcode::OpenLanes => self.open_lanes(line, &header, hubs)?,
                 call if header.is_posted() => {
                     if let Err(e) = self.run_call(call, &header, buf)? {
                         // A launch read before this one may have failed first.
@@ -200,7 +238,8 @@ impl Session {
                         debug!(call = call.name(), code = e.code.0, detail = %e.detail, "posted call failed");
                         self.deferred.get_or_insert((call, e));
                     }
-                    self.launcher.posted(carrier.frame_waiting(), &mut self.deferred);
+                    let waiting = line.carrier().frame_waiting();
+                    self.launcher.posted(waiting, &mut self.deferred);
                 }
                 call => {
                     // A call after a failed posted one answers with that
@@ -211,7 +250,7 @@ impl Session {
                         match self.run_call(call, &header, buf) {
                             Ok(outcome) => Some(outcome),
                             Err(e) => {
-                                reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
+                                reply_error(line, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
                                 return Err(e.into());
                             }
                         }
@@ -224,9 +263,11 @@ impl Session {
                         }
                         None => ran.expect("run when nothing was deferred"),
                     };
+                    self.send_device_output(line, &header)?;
                     match outcome {
                         Ok(reply) => {
-                            send_reply(carrier, &header, &reply)?;
+                            let mut carrier = line.carrier();
+                            send_reply_on(&mut **carrier, &header, &reply)?;
                             if let Some(block) = self.fd_after_reply.take() {
                                 let block = self.shared.block(block).expect("allocated by this call");
                                 carrier.send_fd(block.region.fd())?;
@@ -234,7 +275,7 @@ impl Session {
                         }
                         Err(e) => {
                             debug!(call = call.name(), code = e.code.0, detail = %e.detail, "call failed");
-                            reply_error(carrier, &header, e)?;
+                            reply_error(line, &header, e)?;
                         }
                     }
                 }
@@ -258,9 +299,32 @@ impl Session {
         self.posting = header.is_posted();
         self.fd_after_reply = None;
         let outcome = dispatch(self, call, payload);
-        // Before the reply, so that what the client sees next is counted.
-        self.metrics.set_usage(self.live_contexts(), self.tables.allocated_bytes());
+        // Before the reply, so that what the client sees next is counted:
+        // what the tables hold is exactly what the session holds, whatever
+        // the call charged beforehand or freed on the way.
+        self.account.settle(self.tables.charged_bytes());
+        self.account.set_contexts(self.live_contexts());
         outcome
+    }
+
+    /// Sends what the guest's kernels printed during the call being
+    /// answered, ahead of its reply (see `worker::output`).
+    fn send_device_output(&mut self, line: &Line, to: &Header) -> Result<(), TransportError> {
+        if !self.device_output {
+            return Ok(());
+        }
+        for (stream, bytes) in crate::worker::output::take() {
+            if !self.unsolicited {
+                debug!(bytes = bytes.len(), "device output dropped: the client predates it");
+                continue;
+            }
+            for piece in bytes.chunks(MAX_PAYLOAD - 64) {
+                let payload = codec::encode(&DeviceOutput { stream, bytes: piece.to_vec() });
+                let header = Header { opcode: (Opcode::DeviceOutput as u16).into(), ..Header::reply(to, 0, payload.len()) };
+                line.send(&header, &payload)?;
+            }
+        }
+        Ok(())
     }
 
     /// Waits until every launch read so far has run (see [`launcher`]).
@@ -271,16 +335,18 @@ impl Session {
     /// Answers `SharedMemory`: the layout on the socket, then the region's
     /// descriptor, then frames move to the rings. A carrier that cannot
     /// pass descriptors gets NOT_SUPPORTED and stays as it is.
-    fn share_memory(&mut self, carrier: &mut dyn Carrier, header: &Header) -> Result<(), SessionError> {
+    fn share_memory(&mut self, line: &Line, header: &Header) -> Result<(), SessionError> {
         let unsupported = CallError::new(CuError::NOT_SUPPORTED, "this carrier cannot share memory");
+        let mut carrier = line.carrier();
+        let carrier = &mut **carrier;
         if !carrier.shares_memory() {
-            return Ok(reply_error(carrier, header, unsupported)?);
+            return Ok(reply_error_on(carrier, header, unsupported)?);
         }
         let (region, layout, reply) = match self.shared.connect() {
             Ok(shared) => shared,
-            Err(e) => return Ok(reply_error(carrier, header, e)?),
+            Err(e) => return Ok(reply_error_on(carrier, header, e)?),
         };
-        send_reply(carrier, header, &codec::encode(&reply))?;
+        send_reply_on(carrier, header, &codec::encode(&reply))?;
         carrier.send_fd(region.fd())?;
         carrier.attach_rings(gpuplex_transport::rings(region, layout, Side::Server)?)?;
         debug!("frames now travel through shared memory");
@@ -288,27 +354,23 @@ impl Session {
     }
 
     /// Answers `OpenLanes` with the key and shape of the session's lanes.
-    fn open_lanes(
-        &mut self,
-        carrier: &mut dyn Carrier,
-        header: &Header,
-        registry: &Registry,
-    ) -> Result<(), SessionError> {
+    fn open_lanes(&mut self, line: &Line, header: &Header, hubs: &Hubs) -> Result<(), SessionError> {
         if self.lanes.is_some() {
             let again = CallError::new(CuError::INVALID_VALUE, "lanes are open already");
-            return Ok(reply_error(carrier, header, again)?);
+            return Ok(reply_error(line, header, again)?);
         }
         if header.version.get() < LANES_VERSION {
             let why = format!("lanes need protocol {LANES_VERSION}; this client speaks {}", header.version.get());
-            return Ok(reply_error(carrier, header, CallError::new(CuError::NOT_SUPPORTED, why))?);
+            return Ok(reply_error(line, header, CallError::new(CuError::NOT_SUPPORTED, why))?);
         }
-        match lanes::Lanes::open(self.metrics.id, carrier.peer(), &registry.lanes) {
+        let peer = line.carrier().peer();
+        match lanes::Lanes::open(self.id, peer, self.lane_key, hubs) {
             Ok((lanes, offer)) => {
                 self.lanes = Some(lanes);
                 debug!(lanes = offer.lanes, chunk = offer.chunk_bytes, "lanes offered");
-                Ok(send_reply(carrier, header, &codec::encode(&offer))?)
+                Ok(send_reply(line, header, &codec::encode(&offer))?)
             }
-            Err(e) => Ok(reply_error(carrier, header, e)?),
+            Err(e) => Ok(reply_error(line, header, e)?),
         }
     }
 
@@ -352,44 +414,22 @@ impl Drop for Session {
     }
 }
 
-/// What a connection's first frame opened.
-enum Opening {
-    /// `Hello`: a session (the caller answers it once it is registered).
-    Session(Header, Hello),
-    /// `JoinLane`: one more lane of a session.
-    Lane(Header, LaneJoin),
-    /// `ServerInfo`, a one-shot query (`gpuplex info`), answered already.
-    Answered,
+fn send_reply(line: &Line, to: &Header, payload: &[u8]) -> Result<(), TransportError> {
+    line.send(&Header::reply(to, 0, payload.len()), payload)
 }
 
-/// Reads the first frame.
-fn handshake(
-    carrier: &mut dyn Carrier,
-    buf: &mut Vec<u8>,
-    backend: &Arc<dyn Backend>,
-    registry: &Registry,
-) -> Result<Opening, SessionError> {
-    let header = carrier.recv(buf)?;
-    match header.opcode() {
-        Ok(Opcode::Hello) => Ok(Opening::Session(header, codec::decode(buf)?)),
-        Ok(Opcode::JoinLane) => Ok(Opening::Lane(header, codec::decode(buf)?)),
-        Ok(Opcode::ServerInfo) => {
-            send_reply(carrier, &header, &codec::encode(&registry.summary(&**backend)))?;
-            Ok(Opening::Answered)
-        }
-        other => {
-            let what = format!("expected Hello, got {other:?}");
-            reply_error(carrier, &header, CallError::new(CuError::INVALID_VALUE, what.clone()))?;
-            Err(SessionError::Protocol(what))
-        }
-    }
+fn reply_error(line: &Line, to: &Header, e: CallError) -> Result<(), TransportError> {
+    let payload = codec::encode(&ErrorDetail { detail: e.detail });
+    line.send(&Header::reply(to, e.code.0, payload.len()), &payload)
 }
 
-fn send_reply(carrier: &mut dyn Carrier, to: &Header, payload: &[u8]) -> Result<(), TransportError> {
+/// [`send_reply`] on a carrier already held.
+pub fn send_reply_on(carrier: &mut dyn Carrier, to: &Header, payload: &[u8]) -> Result<(), TransportError> {
     carrier.send(&Header::reply(to, 0, payload.len()), payload)
 }
 
-fn reply_error(carrier: &mut dyn Carrier, to: &Header, e: CallError) -> Result<(), TransportError> {
+/// [`reply_error`] on a carrier already held.
+pub fn reply_error_on(carrier: &mut dyn Carrier, to: &Header, e: CallError) -> Result<(), TransportError> {
     let payload = codec::encode(&ErrorDetail { detail: e.detail });
     carrier.send(&Header::reply(to, e.code.0, payload.len()), &payload)
 }

@@ -117,6 +117,11 @@ pub struct Tables {
     regions: BTreeMap<u64, Region>,
     /// Bytes of `cuMemAlloc` regions, kept up to date: every call reports it.
     allocated: u64,
+    /// Device memory each loaded module or library takes (its code and
+    /// globals), by handle, as charged to the tenant.
+    footprints: HandleMap<u64, u64>,
+    /// The sum of `footprints`.
+    footprint: u64,
 }
 
 impl Tables {
@@ -175,6 +180,9 @@ impl Tables {
     pub fn remove(&mut self, kind: Kind, h: u64) -> Result<Entry, CallError> {
         let entry = self.get(kind, h)?;
         self.objects.remove(&h);
+        if let Some(bytes) = self.footprints.remove(&h) {
+            self.footprint -= bytes;
+        }
         self.issued.remove(&(kind as u8, entry.ctx, entry.obj.0));
         self.drop_owned_by(match kind {
             Kind::Module => Owner::Module(h),
@@ -258,6 +266,20 @@ impl Tables {
     /// Bytes held by `cuMemAlloc` allocations.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated
+    }
+
+    /// Records what a module or library just added takes on the device.
+    pub fn set_footprint(&mut self, h: u64, bytes: u64) {
+        if let Some(old) = self.footprints.insert(h, bytes) {
+            self.footprint -= old;
+        }
+        self.footprint += bytes;
+    }
+
+    /// Device memory the session holds: its allocations and what its
+    /// modules and libraries take.
+    pub fn charged_bytes(&self) -> u64 {
+        self.allocated + self.footprint
     }
 }
 

@@ -48,6 +48,13 @@ pub fn lookup(name: &str) -> Option<ReferenceKernel> {
         "spin" => Some(spin),
         "update_globals" => Some(update_globals),
         "mixed_params" => Some(mixed_params),
+        // tests/cuda/tenancy.cu
+        "sleep_ms" => Some(sleep_ms),
+        "peek_poke" => Some(peek_poke),
+        "wild_write" => Some(wild_write),
+        "say" => Some(say),
+        "check" => Some(check),
+        "affine" => Some(affine),
         // `gpuplex bench`'s launch benchmarks (crates/cli/src/bench/worker.rs).
         "gpuplex_bench_empty" => Some(empty),
         // tests/cuda/runtime: C++ kernels, by mangled name.
@@ -287,6 +294,95 @@ fn mixed_params(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), 
 /// `gpuplex_bench_empty()`: does nothing, so a launch costs only its overhead.
 fn empty(_: &KernelLaunch<'_>, _: &mut dyn DeviceMemory) -> Result<(), CuError> {
     Ok(())
+}
+
+/// The longest `sleep_ms` the emulated device takes: a test kernel, not a
+/// way to hold the device.
+const MAX_SLEEP_MS: u32 = 60_000;
+
+/// `sleep_ms(unsigned ms)`: on the GPU one thread waits `ms` milliseconds
+/// (the others return at once), a kernel that simply runs long.
+fn sleep_ms(k: &KernelLaunch<'_>, _: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let ms = k.u32_param(0)?;
+    if k.threads_x() > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(MAX_SLEEP_MS).into()));
+    }
+    Ok(())
+}
+
+/// `peek_poke(u64 *target, u64 *seen, u64 value)`: `*seen = *target;
+/// *target = value;` (each thread in turn; all write the same).
+fn peek_poke(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let (target, seen, value) = (k.ptr_param(0)?, k.ptr_param(1)?, k.u64_param(2)?);
+    if k.threads_x() == 0 {
+        return Ok(());
+    }
+    let old = read_u64s(mem, target, 1)?;
+    write_u64s(mem, seen, &old)?;
+    write_u64s(mem, target, &[value])
+}
+
+/// `wild_write(unsigned *p)`: `p[threadIdx.x] = 1`.
+fn wild_write(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let p = k.ptr_param(0)?;
+    for i in 0..k.block[0].min(CHUNK as u32) as u64 {
+        write_u32s(mem, element(p, i, 4)?, &[1])?;
+    }
+    Ok(())
+}
+
+/// `say(int round)`: each thread prints `device round R thread T` with the
+/// device's `printf`, which the driver writes to the process's C `stdout`.
+fn say(k: &KernelLaunch<'_>, _: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let round = k.i32_param(0)?;
+    let threads = k.threads_x().saturating_mul(k.threads_per_x());
+    let lines = (0..threads.min(CHUNK)).map(|t| format!("device round {round} thread {}\n", t % u64::from(k.block[0].max(1))));
+    c_stream(false, &lines.collect::<String>());
+    Ok(())
+}
+
+/// `check(int v)`: `assert(v == 0)`, as a failed device assert reports
+/// itself (on the C `stderr`, for the first failing thread) and then
+/// poisons the context.
+fn check(k: &KernelLaunch<'_>, _: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    if k.i32_param(0)? == 0 || k.threads_x() == 0 {
+        return Ok(());
+    }
+    c_stream(true, "tenancy.cu:20: void check(int): block: [0,0,0], thread: [0,0,0] Assertion `v == 0` failed.\n");
+    Err(CuError::ASSERT)
+}
+
+/// `affine(unsigned *out, unsigned a, unsigned b, unsigned n)`:
+/// `out[i] = a * i + b` for every thread index `i < n`.
+fn affine(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let (out, a, b, n) = (k.ptr_param(0)?, k.u32_param(1)?, k.u32_param(2)?, k.u32_param(3)?);
+    let count = u64::from(n).min(k.threads_x());
+    let mut start = 0;
+    while start < count {
+        let len = CHUNK.min(count - start);
+        let values: Vec<u32> = (start..start + len).map(|i| a.wrapping_mul(i as u32).wrapping_add(b)).collect();
+        write_u32s(mem, element(out, start, 4)?, &values)?;
+        start += len;
+    }
+    Ok(())
+}
+
+/// Writes to this process's C `stdout` (or `stderr`), as the driver prints
+/// what kernels print.
+fn c_stream(stderr: bool, text: &str) {
+    extern "C" {
+        #[link_name = "stdout"]
+        static mut C_STDOUT: *mut libc::FILE;
+        #[link_name = "stderr"]
+        static mut C_STDERR: *mut libc::FILE;
+    }
+    // SAFETY: the C library's own streams, written with a live buffer and
+    // its length; stdio locks the stream itself.
+    unsafe {
+        let stream = if stderr { C_STDERR } else { C_STDOUT };
+        libc::fwrite(text.as_ptr().cast(), 1, text.len(), stream);
+        libc::fflush(stream);
+    }
 }
 
 // ---- the kernels of tests/cuda/runtime ----

@@ -805,7 +805,7 @@ impl Backend for Emulated {
             Ok(()) => Ok(()),
             // Faults surface later, as the GPU reports them: the launch
             // itself succeeded.
-            Err(fault) if fault == CuError::ILLEGAL_ADDRESS => {
+            Err(fault) if fault == CuError::ILLEGAL_ADDRESS || fault == CuError::ASSERT => {
                 s.ctx(ctx)?.sticky = Some(fault);
                 Ok(())
             }

@@ -249,7 +249,8 @@ fn setting(name: &str, default: usize, range: std::ops::RangeInclusive<usize>) -
     }
 }
 
-fn random_key() -> std::io::Result<LaneKey> {
+/// A fresh key for a session's lanes, from the kernel's random source.
+pub fn random_key() -> std::io::Result<LaneKey> {
     let mut key = [0u8; 32];
     let mut filled = 0;
     while filled < key.len() {
@@ -268,13 +269,14 @@ fn random_key() -> std::io::Result<LaneKey> {
 }
 
 impl Lanes {
-    /// Answers `OpenLanes`: the hub lanes join, and the offer for the client.
-    pub fn open(session: u64, peer: Peer, hubs: &Hubs) -> Result<(Lanes, LaneOffer), CallError> {
+    /// Answers `OpenLanes`: the hub lanes join under `key` (which the
+    /// supervisor gave the session, so that it can route lanes to it), and
+    /// the offer for the client.
+    pub fn open(session: u64, peer: Peer, key: LaneKey, hubs: &Hubs) -> Result<(Lanes, LaneOffer), CallError> {
         let shape = Shape::configured();
         let (count, chunk) = (shape.lanes, shape.chunk);
         let out_of_memory = |e: std::io::Error| CallError::new(CuError::OUT_OF_MEMORY, format!("lane slots: {e}"));
         let slots = Arc::new(Slots::new(shape).map_err(out_of_memory)?);
-        let key = random_key().map_err(|e| CallError::new(CuError::UNKNOWN, format!("no random key: {e}")))?;
         let ((filled_tx, filled), (freed_tx, freed)) = (channel(), channel());
         let joined = Mutex::new((0..count).map(|_| None).collect());
         let free_out = (0..count).flat_map(|l| (0..shape.slots).map(move |slot| (l, slot))).collect();

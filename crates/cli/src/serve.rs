@@ -1,0 +1,131 @@
+//! `gpuplex serve`: the supervisor, its worker pool, its listener, its
+//! metrics endpoint, and what it does on signals.
+//!
+//! SIGHUP reloads the configuration (a file that does not load is logged
+//! and the old one kept); SIGTERM and SIGINT stop the server: it logs why,
+//! removes its socket and exits, and its workers, seeing it gone, end their
+//! sessions.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use gpuplex_server::config::Config;
+use gpuplex_server::supervisor::status;
+use gpuplex_server::{BackendKind, Placement, Supervisor, WorkerCommand};
+use gpuplex_transport::{Address, Token};
+use tracing::{error, info, warn};
+
+use crate::Error;
+
+pub struct Options {
+    pub listen: Option<Address>,
+    pub token_file: Option<PathBuf>,
+    pub backend: BackendKind,
+    pub config: Option<PathBuf>,
+    pub check_config: Option<PathBuf>,
+    pub metrics: Option<String>,
+    pub workers: Option<usize>,
+}
+
+pub fn serve(opts: Options) -> Result<ExitCode, Error> {
+    if let Some(path) = &opts.check_config {
+        let config = Config::load(path)?;
+        println!("{}: ok, {} tenant(s){}", path.display(), config.tenants.len(), match config.default {
+            Some(_) => ", unlisted local users admitted with [default]'s settings",
+            None => ", unlisted local users refused",
+        });
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = match &opts.config {
+        Some(path) => Config::load(path)?,
+        None => Config::none(),
+    };
+    let address = opts.listen.clone().or_else(|| config.server.listen.clone()).unwrap_or_else(Address::default_local);
+    let metrics = opts.metrics.clone().or_else(|| config.server.metrics.clone());
+    let keep_idle = opts.workers.or(config.server.workers).unwrap_or(gpuplex_server::supervisor::DEFAULT_IDLE);
+    let token = opts.token_file.as_deref().map(Token::from_file).transpose()?;
+    // Before anything starts threads: only the signal thread takes them.
+    let signals = Signals::block();
+    let mut command = worker_command(opts.backend)?;
+    // Workers log what the server logs: sessions opening and closing.
+    if std::env::var_os("GPUPLEX_LOG").is_none() {
+        command.env.push(("GPUPLEX_LOG".into(), "info".into()));
+    }
+    let supervisor = Supervisor::start(Placement::Workers { command, keep_idle }, config, token)?;
+    let listener = match address {
+        Address::Tcp(_) => {
+            tracing::warn!("frames over TCP are not encrypted: use a trusted network, a VPN or an SSH tunnel");
+            gpuplex_transport::listen_with_keys(&address, supervisor.keys())
+        }
+        Address::Unix(_) => gpuplex_transport::listen(&address, None),
+    }
+    .map_err(|e| format!("cannot listen on {address}: {}", crate::chain(&e)))?;
+    if let Some(at) = metrics {
+        let bound = status::serve_metrics(Arc::downgrade(&supervisor), &at)
+            .map_err(|e| format!("cannot serve metrics on {at}: {e}"))?;
+        info!("metrics at http://{bound}/metrics");
+    }
+    signals.handle(supervisor.clone(), opts.config.clone(), address.clone())?;
+    supervisor.serve(listener.as_ref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How the server starts a worker: this same executable.
+pub fn worker_command(backend: BackendKind) -> Result<WorkerCommand, Error> {
+    let program = std::env::current_exe().map_err(|e| format!("cannot find this executable to start workers: {e}"))?;
+    let args = vec!["worker".into(), "--backend".into(), backend.name().into()];
+    Ok(WorkerCommand { program, args, env: Vec::new() })
+}
+
+/// The signals the server handles, blocked in every thread and taken by
+/// one that waits for them.
+struct Signals(libc::sigset_t);
+
+impl Signals {
+    fn block() -> Signals {
+        // SAFETY: a local set, filled before use; changes this thread's mask,
+        // which the threads it starts inherit.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for signal in [libc::SIGHUP, libc::SIGTERM, libc::SIGINT] {
+                libc::sigaddset(&mut set, signal);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Signals(set)
+        }
+    }
+
+    fn handle(self, supervisor: Arc<Supervisor>, config: Option<PathBuf>, address: Address) -> Result<(), Error> {
+        std::thread::Builder::new().name("gpuplex-signals".into()).spawn(move || loop {
+            let mut signal = 0;
+            // SAFETY: a set of blocked signals and an out-pointer to a local.
+            if unsafe { libc::sigwait(&self.0, &mut signal) } != 0 {
+                continue;
+            }
+            match signal {
+                libc::SIGHUP => reload(&supervisor, config.as_deref()),
+                _ => {
+                    let name = if signal == libc::SIGTERM { "SIGTERM" } else { "SIGINT" };
+                    info!(sessions = supervisor.registry().len(), "{name}: stopping");
+                    if let Address::Unix(path) = &address {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    std::process::exit(0);
+                }
+            }
+        })?;
+        Ok(())
+    }
+}
+
+fn reload(supervisor: &Supervisor, path: Option<&std::path::Path>) {
+    let Some(path) = path else {
+        return warn!("SIGHUP: no configuration file to reload (serve --config FILE)");
+    };
+    match Config::load(path).map_err(|e| e.to_string()).and_then(|c| supervisor.reload(c).map_err(|e| e.to_string())) {
+        Ok(()) => info!("SIGHUP: reloaded {}", path.display()),
+        Err(e) => error!("SIGHUP: kept the configuration in use: {e}"),
+    }
+}

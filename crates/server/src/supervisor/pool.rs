@@ -1,0 +1,246 @@
+//! Worker processes, started ahead of the guests that will need them.
+//!
+//! Starting a worker costs what initializing the CUDA driver costs (about
+//! 0.1 s on the H100 machine), so the pool keeps a few started and ready
+//! (`--workers`, default [`DEFAULT_IDLE`]); a guest takes one at once and a
+//! thread of the pool starts its replacement. A worker is used once: it
+//! serves one guest and exits with it, so nothing of one guest survives
+//! into the next.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use crate::worker::link::{self, Kind, Link};
+use crate::worker::LINK_FD;
+
+/// Workers kept started and idle unless told otherwise.
+pub const DEFAULT_IDLE: usize = 2;
+/// How long a new worker may take to open its backend.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a guest waits for a worker before it is refused.
+const TAKE_TIMEOUT: Duration = Duration::from_secs(120);
+/// The pause after a worker failed to start, before the next try.
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// A started worker, ready for a guest.
+pub struct Worker {
+    pub child: Child,
+    pub link: Arc<Link>,
+    pub ready: link::Ready,
+}
+
+/// How to start a worker: the `gpuplex` executable, its arguments and any
+/// variables to set for it.
+#[derive(Clone, Debug)]
+pub struct WorkerCommand {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+}
+
+#[derive(Default)]
+struct State {
+    idle: VecDeque<Worker>,
+    /// Guests waiting in `take`.
+    waiting: usize,
+    /// Why the last start failed, while no start has succeeded since.
+    failure: Option<String>,
+    stopped: bool,
+}
+
+pub struct Pool {
+    command: WorkerCommand,
+    keep_idle: usize,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Pool {
+    /// Starts a pool that keeps `keep_idle` workers ready, and waits for
+    /// the first, whose `Ready` says what the backend found (or why it
+    /// could not open: no driver, say). The pool stops when the last
+    /// handle to it is dropped.
+    pub fn start(command: WorkerCommand, keep_idle: usize) -> Result<(Arc<Pool>, link::Ready), String> {
+        let pool = Arc::new(Pool { command, keep_idle, state: Mutex::default(), changed: Condvar::new() });
+        let first = pool.spawn()?;
+        let ready = first.ready.clone();
+        pool.lock().idle.push_back(first);
+        let weak = Arc::downgrade(&pool);
+        std::thread::Builder::new()
+            .name("gpuplex-pool".into())
+            .spawn(move || keep_filled(weak))
+            .map_err(|e| format!("cannot start the pool's thread: {e}"))?;
+        Ok((pool, ready))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Workers started and waiting for a guest.
+    pub fn idle(&self) -> usize {
+        self.lock().idle.len()
+    }
+
+    /// A ready worker for a guest: an idle one, else the next one started.
+    pub fn take(&self) -> Result<Worker, String> {
+        let mut state = self.lock();
+        state.waiting += 1;
+        self.changed.notify_all();
+        let deadline = std::time::Instant::now() + TAKE_TIMEOUT;
+        let taken = 'taking: loop {
+            while let Some(mut worker) = state.idle.pop_front() {
+                // One that died while idle is of no use.
+                if matches!(worker.child.try_wait(), Ok(None)) {
+                    break 'taking Ok(worker);
+                }
+                reap(worker);
+            }
+            if let Some(why) = &state.failure {
+                break Err(format!("no worker could start: {why}"));
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || state.stopped {
+                break Err("no worker became ready in time".to_owned());
+            }
+            state = self.changed.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0;
+        };
+        state.waiting -= 1;
+        self.changed.notify_all();
+        taken
+    }
+
+    /// Starts one worker and waits for it to be ready.
+    fn spawn(&self) -> Result<Worker, String> {
+        let (supervisor_end, worker_end) = Link::pair().map_err(|e| format!("cannot make a link: {e}"))?;
+        let mut command = Command::new(&self.command.program);
+        command.args(&self.command.args).envs(self.command.env.iter().cloned()).stdin(Stdio::null());
+        // Anything a worker writes to its standard output or error (its
+        // logs, or a driver message) lands in the server's log.
+        if let Ok(log) = std::io::stderr().as_fd().try_clone_to_owned() {
+            command.stdout(Stdio::from(log));
+        }
+        let raw = worker_end.as_raw_fd();
+        // SAFETY: every call here is async-signal-safe, as code between fork
+        // and exec must be. The link's copy on LINK_FD has no close-on-exec.
+        // A worker gets a process group of its own, so that a terminal's
+        // Ctrl-C reaches the program and not the worker serving it, and an
+        // empty signal mask, whatever the spawning thread had blocked.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::dup2(raw, LINK_FD) < 0 || libc::setpgid(0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.command.program.display()))?;
+        drop(worker_end);
+        let link = Arc::new(supervisor_end);
+        match ready(&link) {
+            Ok(ready) => {
+                debug!(pid = child.id(), "worker ready");
+                Ok(Worker { child, link, ready })
+            }
+            Err(why) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(why)
+            }
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let mut state = self.lock();
+        state.stopped = true;
+        // Idle workers see their link close and exit.
+        state.idle.drain(..).for_each(reap);
+        self.changed.notify_all();
+    }
+}
+
+/// Waits for a new worker's first message.
+fn ready(link: &Link) -> Result<link::Ready, String> {
+    let mut poll = libc::pollfd { fd: link.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut poll, 1, START_TIMEOUT.as_millis() as i32) };
+    if n == 0 {
+        return Err(format!("a worker did not become ready within {START_TIMEOUT:?}"));
+    }
+    match link.recv() {
+        Ok(Some(m)) if m.kind == Kind::Ready => m.decode().map_err(|e| format!("undecodable Ready: {e}")),
+        Ok(Some(m)) if m.kind == Kind::Failed => {
+            Err(m.decode::<link::Failed>().map(|f| f.why).unwrap_or_else(|e| format!("undecodable Failed: {e}")))
+        }
+        Ok(Some(m)) => Err(format!("a new worker sent {:?}", m.kind)),
+        Ok(None) => Err("a worker exited as it started".to_owned()),
+        Err(e) => Err(format!("a worker's link failed: {e}")),
+    }
+}
+
+/// Ends a worker that will serve no one, without waiting for it here.
+pub fn reap(mut worker: Worker) {
+    let _ = worker.child.kill();
+    let spawned = std::thread::Builder::new().name("gpuplex-reap".into()).spawn(move || {
+        let _ = worker.child.wait();
+    });
+    if spawned.is_err() {
+        warn!("cannot reap a worker; it stays a zombie until the server exits");
+    }
+}
+
+/// The pool's thread: starts workers while fewer are idle than kept plus
+/// guests waiting.
+fn keep_filled(pool: Weak<Pool>) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        {
+            let mut state = p.lock();
+            while !state.stopped && state.idle.len() >= p.keep_idle.max(state.waiting) {
+                let timeout = Duration::from_secs(1);
+                state = p.changed.wait_timeout(state, timeout).unwrap_or_else(PoisonError::into_inner).0;
+                if Arc::strong_count(&p) == 1 {
+                    return;
+                }
+            }
+            if state.stopped {
+                return;
+            }
+        }
+        match p.spawn() {
+            Ok(worker) => {
+                let mut state = p.lock();
+                if state.failure.take().is_some() {
+                    info!("workers start again");
+                }
+                state.idle.push_back(worker);
+                p.changed.notify_all();
+            }
+            Err(why) => {
+                warn!("a worker failed to start: {why}");
+                p.lock().failure = Some(why);
+                p.changed.notify_all();
+                std::thread::sleep(RETRY_AFTER);
+            }
+        }
+    }
+}
+
+/// Descriptors a worker is handed with a guest: the guest's socket and its
+/// tenant's ledger.
+pub fn serve(worker: &Worker, serve: &link::Serve, socket: &OwnedFd, ledger: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    worker.link.send(Kind::Serve, serve, &[socket.as_fd(), ledger])
+}

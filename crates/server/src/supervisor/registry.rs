@@ -1,0 +1,184 @@
+//! The supervisor's book of live sessions and of the tenants they belong
+//! to: who each session is, where it runs, where its lanes go, and each
+//! tenant's [`Ledger`], in which the session's worker counts what it holds
+//! and does.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use gpuplex_transport::Peer;
+
+use super::tenancy::Plan;
+use crate::ledger::{Account, Ledger, SLOTS};
+use crate::session::lanes::{random_key, LaneKey};
+use crate::worker::link::Link;
+
+/// Where a session runs, and so where its lanes are sent.
+#[derive(Clone)]
+pub enum Route {
+    /// Not placed yet.
+    Pending,
+    /// In a worker process, reached over its link.
+    Worker(Arc<Link>),
+    /// On a thread of the supervisor's own process.
+    InProcess,
+}
+
+/// One live session.
+#[derive(Clone)]
+pub struct SessionEntry {
+    pub id: u64,
+    pub tenant: String,
+    pub slot: usize,
+    pub peer: Peer,
+    pub program: String,
+    /// The process serving it (the supervisor's own for in-process ones).
+    pub worker_pid: u32,
+    pub started: Instant,
+    pub lane_key: LaneKey,
+    pub route: Route,
+}
+
+/// One tenant that has had a session since the server started.
+pub struct TenantEntry {
+    pub ledger: Arc<Ledger>,
+    pub weight: u32,
+    /// Slots of the ledger its live sessions use.
+    slots: BTreeSet<usize>,
+    /// Calls of its sessions that have ended.
+    pub ended_calls: u64,
+}
+
+#[derive(Default)]
+struct Book {
+    sessions: BTreeMap<u64, SessionEntry>,
+    tenants: BTreeMap<String, TenantEntry>,
+    lanes: HashMap<LaneKey, u64>,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    next_id: AtomicU64,
+    book: Mutex<Book>,
+}
+
+/// Why a session could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("tenant {0} has {SLOTS} sessions already")]
+    Full(String),
+    #[error("cannot set up the tenant's ledger: {0}")]
+    Ledger(std::io::Error),
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        // A panicking thread must not take status down with it.
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens a session of `plan`'s tenant: its id, its account (a slot of
+    /// the tenant's ledger) and its lane key.
+    pub fn open(&self, plan: &Plan, peer: Peer, program: String) -> Result<SessionEntry, OpenError> {
+        let lane_key = random_key().map_err(OpenError::Ledger)?;
+        let mut book = self.lock();
+        if !book.tenants.contains_key(&plan.tenant) {
+            let ledger = Ledger::create(&plan.tenant, plan.memory_limit).map_err(OpenError::Ledger)?;
+            let entry = TenantEntry { ledger: Arc::new(ledger), weight: plan.weight, slots: BTreeSet::new(), ended_calls: 0 };
+            book.tenants.insert(plan.tenant.clone(), entry);
+        }
+        let tenant = book.tenants.get_mut(&plan.tenant).expect("inserted above");
+        let slot = (0..SLOTS).find(|s| !tenant.slots.contains(s)).ok_or_else(|| OpenError::Full(plan.tenant.clone()))?;
+        tenant.slots.insert(slot);
+        tenant.ledger.claim(slot);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let entry = SessionEntry {
+            id,
+            tenant: plan.tenant.clone(),
+            slot,
+            peer,
+            program,
+            worker_pid: std::process::id(),
+            started: Instant::now(),
+            lane_key,
+            route: Route::Pending,
+        };
+        book.lanes.insert(lane_key, id);
+        book.sessions.insert(id, entry.clone());
+        Ok(entry)
+    }
+
+    /// The session's account in its tenant's ledger.
+    pub fn account(&self, session: &SessionEntry) -> Account {
+        let book = self.lock();
+        let ledger = book.tenants[&session.tenant].ledger.clone();
+        Account::new(ledger, session.slot)
+    }
+
+    /// The ledger of a tenant that has had sessions.
+    pub fn ledger(&self, tenant: &str) -> Option<Arc<Ledger>> {
+        self.lock().tenants.get(tenant).map(|t| t.ledger.clone())
+    }
+
+    /// Records where a session runs.
+    pub fn placed(&self, id: u64, route: Route, worker_pid: u32) {
+        if let Some(s) = self.lock().sessions.get_mut(&id) {
+            s.route = route;
+            s.worker_pid = worker_pid;
+        }
+    }
+
+    /// The live session whose lanes present `key`.
+    pub fn by_lane_key(&self, key: &LaneKey) -> Option<SessionEntry> {
+        let book = self.lock();
+        book.lanes.get(key).and_then(|id| book.sessions.get(id)).cloned()
+    }
+
+    /// Forgets a session whose worker is gone: what it held stops counting
+    /// against its tenant, and its lane key opens nothing any more.
+    pub fn close(&self, id: u64) {
+        let mut book = self.lock();
+        let Some(s) = book.sessions.remove(&id) else { return };
+        book.lanes.remove(&s.lane_key);
+        if let Some(tenant) = book.tenants.get_mut(&s.tenant) {
+            tenant.ended_calls += tenant.ledger.slot(s.slot).calls.load(Ordering::Relaxed);
+            tenant.ledger.release(s.slot);
+            tenant.slots.remove(&s.slot);
+            tenant.ledger.shrink(tenant.slots.iter().copied());
+        }
+    }
+
+    /// Applies a reloaded configuration's settings to a tenant already
+    /// known (live sessions keep their tenant).
+    pub fn update_tenant(&self, plan: &Plan) {
+        if let Some(t) = self.lock().tenants.get_mut(&plan.tenant) {
+            t.ledger.set_limit(plan.memory_limit);
+            t.weight = plan.weight;
+        }
+    }
+
+    /// Every live session, by id.
+    pub fn sessions(&self) -> Vec<SessionEntry> {
+        self.lock().sessions.values().cloned().collect()
+    }
+
+    /// Every tenant that has had a session: `(name, ledger, weight, live
+    /// sessions, calls of ended sessions)`.
+    pub fn tenants(&self) -> Vec<(String, Arc<Ledger>, u32, usize, u64)> {
+        self.lock()
+            .tenants
+            .iter()
+            .map(|(name, t)| (name.clone(), t.ledger.clone(), t.weight, t.slots.len(), t.ended_calls))
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

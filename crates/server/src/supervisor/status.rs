@@ -1,0 +1,276 @@
+//! What `gpuplex status` and the metrics endpoint show: every tenant and
+//! session with what it holds and does, read from the registry and the
+//! ledgers, and rates over the last [`INTERVAL`].
+//!
+//! A guest may ask too, and sees only its own tenant: which programs other
+//! tenants run, and as whom, is theirs. The server's owner sees everything,
+//! and so does whoever can reach the metrics endpoint.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use gpuplex_protocol::{Seq, ServerStatus, ServerSummary, SessionStatus, SessionSummary, TenantStatus};
+
+use super::Supervisor;
+
+/// The window rates are measured over.
+pub const INTERVAL: Duration = Duration::from_secs(5);
+
+/// Who asks.
+pub enum Viewer {
+    Owner,
+    Tenant(String),
+    /// A peer no tenant admits: it sees the server, no sessions.
+    Nobody,
+}
+
+impl Viewer {
+    fn sees(&self, tenant: &str) -> bool {
+        match self {
+            Viewer::Owner => true,
+            Viewer::Tenant(mine) => mine == tenant,
+            Viewer::Nobody => false,
+        }
+    }
+}
+
+/// Rates per session over the last interval, kept by a sampling thread.
+#[derive(Default)]
+pub struct Rates {
+    inner: Mutex<RatesInner>,
+}
+
+#[derive(Default)]
+struct RatesInner {
+    /// Each live session's counters at the last sample.
+    last: HashMap<u64, Sample>,
+    /// Calls per second and busy share of each session over the interval.
+    rates: HashMap<u64, (f32, f32)>,
+    /// Each tenant's calls of sessions ended, at the last sample.
+    at: Option<Instant>,
+}
+
+#[derive(Clone, Copy)]
+struct Sample {
+    calls: u64,
+    samples: u64,
+    busy: u64,
+}
+
+/// Samples every session's counters each [`INTERVAL`] while the supervisor lives.
+pub fn start_sampling(supervisor: Weak<Supervisor>) {
+    let spawned = std::thread::Builder::new().name("gpuplex-rates".into()).spawn(move || loop {
+        std::thread::sleep(INTERVAL);
+        let Some(s) = supervisor.upgrade() else { return };
+        s.rates.sample(&s);
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("status will show no rates: {e}");
+    }
+}
+
+impl Rates {
+    fn sample(&self, supervisor: &Supervisor) {
+        let now = Instant::now();
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let seconds = inner.at.map_or(INTERVAL, |at| now - at).as_secs_f32().max(1e-3);
+        let mut last = HashMap::new();
+        let mut rates = HashMap::new();
+        for session in supervisor.registry.sessions() {
+            let Some(ledger) = supervisor.registry.ledger(&session.tenant) else { continue };
+            let slot = ledger.slot(session.slot);
+            let now = Sample {
+                calls: slot.calls.load(Ordering::Relaxed),
+                samples: slot.samples.load(Ordering::Relaxed),
+                busy: slot.busy_samples.load(Ordering::Relaxed),
+            };
+            let before = inner.last.get(&session.id).copied().unwrap_or(Sample { calls: 0, samples: 0, busy: 0 });
+            let calls = now.calls.saturating_sub(before.calls) as f32 / seconds;
+            let samples = now.samples.saturating_sub(before.samples);
+            let busy = if samples == 0 { 0.0 } else { now.busy.saturating_sub(before.busy) as f32 / samples as f32 };
+            rates.insert(session.id, (calls, busy));
+            last.insert(session.id, now);
+        }
+        *inner = RatesInner { last, rates, at: Some(now) };
+    }
+
+    fn of(&self, session: u64) -> (f32, f32) {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.rates.get(&session).copied().unwrap_or((0.0, 0.0))
+    }
+}
+
+/// The status `viewer` may see.
+pub fn status(supervisor: &Supervisor, viewer: &Viewer) -> ServerStatus {
+    let registry = &supervisor.registry;
+    let mut sessions = Vec::new();
+    let mut per_tenant: HashMap<String, (f32, f32)> = HashMap::new();
+    for s in registry.sessions().into_iter().filter(|s| viewer.sees(&s.tenant)) {
+        let Some(ledger) = registry.ledger(&s.tenant) else { continue };
+        let slot = ledger.slot(s.slot);
+        let (calls_per_second, gpu_busy) = supervisor.rates.of(s.id);
+        let sum = per_tenant.entry(s.tenant.clone()).or_default();
+        sum.0 += calls_per_second;
+        sum.1 += gpu_busy;
+        sessions.push(SessionStatus {
+            id: s.id,
+            tenant: s.tenant.clone(),
+            client_pid: s.peer.pid().unwrap_or(SessionSummary::NO_PID),
+            uid: s.peer.uid().unwrap_or(SessionSummary::NO_UID),
+            peer: s.peer.to_string(),
+            program: s.program.clone(),
+            worker_pid: s.worker_pid,
+            contexts: slot.contexts.load(Ordering::Relaxed),
+            memory_used: slot.memory.load(Ordering::Relaxed),
+            calls: slot.calls.load(Ordering::Relaxed),
+            calls_per_second,
+            gpu_busy,
+            seconds: s.started.elapsed().as_secs(),
+        });
+    }
+    let tenants = registry
+        .tenants()
+        .into_iter()
+        .filter(|(name, ..)| viewer.sees(name))
+        .map(|(name, ledger, weight, live, ended_calls)| {
+            let calls: u64 = sessions.iter().filter(|s| s.tenant == name).map(|s| s.calls).sum();
+            let (calls_per_second, gpu_busy) = per_tenant.get(&name).copied().unwrap_or_default();
+            TenantStatus {
+                sessions: live as u32,
+                memory_used: ledger.used(),
+                memory_limit: ledger.limit(),
+                weight,
+                calls: ended_calls + calls,
+                calls_per_second,
+                gpu_busy,
+                name,
+            }
+        })
+        .collect();
+    let backend = supervisor.backend();
+    ServerStatus {
+        backend: backend.kind.clone(),
+        driver_version: backend.driver_version,
+        devices: Seq(backend.devices.clone()),
+        full: matches!(viewer, Viewer::Owner),
+        uptime_seconds: supervisor.started.elapsed().as_secs(),
+        idle_workers: supervisor.idle_workers(),
+        interval_seconds: INTERVAL.as_secs_f32(),
+        tenants: Seq(tenants),
+        sessions: Seq(sessions),
+    }
+}
+
+/// The summary an older `gpuplex info` asks for, as `viewer` may see it.
+pub fn summary(supervisor: &Supervisor, viewer: &Viewer) -> ServerSummary {
+    let s = status(supervisor, viewer);
+    let sessions = s
+        .sessions
+        .0
+        .into_iter()
+        .map(|t| SessionSummary {
+            id: t.id,
+            pid: t.client_pid,
+            uid: t.uid,
+            program: t.program,
+            contexts: t.contexts,
+            device_bytes: t.memory_used,
+            calls: t.calls,
+            seconds: t.seconds,
+        })
+        .collect();
+    ServerSummary { backend: s.backend, driver_version: s.driver_version, devices: s.devices, sessions: Seq(sessions) }
+}
+
+/// The whole server in Prometheus' text format, names prefixed `gpuplex_`
+/// and labelled by tenant.
+pub fn prometheus(supervisor: &Supervisor) -> String {
+    let s = status(supervisor, &Viewer::Owner);
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
+        let _ = writeln!(out, "# HELP gpuplex_{name} {help}\n# TYPE gpuplex_{name} {kind}");
+        for (labels, value) in rows {
+            let _ = writeln!(out, "gpuplex_{name}{{{labels}}} {value}");
+        }
+    };
+    let tenant = |t: &TenantStatus| format!("tenant=\"{}\"", escape(&t.name));
+    let per_tenant = |f: &dyn Fn(&TenantStatus) -> String| s.tenants.0.iter().map(|t| (tenant(t), f(t))).collect();
+    family("tenant_sessions", "gauge", "Live sessions of the tenant.", per_tenant(&|t| t.sessions.to_string()));
+    family("tenant_memory_bytes", "gauge", "Device memory the tenant's sessions hold.", per_tenant(&|t| t.memory_used.to_string()));
+    family(
+        "tenant_memory_limit_bytes",
+        "gauge",
+        "The tenant's device memory limit (0: none).",
+        per_tenant(&|t| t.memory_limit.to_string()),
+    );
+    family("tenant_weight", "gauge", "The tenant's configured weight.", per_tenant(&|t| t.weight.to_string()));
+    family("tenant_calls_total", "counter", "CUDA calls the tenant's sessions made.", per_tenant(&|t| t.calls.to_string()));
+    family(
+        "tenant_gpu_busy_ratio",
+        "gauge",
+        "Share of the last interval the tenant's work kept a GPU busy.",
+        per_tenant(&|t| format!("{:.4}", t.gpu_busy)),
+    );
+    let session = |t: &SessionStatus| {
+        format!("tenant=\"{}\",session=\"{}\",worker_pid=\"{}\"", escape(&t.tenant), t.id, t.worker_pid)
+    };
+    let per_session =
+        |f: &dyn Fn(&SessionStatus) -> String| s.sessions.0.iter().map(|t| (session(t), f(t))).collect();
+    family("session_memory_bytes", "gauge", "Device memory the session holds.", per_session(&|t| t.memory_used.to_string()));
+    family("session_calls_total", "counter", "CUDA calls the session made.", per_session(&|t| t.calls.to_string()));
+    let _ = writeln!(out, "# HELP gpuplex_idle_workers Worker processes ready for a guest.");
+    let _ = writeln!(out, "# TYPE gpuplex_idle_workers gauge\ngpuplex_idle_workers {}", s.idle_workers);
+    let _ = writeln!(out, "# HELP gpuplex_uptime_seconds Seconds since the server started.");
+    let _ = writeln!(out, "# TYPE gpuplex_uptime_seconds counter\ngpuplex_uptime_seconds {}", s.uptime_seconds);
+    out
+}
+
+/// A label value as Prometheus' text format quotes it.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Serves [`prometheus`] at `/metrics` on `address` (HOST:PORT), on a
+/// thread of its own, until the supervisor is gone. Anyone who can reach
+/// the address sees every tenant: bind it where only the operator can.
+pub fn serve_metrics(supervisor: Weak<Supervisor>, address: &str) -> std::io::Result<std::net::SocketAddr> {
+    let listener = std::net::TcpListener::bind(address)?;
+    let bound = listener.local_addr()?;
+    std::thread::Builder::new().name("gpuplex-metrics".into()).spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let Some(s) = supervisor.upgrade() else { return };
+            let _ = answer_http(stream, &s);
+        }
+    })?;
+    Ok(bound)
+}
+
+/// Answers one HTTP request: `GET /metrics`, or 404. Reads at most a few
+/// KiB under a short deadline, so a stray client holds the thread briefly.
+fn answer_http(mut stream: std::net::TcpStream, supervisor: &Supervisor) -> std::io::Result<()> {
+    use std::io::{Read, Write as _};
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+        match stream.read(&mut buf)? {
+            0 => break,
+            n => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = request.split(|&b| b == b'\n').next().unwrap_or_default();
+    let mut words = line.split(|&b| b == b' ');
+    let (method, path) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+    let (status, kind, body) = if method == b"GET" && (path == b"/metrics" || path.starts_with(b"/metrics?")) {
+        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", prometheus(supervisor))
+    } else {
+        ("404 Not Found", "text/plain; charset=utf-8", "gpuplex serves /metrics only\n".to_owned())
+    };
+    write!(stream, "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())?;
+    stream.flush()
+}
