@@ -357,6 +357,132 @@ fn bogus_arguments_get_clear_errors() {
     assert_eq!(err(c.call(cuMemAlloc_v2::Request { bytesize: 8 })), CuError::INVALID_CONTEXT);
 }
 
+/// `cuMemsetD2D8(p, 0, 0, 0, 1 << 62)`, from a fuzzing run: a memset of
+/// no bytes in 2^62 rows once had the emulated device walk every row with
+/// the device locked, and skipped the check of its destination. An empty
+/// memset is answered at once, for the session's own memory only, and
+/// every other session is answered meanwhile.
+#[test]
+fn an_empty_memset_returns_at_once_and_only_for_the_session_s_memory() {
+    let address = start_server("empty-memset");
+    let mut bystander = Client::connect(&address);
+    let q = bystander.alloc(64);
+    bystander.write(q, &[4; 64]);
+    let mut c = Client::connect(&address);
+    let p = c.alloc(64);
+    c.write(p, &[1; 64]);
+    let memset = |dst: DevPtr, pitch: u64, width: u64, height: u64| Memset::Request {
+        dst,
+        pitch,
+        value: 0,
+        elementSize: 1,
+        width,
+        height,
+        stream: Stream::NULL,
+        sync: true,
+    };
+    let mut c = within(Duration::from_secs(1), move || {
+        c.call(memset(p, 0, 0, 1 << 62)).unwrap();
+        c.call(memset(p, 0, 0, u64::MAX)).unwrap();
+        c.call(memset(p, 1, 64, 0)).unwrap();
+        c.post(memset(p, 0, 0, 1 << 62));
+        assert_eq!(c.read(p, 64), vec![1; 64], "empty memsets set nothing");
+        c
+    });
+    assert_eq!(bystander.read(q, 64), vec![4; 64], "the bystander is answered");
+    // Not the session's memory (the bystander's, nobody's, one past the end
+    // of its own): refused, as a one-byte memset there is.
+    for dst in [q, DevPtr(0), DevPtr(0x1234), DevPtr(p.0 + 64)] {
+        let (code, detail) = c.call_detail(memset(dst, 0, 0, 1 << 62)).err().unwrap();
+        assert_eq!(code, CuError::INVALID_VALUE, "{dst:?}: {detail}");
+    }
+    // Rows that overlap, 2^62 of them: refused, not run.
+    assert_eq!(err(c.call(memset(p, 0, 1, 1 << 62))), CuError::INVALID_VALUE);
+    assert_eq!(c.read(p, 64), vec![1; 64]);
+    assert_eq!(bystander.read(q, 64), vec![4; 64], "the bystander's memory is untouched");
+}
+
+/// Occupancy queries with absurd sizes (an `INT_MAX` block once made the
+/// emulated device divide by zero, ending the session) are answered with a
+/// CUDA error, or with no blocks where the device could launch the block
+/// but the function cannot; the session and the server go on.
+#[test]
+fn absurd_occupancy_queries_get_clean_answers() {
+    let address = start_server("occupancy");
+    let mut bystander = Client::connect(&address);
+    let mut c = Client::connect(&address);
+    // reduce, from sm_90 code with its register count: launch bounds of
+    // 256 threads, 1 KiB of static shared memory.
+    let hmod = c.module(include_bytes!("../testdata/plain.fatbin").to_vec());
+    let func = c.call(cuModuleGetFunction::Request { hmod, name: "reduce".into() }).unwrap().hfunc;
+    let invalid = CuError::INVALID_VALUE;
+
+    let active = |c: &mut Client, block: i32, smem: u64, flags: u32| {
+        let req = cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags::Request {
+            func,
+            blockSize: block,
+            dynamicSMemSize: smem,
+            flags,
+        };
+        c.call(req).map(|r| r.numBlocks)
+    };
+    let fuzzed = cuOccupancyMaxActiveBlocksPerMultiprocessor::Request { func, blockSize: i32::MAX, dynamicSMemSize: 0 };
+    assert_eq!(err(c.call(fuzzed).map(|r| r.numBlocks)), invalid);
+    assert!(active(&mut c, 256, 0, 0).unwrap() > 0);
+    for block in [i32::MAX, 1025, 0, -1, i32::MIN] {
+        assert_eq!(err(active(&mut c, block, 0, 0)), invalid, "{block} threads");
+    }
+    assert_eq!(active(&mut c, 512, 0, 0), Ok(0), "past the function's launch bounds");
+    assert_eq!(active(&mut c, 256, u64::MAX, 0), Ok(0), "more shared memory than any block has");
+    assert_eq!(err(active(&mut c, 256, 0, u32::MAX)), invalid, "unknown flags");
+
+    let available = |c: &mut Client, blocks: i32, block: i32| {
+        let req = cuOccupancyAvailableDynamicSMemPerBlock::Request { func, numBlocks: blocks, blockSize: block };
+        c.call(req).map(|r| r.dynamicSmemSize)
+    };
+    assert!(available(&mut c, 1, 256).unwrap() > 0);
+    for (blocks, block) in [(i32::MAX, i32::MAX), (1, i32::MAX), (i32::MIN, 256), (1, -256), (1, 512), (1000, 32)] {
+        assert_eq!(err(available(&mut c, blocks, block)), invalid, "{blocks} blocks of {block} threads");
+    }
+
+    let potential = |c: &mut Client, smem: u64, limit: i32, flags: u32| {
+        let req = OccupancyMaxPotentialBlockSize::Request { func, dynamicSMemSize: smem, blockSizeLimit: limit, flags };
+        c.call(req).map(|r| (r.minGridSize, r.blockSize))
+    };
+    assert_eq!(potential(&mut c, u64::MAX, 0, 0), Ok((0, 0)), "no block size fits");
+    assert_eq!(potential(&mut c, 0, i32::MIN, 0).unwrap().1, 256);
+    assert_eq!(potential(&mut c, 0, i32::MAX, 0).unwrap().1, 256);
+    assert_eq!(err(potential(&mut c, 0, 0, u32::MAX)), invalid);
+
+    let clusters = |c: &mut Client, block: u32, dims: [u32; 3]| {
+        let mut attrs = 4u32.to_le_bytes().to_vec();
+        attrs.extend(dims.iter().flat_map(|d| d.to_le_bytes()));
+        attrs.resize(4 + 64, 0);
+        let req = OccupancyClusters::Request {
+            query: 0,
+            func,
+            gridX: 8,
+            gridY: 1,
+            gridZ: 1,
+            blockX: block,
+            blockY: 1,
+            blockZ: 1,
+            sharedMem: 0,
+            stream: Stream::NULL,
+            attrs,
+        };
+        c.call(req).map(|r| r.value)
+    };
+    assert!(clusters(&mut c, 256, [2, 1, 1]).unwrap() > 0);
+    for dims in [[u32::MAX; 3], [65536, 65536, 1], [0, 1, 1]] {
+        assert_eq!(clusters(&mut c, 256, dims), Ok(0), "{dims:?}");
+    }
+    assert_eq!(err(clusters(&mut c, u32::MAX, [1, 1, 1])), invalid);
+
+    c.alloc(64);
+    bystander.alloc(64);
+}
+
 #[test]
 fn module_functions_are_the_handles_get_function_gives() {
     let address = start_server("modfuncs");
@@ -700,6 +826,97 @@ fn staging_needs_shared_memory() {
     assert_eq!(err(c.call(StagingWait::Request { slot: 0 })), CuError::INVALID_VALUE);
 }
 
+/// A staged copy of no bytes where the staging area ends (block 0, offset
+/// 16 MiB) once indexed a ninth slot of eight and killed its session. It
+/// is an empty range, copied as nothing; a byte there, offsets past it and
+/// slots that do not exist are CUDA errors; the session and the server go on.
+#[test]
+fn staged_copies_at_and_past_the_staging_area_s_end_are_answered_cleanly() {
+    let address = start_server("staged-edges");
+    let mut bystander = Client::connect(&address);
+    let q = bystander.alloc(64);
+    let mut c = Client::connect(&address);
+    let (_region, layout) = c.share_memory();
+    let staging = layout.slot_bytes * layout.slots as u64;
+    let p = c.alloc(64);
+    let dtoh = |src: DevPtr, offset: u64, size: u64| MemcpyDtoHShared::Request {
+        block: 0,
+        offset,
+        src,
+        size,
+        stream: Stream::NULL,
+        sync: true,
+    };
+    let htod = |dst: DevPtr, offset: u64, size: u64| MemcpyHtoDShared::Request {
+        dst,
+        block: 0,
+        offset,
+        size,
+        stream: Stream::NULL,
+        sync: true,
+    };
+    c.call(dtoh(p, staging, 0)).unwrap();
+    c.call(htod(p, staging, 0)).unwrap();
+    for (offset, size) in [(staging, 1), (staging - 1, 2), (staging + 1, 0), (u64::MAX, 0), (u64::MAX, 1)] {
+        assert_eq!(err(c.call(dtoh(p, offset, size))), CuError::INVALID_VALUE, "{size} bytes at {offset}");
+        assert_eq!(err(c.call(htod(p, offset, size))), CuError::INVALID_VALUE, "{size} bytes at {offset}");
+    }
+    for slot in [layout.slots, u32::MAX] {
+        assert_eq!(err(c.call(StagingWait::Request { slot })), CuError::INVALID_VALUE, "slot {slot}");
+    }
+    // No bytes, but to and from memory the session does not hold.
+    assert_eq!(err(c.call(dtoh(q, 0, 0))), CuError::INVALID_VALUE);
+    assert_eq!(err(c.call(htod(DevPtr(0x1234), 0, 0))), CuError::INVALID_VALUE);
+    c.write(p, &[6; 64]);
+    assert_eq!(c.read(p, 64), vec![6; 64]);
+    bystander.alloc(64);
+}
+
+/// Random blocks, offsets, sizes and slots for the shared-memory copies
+/// and `StagingWait`, weighted towards the edges of slots, of the staging
+/// area and of a host block: each call is answered, with success or
+/// INVALID_VALUE, and the session goes on.
+#[test]
+fn random_shared_copies_never_hurt_the_server() {
+    let address = start_server("shared-fuzz");
+    let mut c = Client::connect(&address);
+    let (_region, layout) = c.share_memory();
+    let host = c.call(HostAlloc::Request { size: 1 << 16, flags: 0, at: 0 }).unwrap();
+    let _block = Region::open(c.carrier.recv_fd().unwrap()).unwrap();
+    let (slot, slots) = (layout.slot_bytes, layout.slots);
+    let staging = slot * slots as u64;
+    // Room for any staged copy and a host block's, so that the device
+    // range passes and the host range is what is checked.
+    let p = c.alloc(2 * staging);
+    let block = prop_oneof![Just(0), Just(host.block), Just(host.block + 1), any::<u64>()];
+    let edge = (0..=slots as u64 + 1, -2i64..=2).prop_map(move |(k, d)| (k * slot).wrapping_add_signed(d));
+    let offset = prop_oneof![edge, Just(staging), Just(1 << 16), 0..=staging + 2, any::<u64>()];
+    let size = prop_oneof![Just(0), Just(1), Just(slot), 0..=2 * slot, Just(1 << 16), any::<u64>()];
+    let wait = prop_oneof![0..=slots + 1, any::<u32>()];
+    let cases = (block, offset, size, wait, any::<bool>());
+    let c = std::cell::RefCell::new(c);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 256, ..ProptestConfig::default() });
+    let outcome = runner.run(&cases, |(block, offset, size, slot, to_device)| {
+        let mut c = c.borrow_mut();
+        let stream = Stream::NULL;
+        let copied = if to_device {
+            let req = MemcpyHtoDShared::Request { dst: p, block, offset, size, stream, sync: false };
+            c.call(req).map(|_| ())
+        } else {
+            let req = MemcpyDtoHShared::Request { block, offset, src: p, size, stream, sync: false };
+            c.call(req).map(|_| ())
+        };
+        prop_assert!(matches!(copied, Ok(()) | Err(CuError::INVALID_VALUE)), "{copied:?}");
+        let waited = c.call(StagingWait::Request { slot }).map(|_| ());
+        prop_assert!(matches!(waited, Ok(()) | Err(CuError::INVALID_VALUE)), "{waited:?}");
+        prop_assert!(c.free_memory() > 0);
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}");
+    }
+}
+
 #[test]
 fn host_blocks_are_shared_until_freed() {
     let address = start_server("host-blocks");
@@ -982,15 +1199,22 @@ fn large_copies_cross_the_lanes_and_failures_keep_them_in_step() {
     assert_eq!(lanes_dtoh(&mut c, &lanes, p, 6, size).0, Ok(other));
 }
 
-/// Runs `test` on a thread of its own and fails if it takes 30 s: a session
-/// waiting for a chunk that cannot come would hang, not fail.
-fn within_30_s(test: impl FnOnce() + Send + 'static) {
+/// Runs `test` on a thread of its own and fails if it takes longer than
+/// `limit`: a call the server never answers would hang, not fail.
+fn within<T: Send + 'static>(limit: Duration, test: impl FnOnce() -> T + Send + 'static) -> T {
     let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        test();
-        done.send(()).unwrap();
-    });
-    finished.recv_timeout(Duration::from_secs(30)).expect("the copy should finish within 30 s");
+    std::thread::spawn(move || done.send(test()).unwrap());
+    match finished.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("the test did not finish within {limit:?}"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the test failed"),
+    }
+}
+
+/// As [`within`], for copies a session waiting for a chunk that cannot
+/// come would hang.
+fn within_30_s(test: impl FnOnce() + Send + 'static) {
+    within(Duration::from_secs(30), test)
 }
 
 /// Lanes run by threads of their own, as the client's are, one of them

@@ -67,13 +67,23 @@ pub struct Memset {
 }
 
 impl Memset {
+    /// Whether the memset sets no byte at all. Sessions answer such a memset
+    /// themselves, so backends never see one.
+    pub fn is_empty(&self) -> bool {
+        self.width == 0 || self.height == 0
+    }
+
+    /// The bytes one row sets.
+    pub fn row_bytes(&self) -> Option<u64> {
+        self.width.checked_mul(self.element_size as u64)
+    }
+
     /// The bytes from `dst` the memset may touch.
     pub fn extent(&self) -> Option<u64> {
-        if self.height == 0 || self.width == 0 {
+        if self.is_empty() {
             return Some(0);
         }
-        let row = self.width.checked_mul(self.element_size as u64)?;
-        self.pitch.checked_mul(self.height - 1)?.checked_add(row)
+        self.pitch.checked_mul(self.height - 1)?.checked_add(self.row_bytes()?)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The session's side of every call in the table: translate client handles
 //! through the session's tables, check device ranges and sizes, then call
-//! the backend. Nothing reaches the backend unchecked.
+//! the backend. Nothing reaches the backend unchecked. A copy or memset of
+//! no bytes is checked as any other, then answered without the backend.
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{Api, CallError, Ctx, CuError, DevPtr, Event, Func, Seq, Stream, MAX_PAYLOAD};
@@ -461,6 +462,9 @@ impl Api for Session {
     fn MemcpyHtoD(&mut self, req: MemcpyHtoD::Request) -> R<MemcpyHtoD::Reply> {
         self.tables.check_range(req.dst.0, req.data.len() as u64)?;
         let (ctx, stream) = self.stream(req.stream)?;
+        if req.data.is_empty() {
+            return Ok(MemcpyHtoD::Reply {});
+        }
         self.backend.memcpy_htod(ctx, req.dst.0, &req.data, stream, req.sync)?;
         Ok(MemcpyHtoD::Reply {})
     }
@@ -473,6 +477,9 @@ impl Api for Session {
         self.tables.check_range(req.src.0, req.size)?;
         let (ctx, stream) = self.stream(req.stream)?;
         let len = req.size as usize;
+        if len == 0 {
+            return Ok(MemcpyDtoH::Reply { data: Vec::new() });
+        }
         if let Some(pinned) = self.scratch.pinned(&*self.backend, ctx, len) {
             self.backend.memcpy_dtoh(ctx, pinned, req.src.0, stream)?;
             return Ok(MemcpyDtoH::Reply { data: pinned.to_vec() });
@@ -486,6 +493,9 @@ impl Api for Session {
         self.tables.check_range(req.dst.0, req.size)?;
         self.tables.check_range(req.src.0, req.size)?;
         let (ctx, stream) = self.stream(req.stream)?;
+        if req.size == 0 {
+            return Ok(MemcpyDtoD::Reply {});
+        }
         self.backend.memcpy_dtod(ctx, req.dst.0, req.src.0, req.size, stream, req.sync)?;
         Ok(MemcpyDtoD::Reply {})
     }
@@ -514,6 +524,9 @@ impl Api for Session {
         self.tables.check_range(req.dst.0, req.size)?;
         let (ctx, stream) = self.stream(req.stream)?;
         let host = self.shared.range(&*self.backend, ctx, req.block, req.offset, req.size)?;
+        if req.size == 0 {
+            return Ok(MemcpyHtoDShared::Reply {});
+        }
         // SAFETY: a checked range of a registered block the session holds.
         unsafe { self.backend.memcpy_htod_host(ctx, req.dst.0, host.ptr, req.size as usize, stream, req.sync) }?;
         if let Some(slot) = host.slot {
@@ -526,6 +539,9 @@ impl Api for Session {
         self.tables.check_range(req.src.0, req.size)?;
         let (ctx, stream) = self.stream(req.stream)?;
         let host = self.shared.range(&*self.backend, ctx, req.block, req.offset, req.size)?;
+        if req.size == 0 {
+            return Ok(MemcpyDtoHShared::Reply {});
+        }
         // SAFETY: as above.
         unsafe { self.backend.memcpy_dtoh_host(ctx, host.ptr, req.src.0, req.size as usize, stream, req.sync) }?;
         if let Some(slot) = host.slot {
@@ -570,8 +586,13 @@ impl Api for Session {
             return Err(invalid("pitch is narrower than a row"));
         }
         let extent = op.extent().ok_or_else(|| invalid("memset extent overflows"))?;
+        // An empty memset's destination is checked too (`check_range`);
+        // then it is answered here, however many empty rows it names.
         self.tables.check_range(req.dst.0, extent)?;
         let (ctx, stream) = self.stream(req.stream)?;
+        if op.is_empty() {
+            return Ok(Memset::Reply {});
+        }
         self.backend.memset(ctx, &op, stream, req.sync)?;
         Ok(Memset::Reply {})
     }

@@ -172,36 +172,44 @@ impl Shared {
     ) -> Result<HostRange, CallError> {
         let fail = || invalid(format!("{len} bytes at offset {offset} are outside host block {id}"));
         let end = offset.checked_add(len).ok_or_else(fail)?;
-        let (base, size, slot) = if id == STAGING {
+        let (base, slot) = if id == STAGING {
             let c = self.connection.as_mut().ok_or_else(|| invalid("no staging without shared memory"))?;
+            if end > (SLOT_BYTES * SLOTS) as u64 {
+                return Err(fail());
+            }
+            // A staged copy stays inside one slot, so that one event covers
+            // it; an empty range holds no byte of any slot (it may start
+            // where the last slot ends), so it has none.
+            let slot = (offset / SLOT_BYTES as u64) as usize;
+            let slot = match len {
+                0 => None,
+                _ if (end - 1) / SLOT_BYTES as u64 == slot as u64 => Some(slot),
+                _ => return Err(fail()),
+            };
             // SAFETY: the staging area lies inside the region (layout).
             let staging = unsafe { c.region.as_ptr().add(c.staging) };
             // SAFETY: the region stays mapped until teardown, which
             // unregisters it first.
             unsafe { register_once(backend, ctx, &mut c.registered, staging, SLOT_BYTES * SLOTS) }?;
-            let slot = (offset / SLOT_BYTES as u64) as usize;
-            // A staged copy stays inside one slot, so that one event covers it.
-            if len > 0 && (end - 1) / SLOT_BYTES as u64 != slot as u64 {
-                return Err(fail());
-            }
-            (staging, (SLOT_BYTES * SLOTS) as u64, Some(slot))
+            (staging, slot)
         } else {
             let b = self.blocks.get_mut(&id).ok_or_else(|| invalid(format!("no host block {id}")))?;
+            if end > b.region.len() as u64 {
+                return Err(fail());
+            }
             // SAFETY: the block stays mapped until it is unregistered.
             unsafe { register_once(backend, ctx, &mut b.registered, b.region.as_ptr(), b.region.len()) }?;
-            (b.region.as_ptr(), b.region.len() as u64, None)
+            (b.region.as_ptr(), None)
         };
-        if end > size {
-            return Err(fail());
-        }
-        // SAFETY: `offset + len <= size` of a live mapping.
+        // SAFETY: `offset + len` is at most the size of a live mapping.
         Ok(HostRange { ptr: unsafe { base.add(offset as usize) }, slot })
     }
 
     /// Records, after a staged copy in `stream`, the event that frees `slot`.
     pub fn mark_slot(&mut self, backend: &dyn Backend, slot: usize, ctx: Obj, stream: Obj) -> Result<(), CallError> {
         let c = self.connection.as_mut().ok_or_else(|| invalid("no staging without shared memory"))?;
-        let event = match c.slot_events[slot] {
+        let held = c.slot_events.get(slot).ok_or_else(|| invalid(format!("no staging slot {slot}")))?;
+        let event = match *held {
             Some((ev_ctx, ev)) if ev_ctx == ctx => ev,
             old => {
                 if let Some((ev_ctx, ev)) = old {
@@ -265,5 +273,57 @@ impl Shared {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::emulated::Emulated;
+
+    /// Whatever block, offset and length a client names, the answer is a
+    /// range inside that block (a non-empty staged one with the slot it
+    /// lies in, which can be marked) or INVALID_VALUE, never a panic.
+    #[test]
+    fn every_named_range_is_inside_its_block_or_refused() {
+        let backend = Emulated::new();
+        let ctx = backend.ctx_create(0, 0).unwrap();
+        let mut shared = Shared::new();
+        shared.connect().unwrap();
+        let block_bytes = 8192u64;
+        let block = shared.alloc(&backend, ctx, block_bytes, 0).unwrap().0;
+        let (slot, staging) = (SLOT_BYTES as u64, (SLOT_BYTES * SLOTS) as u64);
+        let offsets = [0, 1, slot - 1, slot, staging - 1, staging, staging + 1, block_bytes, u64::MAX - 1, u64::MAX];
+        let lens = [0, 1, 2, block_bytes, slot - 1, slot, slot + 1, staging, u64::MAX];
+        for id in [STAGING, block, block + 1] {
+            let size = if id == STAGING { staging } else { block_bytes };
+            for offset in offsets {
+                for len in lens {
+                    let what = format!("block {id}, {len} bytes at {offset}");
+                    let range = match shared.range(&backend, ctx, id, offset, len) {
+                        Ok(range) => range,
+                        Err(e) => {
+                            assert_eq!(e.code, CuError::INVALID_VALUE, "{what}");
+                            continue;
+                        }
+                    };
+                    assert!(id != block + 1 && offset.checked_add(len).is_some_and(|end| end <= size), "{what}");
+                    match range.slot {
+                        Some(s) => {
+                            assert!(id == STAGING && len > 0, "{what}");
+                            assert!(offset / slot == s as u64 && (offset + len - 1) / slot == s as u64, "{what}");
+                            shared.mark_slot(&backend, s, ctx, Obj(0)).unwrap();
+                        }
+                        None => assert!(id != STAGING || len == 0, "{what}"),
+                    }
+                }
+            }
+        }
+        // Where the fuzzer found a panic: no bytes, just past the last slot.
+        assert_eq!(shared.range(&backend, ctx, STAGING, staging, 0).unwrap().slot, None);
+        assert_eq!(shared.range(&backend, ctx, STAGING, staging - 1, 1).unwrap().slot, Some(SLOTS - 1));
+        assert_eq!(shared.mark_slot(&backend, SLOTS, ctx, Obj(0)).unwrap_err().code, CuError::INVALID_VALUE);
+        assert_eq!(shared.wait_slot(&backend, SLOTS as u32).unwrap_err().code, CuError::INVALID_VALUE);
+        shared.teardown(&backend);
     }
 }

@@ -248,11 +248,11 @@ impl Tables {
 
     /// Checks that `[ptr, ptr + len)` lies inside one region of the session.
     /// This is what keeps a session's copies away from memory it does not
-    /// own, even though device addresses are real.
+    /// own, even though device addresses are real. An empty range must still
+    /// start inside one: whether the driver looks at the pointer of a call
+    /// that moves no bytes is not documented, so such a pointer is held to
+    /// the rule for one byte (and the call is answered without the driver).
     pub fn check_range(&self, ptr: u64, len: u64) -> Result<(), CallError> {
-        if len == 0 {
-            return Ok(());
-        }
         let fail =
             || CallError::new(CuError::INVALID_VALUE, format!("{len} bytes at {ptr:#x} are not inside one allocation"));
         let (base, r) = self.region_containing(ptr).ok_or_else(fail)?;
@@ -362,6 +362,10 @@ mod tests {
         assert!(t.check_range(0x1200, 1).is_err());
         assert!(t.check_range(u64::MAX, 2).is_err());
         assert!(t.check_range(0x1000, u64::MAX).is_err());
+        assert!(t.check_range(0x1080, 0).is_ok(), "empty, inside an allocation");
+        assert!(t.check_range(0x5000, 0).is_err(), "empty, yet outside every allocation");
+        assert!(t.check_range(0x1200, 0).is_err(), "empty, one past the end");
+        assert!(t.check_range(0, 0).is_err(), "empty at NULL");
         assert_eq!(t.region_containing(0x1150).unwrap().0, 0x1100);
     }
 }

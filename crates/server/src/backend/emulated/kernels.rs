@@ -79,6 +79,24 @@ pub fn lookup(name: &str) -> Option<ReferenceKernel> {
 /// Elements a reference kernel holds in host memory at once.
 const CHUNK: u64 = 1 << 16;
 
+/// Threads a reference runs one after another through the same few loads
+/// and stores, at most. Their number is the grid's, which the guest picks
+/// independently of the memory touched (up to 2^42 on this device), and the
+/// device is locked while a kernel runs: past this a launch is refused with
+/// NOT_SUPPORTED, as a shape the reference does not cover.
+const MAX_SERIAL_THREADS: u64 = 1024;
+
+/// Multiply-adds (or stores, where `wA < 16`) one `matrixMul` launch may ask
+/// of its reference: the grid and `wA` are the guest's to pick, and with
+/// `wB == 0` every row rereads and rewrites the same memory, so the memory
+/// it holds bounds nothing. The test program's product takes under 2^20.
+const MAX_PRODUCT: u64 = 1 << 28;
+
+/// The threads that share each x index, if the reference may run them in turn.
+fn serial_threads(k: &KernelLaunch<'_>) -> Result<u64, CuError> {
+    Some(k.threads_per_x()).filter(|&n| n <= MAX_SERIAL_THREADS).ok_or(CuError::NOT_SUPPORTED)
+}
+
 impl KernelLaunch<'_> {
     /// The bytes of parameter `i`, which must be exactly `N` bytes long.
     pub fn param<const N: usize>(&self, i: usize) -> Result<[u8; N], CuError> {
@@ -232,12 +250,13 @@ fn spin(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError>
 /// `out[0]` which of the passed addresses match them; the reference can only
 /// use the addresses, and reports them all matching (7). Every load and store
 /// happens in the kernel's order, so aliasing arguments behave as on the GPU.
+/// At most [`MAX_SERIAL_THREADS`] such threads.
 fn update_globals(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
     let (counter, table, uninit, out) = (k.ptr_param(0)?, k.ptr_param(1)?, k.ptr_param(2)?, k.ptr_param(3)?);
     if k.threads_x() == 0 {
         return Ok(());
     }
-    for _ in 0..k.threads_per_x() {
+    for _ in 0..serial_threads(k)? {
         write_i32(mem, out, 7)?;
         for i in 0..8 {
             let product = read_i32(mem, element(table, i, 4)?)?.wrapping_mul(read_i32(mem, counter)?);
@@ -258,7 +277,8 @@ fn update_globals(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<()
 /// `struct Pod { int a; double b; char c[5]; }` (24 bytes: a at 0, b at 8, c
 /// at 16): every thread with `blockIdx.x == 0 && threadIdx.x == 0` stores
 /// each value received as one 64-bit slot of `out`, in parameter order, then
-/// `*f` as float bits and `*ip` sign-extended.
+/// `*f` as float bits and `*ip` sign-extended. At most [`MAX_SERIAL_THREADS`]
+/// such threads.
 fn mixed_params(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
     let pod: [u8; 24] = k.param(4)?;
     let pod_a = i32::from_le_bytes(pod[0..4].try_into().expect("4 bytes"));
@@ -281,7 +301,7 @@ fn mixed_params(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), 
     if k.threads_x() == 0 {
         return Ok(());
     }
-    for _ in 0..k.threads_per_x() {
+    for _ in 0..serial_threads(k)? {
         write_u64s(mem, out, &slots)?;
         let f_bits = read_f32s(mem, f, 1)?[0].to_bits();
         write_u64s(mem, element(out, 10, 8)?, &[f_bits as u64])?;
@@ -441,7 +461,8 @@ fn scale_add(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuE
 /// 16x16 tiles: launched with 16x16 blocks over a 2-D grid, the thread at
 /// `(row, col)` stores `C[row * wB + col]`, the sum over `k < 16 * (wA / 16)`
 /// of `A[row * wA + k] * B[k * wB + col]`, accumulated in order with fused
-/// multiply-adds as the GPU does.
+/// multiply-adds as the GPU does. A product of more than [`MAX_PRODUCT`]
+/// steps is NOT_SUPPORTED.
 fn matrix_mul(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
     const TILE: u32 = 16;
     if k.block != [TILE, TILE, 1] || k.grid[2] != 1 {
@@ -455,6 +476,9 @@ fn matrix_mul(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), Cu
     let (wa, wb) = (wa as u64, wb as u64);
     let depth = wa / TILE as u64 * TILE as u64;
     let (rows, cols) = (k.grid[1] as u64 * TILE as u64, k.grid[0] as u64 * TILE as u64);
+    if rows.saturating_mul(cols).saturating_mul(depth.max(1)) > MAX_PRODUCT {
+        return Err(CuError::NOT_SUPPORTED);
+    }
     for row in 0..rows {
         let mut col0 = 0;
         while col0 < cols {
@@ -847,6 +871,38 @@ mod tests {
     }
 
     #[test]
+    fn kernels_that_repeat_per_thread_refuse_huge_grids_at_once() {
+        let mut mem = FlatMemory(vec![0; 256]);
+        let p = BASE.to_le_bytes();
+        let (buf, layout) = pack(&[(&p, 8), (&p, 8), (&p, 8), (&p, 8)]);
+        let mut k = launch(1, 1, &buf, &layout);
+        k.grid = [1, 65535, 65535];
+        k.block = [1, 1024, 64];
+        let start = std::time::Instant::now();
+        assert_eq!(update_globals(&k, &mut mem), Err(CuError::NOT_SUPPORTED));
+        let pod = [0u8; 24];
+        let (buf, layout) = pack(&[
+            (&[0], 1),
+            (&[0; 2], 2),
+            (&[0; 4], 4),
+            (&[0; 8], 8),
+            (&pod, 8),
+            (&p, 8),
+            (&p, 8),
+            (&[0; 8], 8),
+            (&p, 8),
+        ]);
+        let mut k = launch(1, 1, &buf, &layout);
+        k.grid = [1, 65535, 65535];
+        assert_eq!(mixed_params(&k, &mut mem), Err(CuError::NOT_SUPPORTED));
+        assert!(start.elapsed() < std::time::Duration::from_secs(1), "{:?}", start.elapsed());
+        // As many threads as one block holds still run, each in turn.
+        k.grid = [1, 1, 1];
+        k.block = [1, 32, 32];
+        mixed_params(&k, &mut mem).unwrap();
+    }
+
+    #[test]
     fn mixed_params_echoes_every_parameter() {
         let mut mem = FlatMemory(vec![0; 8 + 96]);
         let (f, ip, out) = (BASE, BASE + 4, BASE + 8);
@@ -948,6 +1004,14 @@ mod tests {
             }
         }
         k.block = [8, 8, 1];
+        assert_eq!(matrix_mul(&k, &mut mem), Err(CuError::NOT_SUPPORTED));
+        // 2^20 blocks over 16 rows of C, each rereading one row of B 2^24
+        // times (wB = 0): refused before any memory is read (given the
+        // memory, the product would take hours).
+        let (pwa, pwb) = (int(1 << 24), int(0));
+        let (buf, layout) = pack(&[(&pc.0, 8), (&pa.0, 8), (&pb.0, 8), (&pwa.0, 4), (&pwb.0, 4)]);
+        let mut k = launch(1 << 20, 16, &buf, &layout);
+        k.block = [16, 16, 1];
         assert_eq!(matrix_mul(&k, &mut mem), Err(CuError::NOT_SUPPORTED));
     }
 

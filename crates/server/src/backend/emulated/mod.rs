@@ -73,12 +73,17 @@ impl Function {
         Function { ctx, kernel, max_dynamic_shared, carveout: -1, cluster: [0; 5] }
     }
 
+    /// The most threads a block of this function may have: its launch
+    /// bounds, within the device's limit.
+    fn max_threads(&self) -> u32 {
+        self.kernel.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK).min(device::MAX_THREADS_PER_BLOCK)
+    }
+
     /// `cuFuncGetAttribute`.
     fn attribute(&self, attr: i32) -> BResult<i32> {
         let k = &self.kernel;
         Ok(match attr {
-            0 => k.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK).min(device::MAX_THREADS_PER_BLOCK)
-                as i32,
+            0 => self.max_threads() as i32,
             1 => k.shared_bytes as i32,
             4 => k.registers as i32,
             5 | 6 => 90,
@@ -93,7 +98,10 @@ impl Function {
     /// `cuFuncSetAttribute`: the settable attributes.
     fn set_attribute(&mut self, attr: i32, value: i32) -> BResult<()> {
         match attr {
-            8 if value >= 0 && value as u32 + self.kernel.shared_bytes <= device::SHARED_PER_BLOCK_OPTIN => {
+            // In u64: an image may declare any static size.
+            8 if value >= 0
+                && value as u64 + self.kernel.shared_bytes as u64 <= device::SHARED_PER_BLOCK_OPTIN as u64 =>
+            {
                 self.max_dynamic_shared = value
             }
             9 if (-1..=100).contains(&value) => self.carveout = value,
@@ -272,9 +280,9 @@ impl State {
     fn check_launch(&self, f: &Function, launch: &Launch) -> BResult<()> {
         let bad = |what: String| Err(err(CuError::INVALID_VALUE, what));
         let threads: u64 = launch.block.iter().map(|&d| d as u64).product();
-        let limit =
-            f.kernel.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK).min(device::MAX_THREADS_PER_BLOCK);
-        if launch.block.iter().zip(device::MAX_BLOCK).any(|(&d, max)| d == 0 || d > max) || threads > limit as u64 {
+        if launch.block.iter().zip(device::MAX_BLOCK).any(|(&d, max)| d == 0 || d > max)
+            || threads > f.max_threads() as u64
+        {
             return bad(format!("block {:?} exceeds the device's limits", launch.block));
         }
         if launch.grid.iter().zip(device::MAX_GRID).any(|(&d, max)| d == 0 || d > max) {
@@ -301,17 +309,35 @@ impl State {
     }
 }
 
-fn occupancy(f: &Function, block: i32, smem: u64) -> i32 {
-    if block <= 0 {
-        return 0;
+/// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`, the one flag occupancy queries take.
+const OCCUPANCY_FLAGS: u32 = 0x1;
+
+fn check_occupancy_flags(flags: u32) -> BResult<()> {
+    if flags & !OCCUPANCY_FLAGS != 0 {
+        return Err(err(CuError::INVALID_VALUE, format!("occupancy flags {flags:#x}")));
     }
-    let warps_per_block = (block as u32).div_ceil(32);
-    let by_threads = device::THREADS_PER_SM / (warps_per_block * 32);
+    Ok(())
+}
+
+/// Blocks of `block` threads with `smem` bytes of dynamic shared memory each
+/// that fit on one multiprocessor, counted as CUDA's occupancy calculator
+/// (`cuda_occupancy.h`) counts them. A block size no launch on this device
+/// can have is INVALID_VALUE; one the function cannot launch with (past its
+/// launch bounds, or with more dynamic shared memory than it may use) fits
+/// no block. Counted in u64: sizes come from the guest, and so do the
+/// registers and static shared memory of its images.
+fn occupancy(f: &Function, block: i32, smem: u64) -> BResult<u32> {
+    let threads = u32::try_from(block).ok().filter(|t| (1..=device::MAX_THREADS_PER_BLOCK).contains(t));
+    let threads = threads.ok_or_else(|| err(CuError::INVALID_VALUE, format!("a block of {block} threads")))?;
+    if threads > f.max_threads() || smem > f.max_dynamic_shared as u64 {
+        return Ok(0);
+    }
+    let warp_threads = threads.div_ceil(32) as u64 * 32;
+    let by_threads = device::THREADS_PER_SM as u64 / warp_threads;
     let shared = f.kernel.shared_bytes as u64 + smem;
-    let by_shared = (device::SHARED_PER_SM as u64).checked_div(shared).map_or(u32::MAX, |n| n as u32);
-    let regs = f.kernel.registers.max(1) * warps_per_block * 32;
-    let by_regs = device::REGISTERS_PER_SM / regs;
-    device::BLOCKS_PER_SM.min(by_threads).min(by_shared).min(by_regs) as i32
+    let by_shared = (device::SHARED_PER_SM as u64).checked_div(shared).unwrap_or(u64::MAX);
+    let by_regs = device::REGISTERS_PER_SM as u64 / (f.kernel.registers.max(1) as u64 * warp_threads);
+    Ok(by_threads.min(by_shared).min(by_regs).min(device::BLOCKS_PER_SM as u64) as u32)
 }
 
 /// Fills `bytes` (a whole number of elements) with `element` repeated, by
@@ -435,7 +461,7 @@ impl Backend for Emulated {
         if width == 0 || height == 0 || ![4, 8, 16].contains(&element_size) {
             return Err(CuError::INVALID_VALUE.into());
         }
-        let pitch = width.next_multiple_of(512);
+        let pitch = width.checked_next_multiple_of(512).ok_or(CuError::INVALID_VALUE)?;
         let size = pitch.checked_mul(height).ok_or(CuError::INVALID_VALUE)?;
         Ok((self.mem_alloc(ctx, size)?, pitch))
     }
@@ -468,15 +494,34 @@ impl Backend for Emulated {
         Ok(())
     }
 
+    /// The work is bounded by the bytes set: an empty memset returns at once
+    /// whatever its height, and rows may not overlap, so there are never
+    /// more rows than bytes. The whole extent is found before any row is
+    /// set, so a refused memset sets nothing.
     fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, _sync: bool) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
+        if ![1, 2, 4].contains(&op.element_size) {
+            return Err(err(CuError::INVALID_VALUE, format!("{}-byte memset elements", op.element_size)));
+        }
+        if op.is_empty() {
+            return Ok(());
+        }
         let element = op.value.to_le_bytes();
         let element = &element[..op.element_size as usize];
-        let row_bytes = op.width * op.element_size as u64;
-        for row in 0..op.height {
-            let start = op.dst + row * op.pitch;
-            fill(s.memory.slice_mut(start, row_bytes).ok_or(CuError::INVALID_VALUE)?, element);
+        let row = op.row_bytes().ok_or(CuError::INVALID_VALUE)?;
+        if op.height > 1 && op.pitch < row {
+            return Err(err(CuError::INVALID_VALUE, "memset rows overlap"));
+        }
+        let extent = op.extent().ok_or(CuError::INVALID_VALUE)?;
+        let bytes = s.memory.slice_mut(op.dst, extent).ok_or(CuError::INVALID_VALUE)?;
+        if op.height == 1 || op.pitch == row {
+            fill(bytes, element);
+        } else {
+            // `pitch > row >= 1` and the extent fits a block: `height` is below its size.
+            for start in (0..bytes.len()).step_by(op.pitch as usize) {
+                fill(&mut bytes[start..start + row as usize], element);
+            }
         }
         Ok(())
     }
@@ -715,20 +760,23 @@ impl Backend for Emulated {
         Ok(())
     }
 
-    fn occupancy_max_active_blocks(&self, _ctx: Obj, func: Obj, block: i32, smem: u64, _flags: u32) -> BResult<i32> {
+    fn occupancy_max_active_blocks(&self, _ctx: Obj, func: Obj, block: i32, smem: u64, flags: u32) -> BResult<i32> {
+        check_occupancy_flags(flags)?;
         let s = self.state();
-        Ok(occupancy(s.function(func)?, block, smem))
+        Ok(occupancy(s.function(func)?, block, smem)? as i32)
     }
 
-    fn occupancy_available_smem(&self, _ctx: Obj, func: Obj, blocks: i32, _block: i32) -> BResult<u64> {
+    /// As the occupancy calculator: `blocks` must fit with no dynamic shared
+    /// memory at all, else INVALID_VALUE.
+    fn occupancy_available_smem(&self, _ctx: Obj, func: Obj, blocks: i32, block: i32) -> BResult<u64> {
         let s = self.state();
         let f = s.function(func)?;
-        if blocks <= 0 {
-            return Err(CuError::INVALID_VALUE.into());
+        if blocks <= 0 || occupancy(f, block, 0)? < blocks as u32 {
+            return Err(err(CuError::INVALID_VALUE, format!("{blocks} blocks of {block} threads do not fit")));
         }
-        let per_block = device::SHARED_PER_SM / blocks as u32;
-        Ok(per_block.min(f.max_dynamic_shared as u32 + f.kernel.shared_bytes).saturating_sub(f.kernel.shared_bytes)
-            as u64)
+        let per_block = device::SHARED_PER_SM as u64 / blocks as u64;
+        let (fixed, dynamic) = (f.kernel.shared_bytes as u64, f.max_dynamic_shared as u64);
+        Ok(per_block.min(fixed + dynamic).saturating_sub(fixed))
     }
 
     fn occupancy_max_potential_block_size(
@@ -737,21 +785,27 @@ impl Backend for Emulated {
         func: Obj,
         smem: u64,
         limit: i32,
-        _flags: u32,
+        flags: u32,
     ) -> BResult<(i32, i32)> {
+        check_occupancy_flags(flags)?;
         let s = self.state();
         let f = s.function(func)?;
-        let max = f.kernel.max_threads_per_block.unwrap_or(device::MAX_THREADS_PER_BLOCK) as i32;
-        let max = if limit > 0 { max.min(limit) } else { max };
-        let mut best = (0, 0);
-        for block in (32..=max).step_by(32) {
-            let threads = occupancy(f, block, smem) * block;
-            if threads >= best.0 {
-                best = (threads, block);
+        let max = match u32::try_from(limit) {
+            Ok(limit) if limit > 0 => f.max_threads().min(limit),
+            _ => f.max_threads(),
+        };
+        // As the occupancy calculator: whole warps from the largest size
+        // down (the largest itself even if it is not), keeping the first
+        // that holds the most threads. At most 32 sizes.
+        let (mut blocks, mut best, mut most) = (0, 0, 0);
+        for warps in (1..=max.div_ceil(32)).rev() {
+            let block = max.min(warps * 32);
+            let n = occupancy(f, block as i32, smem)?;
+            if n * block > most {
+                (blocks, best, most) = (n, block, n * block);
             }
         }
-        let blocks_per_sm = occupancy(f, best.1, smem);
-        Ok((blocks_per_sm * device::MULTIPROCESSORS as i32, best.1))
+        Ok(((blocks * device::MULTIPROCESSORS) as i32, best as i32))
     }
 
     fn occupancy_clusters(&self, ctx: Obj, func: Obj, launch: &Launch, query: ClusterQuery) -> BResult<i32> {
@@ -762,18 +816,21 @@ impl Backend for Emulated {
         s.stream(ctx, launch.stream)?;
         let f = s.function(func)?;
         s.check_launch(f, launch)?;
-        let cluster: i32 = launch
-            .attrs
-            .iter()
-            .find(|a| a.0 == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-            .map(|a| (0..3).map(|i| i32::from_le_bytes(a.1[4 * i..4 * i + 4].try_into().expect("4 bytes"))).product())
-            .unwrap_or(1);
+        // The attribute's three unsigned dimensions, multiplied without
+        // overflow (a 0 among them makes the size 0).
+        let cluster: u64 = launch.attrs.iter().find(|a| a.0 == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION).map_or(1, |a| {
+            a.1[..12]
+                .chunks_exact(4)
+                .fold(1u64, |n, d| n.saturating_mul(u32::from_le_bytes(d.try_into().expect("4 bytes")) as u64))
+        });
+        // `check_launch` has bounded the block by the device's limit.
         let threads: u64 = launch.block.iter().map(|&d| d as u64).product();
         Ok(match query {
             ClusterQuery::MaxPotentialClusterSize => PORTABLE_CLUSTER,
-            ClusterQuery::MaxActiveClusters if cluster <= 0 || cluster > PORTABLE_CLUSTER => 0,
+            ClusterQuery::MaxActiveClusters if cluster == 0 || cluster > PORTABLE_CLUSTER as u64 => 0,
             ClusterQuery::MaxActiveClusters => {
-                occupancy(f, threads as i32, launch.shared_mem as u64) * device::MULTIPROCESSORS as i32 / cluster
+                let blocks = occupancy(f, threads as i32, launch.shared_mem as u64)?;
+                (blocks as u64 * device::MULTIPROCESSORS as u64 / cluster) as i32
             }
         })
     }
