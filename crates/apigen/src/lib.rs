@@ -232,8 +232,8 @@ fn ty(name: &str) -> &'static Type {
     TYPES.iter().find(|t| t.name == name).expect("types are checked at parse time")
 }
 
-/// Opcodes, messages, the `Call` impls, the server's `Api` trait and its
-/// dispatcher, for `include!` into the protocol crate.
+/// Opcodes, messages, the `Call` impls, the server's `Api` trait, its
+/// dispatcher and `decode_request`, for `include!` into the protocol crate.
 pub fn protocol_code(table: &Table) -> String {
     let mut s = String::new();
     let calls: Vec<&Row> = table.rows.iter().filter(|r| r.kind != Kind::Control).collect();
@@ -294,6 +294,22 @@ pub fn protocol_code(table: &Table) -> String {
             row.name
         )
         .unwrap();
+    }
+    for row in table.rows.iter().filter(|r| r.kind == Kind::Control) {
+        writeln!(
+            s,
+            "        Opcode::{} => Err(DecodeError::Invalid(\"a control frame is not a call\".into())),",
+            row.name
+        )
+        .unwrap();
+    }
+    s += "    }\n}\n\n";
+    s += "/// Decodes a request payload as [`dispatch`] does and drops it, with no\n";
+    s += "/// [`Api`] to run it on: for fuzzing the decoders a guest's frames reach.\n";
+    s += "pub fn decode_request(opcode: Opcode, payload: &[u8]) -> Result<(), DecodeError> {\n    match opcode {\n";
+    for row in &calls {
+        writeln!(s, "        Opcode::{0} => codec::decode::<calls::{0}::Request>(payload).map(drop),", row.name)
+            .unwrap();
     }
     for row in table.rows.iter().filter(|r| r.kind == Kind::Control) {
         writeln!(

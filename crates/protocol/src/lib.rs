@@ -53,8 +53,8 @@
 //! # The call table
 //!
 //! `calls.api` lists every remoted CUDA call once. `build.rs` turns it into
-//! [`Opcode`], the [`calls`] messages, the server's [`Api`] trait and
-//! [`dispatch`]; the front-end's build script turns the same rows into C
+//! [`Opcode`], the [`calls`] messages, the server's [`Api`] trait,
+//! [`dispatch`] and [`decode_request`]; the front-end's build script turns the same rows into C
 //! exports.
 
 pub mod codec;
@@ -94,5 +94,14 @@ mod tests {
         assert_eq!(Opcode::try_from(Opcode::cuMemAlloc_v2 as u16), Ok(Opcode::cuMemAlloc_v2));
         assert_eq!(Opcode::try_from(0), Err(0));
         assert_eq!(Opcode::cuMemAlloc_v2.name(), "cuMemAlloc_v2");
+    }
+
+    #[test]
+    fn requests_decode_by_opcode_without_an_api() {
+        let payload = codec::encode(&calls::cuMemAlloc_v2::Request { bytesize: 4096 });
+        assert_eq!(decode_request(Opcode::cuMemAlloc_v2, &payload), Ok(()));
+        assert!(matches!(decode_request(Opcode::cuMemAlloc_v2, &payload[1..]), Err(DecodeError::Truncated { .. })));
+        assert!(matches!(decode_request(Opcode::cuCtxSynchronize, &payload), Err(DecodeError::Trailing(8))));
+        assert!(matches!(decode_request(Opcode::Hello, &[]), Err(DecodeError::Invalid(_))));
     }
 }
