@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test gpuplex has that needs no GPU, on a fresh machine: installs
 # the pinned CUDA 13.0 compiler from PyPI (for the end-to-end programs), then
-# formatting, lints, the build, unit/integration/end-to-end tests and docs.
+# formatting, lints, the build, unit/integration/end-to-end tests, docs and
+# a bounded fuzzing run.
 # The GPU suite is scripts/gpu-suite.sh, run on a machine with a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,4 +18,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --locked
 cargo test --workspace --locked
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
+# A minute of coverage-guided fuzzing per decoder of guest input (fuzz/).
+scripts/fuzz.sh
 echo "all tests passed"
