@@ -9,6 +9,12 @@
 # back, that garbage on the server's socket harms no other client, and that
 # programs running at once on one server each print what they print alone.
 #
+# Then the isolation between guests (tests/cuda/tenancy), natively and
+# through the server: a guest's kernel given another guest's buffer, a
+# guest that faults the GPU beside one computing, what kernels print, a
+# tenant's memory limit on every path beside a tenant without one, how long
+# a guest takes to connect, and the status and metrics meanwhile.
+#
 # Usage: scripts/gpu-suite.sh [BIN_DIR]
 #   BIN_DIR (or $GPUPLEX_BIN_DIR) holds prebuilt `gpuplex` and `libcuda.so`.
 #   $CUDA_HOME (default /usr/local/cuda) provides nvcc and lib64/stubs.
@@ -40,6 +46,7 @@ elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 
 finish() {
     if [ -n "$holder" ]; then kill -KILL -- "-$holder" 2>/dev/null || true; fi
+    if [ -n "${limits_server:-}" ]; then kill "$limits_server" 2>/dev/null || true; fi
     if [ -n "$server" ]; then
         kill "$server" 2>/dev/null || true
         wait "$server" 2>/dev/null || true
@@ -258,6 +265,133 @@ if [ ${#bad[@]} -eq 0 ]; then
 else
     fail "tenants: ${bad[*]} differed from native (logs/tenants/)"
 fi
+
+# 4. Isolation between guests, natively and through the server: each check
+# runs both ways and must come out the same.
+say ""
+tenancy=$progs/tenancy
+through() { if [ "$1" = gpuplex ]; then echo "$bin/gpuplex run --server unix:$sock --"; fi; }
+
+# 4a. Guest B's kernel is given guest A's device pointer: natively B gets an
+# error and A's data stays; so it must through gpuplex.
+for way in native gpuplex; do
+    go=$work/hold.$way.go
+    mkfifo "$go"
+    $(through $way) "$tenancy" hold <"$go" >"$logs/poke.$way.hold.out" 2>"$logs/poke.$way.hold.err" &
+    holding=$!
+    exec 9>"$go"
+    wait_line "$logs/poke.$way.hold.out" 60 pointer || true
+    addr=$(sed -n 's/^pointer //p' "$logs/poke.$way.hold.out")
+    $(through $way) "$tenancy" poke "$addr" >"$logs/poke.$way.out" 2>"$logs/poke.$way.err" || true
+    echo go >&9
+    exec 9>&-
+    wait "$holding" || true
+done
+if [ "$(cat "$logs/poke.native.out")" = "poke: CUDA_ERROR_ILLEGAL_ADDRESS" ] &&
+    cmp -s "$logs/poke.native.out" "$logs/poke.gpuplex.out" &&
+    grep -qx intact "$logs/poke.native.hold.out" && grep -qx intact "$logs/poke.gpuplex.hold.out"; then
+    say "isolation/memory: B's kernel on A's pointer: $(cat "$logs/poke.gpuplex.out") as natively, A intact: PASS"
+else
+    fail "isolation/memory: native [$(cat "$logs/poke.native.out" "$logs/poke.native.hold.out" | tr '\n' ' ')] gpuplex [$(cat "$logs/poke.gpuplex.out" "$logs/poke.gpuplex.hold.out" | tr '\n' ' ')]"
+fi
+
+# 4b. A guest faults the GPU (illegal address, then a device assert) while
+# another computes with every result checked; then a new guest computes.
+for way in native gpuplex; do
+    $(through $way) "$tenancy" compute 3000 >"$logs/faults.$way.compute.out" 2>&1 &
+    computing=$!
+    sleep 1
+    for mode in fault assert; do
+        $(through $way) "$tenancy" $mode >"$logs/faults.$way.$mode.out" 2>"$logs/faults.$way.$mode.err" || true
+    done
+    wait "$computing" || true
+    $(through $way) "$tenancy" compute 3 >"$logs/faults.$way.after.out" 2>&1 || true
+done
+bad=()
+for f in compute.out fault.out assert.out assert.err after.out; do
+    cmp -s "$logs/faults.native.$f" "$logs/faults.gpuplex.$f" || bad+=("$f differs (logs/faults.*.$f)")
+done
+grep -qx "compute: 3000 rounds ok" "$logs/faults.gpuplex.compute.out" ||
+    bad+=("the computing guest: $(cat "$logs/faults.gpuplex.compute.out")")
+grep -qx "compute: 3 rounds ok" "$logs/faults.gpuplex.after.out" ||
+    bad+=("the guest after: $(cat "$logs/faults.gpuplex.after.out")")
+if [ ${#bad[@]} -eq 0 ]; then
+    say "isolation/faults: $(head -1 "$logs/faults.gpuplex.fault.out"), $(head -1 "$logs/faults.gpuplex.assert.out") as natively; beside them $(cat "$logs/faults.gpuplex.compute.out"); a new guest after: ok: PASS"
+else
+    fail "isolation/faults: ${bad[*]}"
+fi
+
+# 4c. What kernels print reaches the guest's own output, in order, through a
+# pipe (where the program's own output is buffered).
+for way in native gpuplex; do
+    $(through $way) "$tenancy" printf 3 2>&1 | cat >"$logs/printf.$way.out"
+done
+if cmp -s "$logs/printf.native.out" "$logs/printf.gpuplex.out" && grep -q "device round 2 thread 1" "$logs/printf.gpuplex.out"; then
+    say "isolation/output: device printf identical to native, assert message too (4b): PASS"
+else
+    fail "isolation/output: printf differs (logs/printf.*.out)"
+fi
+
+# 4d. A tenant limited to 1 GiB tries every path that takes device memory,
+# while a tenant without a limit holds 4 GiB over TCP.
+limits=$work/limits
+mkdir -p "$limits"
+head -c 32 /dev/urandom | base64 >"$limits/other.token"
+chmod 600 "$limits/other.token"
+printf '[tenants.limited]\nuids = [%s]\nmemory_limit = "1GiB"\n\n[tenants.other]\ntoken_file = "%s"\n' \
+    "$(id -u)" "$limits/other.token" >"$limits/gpuplex.toml"
+lsock=$limits/gpuplex.sock
+lport=$((20000 + RANDOM % 20000))
+mport=$((40000 + RANDOM % 20000))
+"$bin/gpuplex" serve --backend cuda --config "$limits/gpuplex.toml" --listen "unix:$lsock" \
+    --listen "tcp:127.0.0.1:$lport" --metrics "127.0.0.1:$mport" >"$logs/limits-serve.log" 2>&1 &
+limits_server=$!
+for _ in $(seq 300); do [ -S "$lsock" ] && break; sleep 0.1; done
+"$bin/gpuplex" run --server "tcp:127.0.0.1:$lport" --token-file "$limits/other.token" -- \
+    "$progs/hold_memory" 4096 >"$logs/limits-other.out" 2>&1 &
+other=$!
+wait_line "$logs/limits-other.out" 120 holding || true
+"$bin/gpuplex" run --server "unix:$lsock" -- "$tenancy" memory >"$logs/limits.out" 2>"$logs/limits.err" || true
+"$tenancy" memory >"$logs/limits.native.out" 2>&1 || true
+"$bin/gpuplex" status --server "unix:$lsock" >"$logs/limits-status.txt" 2>&1 || true
+python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$mport/metrics').read().decode())" \
+    >"$logs/limits-metrics.txt" 2>&1 || true
+kill "$other" 2>/dev/null || true
+wait "$other" 2>/dev/null || true
+cat >"$limits/want" <<'WANT'
+total 1024 MiB, device total 1024 MiB, free within total: yes
+alloc total + 1 MiB: CUDA_ERROR_OUT_OF_MEMORY
+alloc eighths: 7 fit, then CUDA_ERROR_OUT_OF_MEMORY
+free after: less than an eighth
+pitched total: CUDA_ERROR_OUT_OF_MEMORY
+pitched 16 KiB: CUDA_SUCCESS
+module with a 1.5 GiB global: CUDA_ERROR_OUT_OF_MEMORY
+library with a 1.5 GiB global: CUDA_ERROR_OUT_OF_MEMORY
+managed 1 MiB: CUDA_ERROR_NOT_SUPPORTED
+stream-ordered 1 MiB: CUDA_ERROR_NOT_SUPPORTED
+virtual memory granularity: CUDA_ERROR_NOT_SUPPORTED
+array 4 MiB: CUDA_ERROR_NOT_SUPPORTED
+WANT
+if cmp -s "$limits/want" "$logs/limits.out" && grep -q "^holding" "$logs/limits-other.out" &&
+    grep -q 'gpuplex_tenant_memory_bytes{tenant="other"} [1-9]' "$logs/limits-metrics.txt"; then
+    say "limits: the 1 GiB tenant refused on every path, the other held 4096 MiB meanwhile: PASS"
+else
+    fail "limits: logs/limits.out (diff against the want below), logs/limits-other.out, logs/limits-metrics.txt"
+    diff "$limits/want" "$logs/limits.out" | tee -a "$summary" || true
+fi
+sed 's/^/    /' "$logs/limits-status.txt" | tee -a "$summary"
+
+# 4e. How long a guest takes to connect to a server with workers ready
+# (cuInit: the connection and its first answered call), beside the native
+# driver's cuInit.
+for _ in 1 2 3; do "$tenancy" connect 2>&1 >/dev/null | sed "s/^/native:  /"; done >"$logs/connect.txt"
+for _ in 1 2 3 4 5; do
+    "$bin/gpuplex" run --server "unix:$lsock" -- "$tenancy" connect 2>&1 >/dev/null | sed "s/^/gpuplex: /"
+    sleep 0.3
+done >>"$logs/connect.txt"
+sed 's/^/    /' "$logs/connect.txt" | tee -a "$summary"
+kill "$limits_server" 2>/dev/null || true
+wait "$limits_server" 2>/dev/null || true
 
 say ""
 if [ "$failures" -eq 0 ]; then say "gpu suite: all passed"; else say "gpu suite: $failures failed"; fi

@@ -14,8 +14,11 @@
 //   tenancy sleep MS      one kernel that runs MS milliseconds
 //   tenancy memory        every path that takes device memory, against the
 //                         total the device reports (a tenant's limit)
+//   tenancy connect       how long cuInit (through gpuplex: connecting and
+//                         the first answered call) and the first context take
 #include "common.h"
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -169,8 +172,8 @@ static int memory(CUdevice dev) {
     printf("free after: %s\n", free_bytes < chunk ? "less than an eighth" : "an eighth or more");
     for (CUdeviceptr q : held) CHECK(cuMemFree(q));
     size_t pitch;
-    printf("pitched total: %s\n", err_name(cuMemAllocPitch(&p, total / 2, 3, 4, &pitch)));
-    CUresult rc = cuMemAllocPitch(&p, 4096, 4, 4, &pitch);
+    printf("pitched total: %s\n", err_name(cuMemAllocPitch(&p, &pitch, total / 2, 3, 4)));
+    CUresult rc = cuMemAllocPitch(&p, &pitch, 4096, 4, 4);
     printf("pitched 16 KiB: %s\n", err_name(rc));
     if (rc == CUDA_SUCCESS) CHECK(cuMemFree(p));
     CUmodule big;
@@ -222,6 +225,23 @@ int main(int argc, char **argv) {
         return 2;
     }
     std::string mode = argv[1];
+    if (mode == "connect") {
+        using clock = std::chrono::steady_clock;
+        auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+        auto start = clock::now();
+        CHECK(cuInit(0));
+        auto connected = clock::now();
+        int count = 0;
+        CHECK(cuDeviceGetCount(&count));
+        CUdevice dev;
+        CUcontext primary;
+        CHECK(cuDeviceGet(&dev, 0));
+        CHECK(cuDevicePrimaryCtxRetain(&primary, dev));
+        auto retained = clock::now();
+        fprintf(stderr, "connect: cuInit %.1f ms, first context %.1f ms\n", ms(connected - start), ms(retained - connected));
+        printf("devices %d\n", count);
+        return 0;
+    }
     CUcontext ctx;
     CUdevice dev = init_primary(&ctx);
     CUmodule mod;

@@ -46,10 +46,11 @@ const EXAMPLES: &str = "Examples:
 enum Command {
     /// Run the server: own the GPUs and serve guests' CUDA calls.
     Serve {
-        /// Where to listen: unix:PATH or tcp:HOST:PORT. Default:
+        /// Where to listen: unix:PATH or tcp:HOST:PORT; give it again to
+        /// listen in several places. Default:
         /// $XDG_RUNTIME_DIR/gpuplex.sock, or /tmp/gpuplex-UID.sock.
         #[arg(long, value_name = "ADDR")]
-        listen: Option<Address>,
+        listen: Vec<Address>,
         /// The secret TCP clients must prove they hold (required with tcp:;
         /// at least 16 bytes, readable by its owner only). TCP traffic is
         /// not encrypted: use a trusted network, a VPN or an SSH tunnel.
@@ -143,6 +144,10 @@ enum Command {
         /// Fewer iterations, shorter copy timings and no 256 MiB copies: seconds, not a minute.
         #[arg(long)]
         quick: bool,
+        /// Another build's folder (its gpuplex and libcuda.so): every carrier
+        /// is measured through it too, as CARRIER@base, in the same rounds.
+        #[arg(long, value_name = "DIR")]
+        baseline: Option<PathBuf>,
     },
     /// One column of `gpuplex bench`: measures through the libcuda at PATH
     /// (or `system`: libcuda.so.1 as the dynamic linker finds it) and prints JSON.
@@ -180,8 +185,8 @@ fn main() -> ExitCode {
             run::run(server, token_file.as_deref(), backend, &command)
         }
         Command::Status { server, token_file, json } => info::status(server, token_file.as_deref(), json),
-        Command::Bench { backend, carriers, json, quick } => {
-            bench::bench(bench::Options { backend, carriers, json, quick })
+        Command::Bench { backend, carriers, json, quick, baseline } => {
+            bench::bench(bench::Options { backend, carriers, json, quick, baseline })
         }
         Command::BenchWorker { library, quick, samples, part, turns } => {
             bench::worker::run(&library, quick, samples, part, turns)

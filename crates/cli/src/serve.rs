@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 use crate::Error;
 
 pub struct Options {
-    pub listen: Option<Address>,
+    pub listen: Vec<Address>,
     pub token_file: Option<PathBuf>,
     pub backend: BackendKind,
     pub config: Option<PathBuf>,
@@ -41,7 +41,10 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
         Some(path) => Config::load(path)?,
         None => Config::none(),
     };
-    let address = opts.listen.clone().or_else(|| config.server.listen.clone()).unwrap_or_else(Address::default_local);
+    let mut addresses = opts.listen.clone();
+    if addresses.is_empty() {
+        addresses.push(config.server.listen.clone().unwrap_or_else(Address::default_local));
+    }
     let metrics = opts.metrics.clone().or_else(|| config.server.metrics.clone());
     let keep_idle = opts.workers.or(config.server.workers).unwrap_or(gpuplex_server::supervisor::DEFAULT_IDLE);
     let token = opts.token_file.as_deref().map(Token::from_file).transpose()?;
@@ -53,21 +56,33 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
         command.env.push(("GPUPLEX_LOG".into(), "info".into()));
     }
     let supervisor = Supervisor::start(Placement::Workers { command, keep_idle }, config, token)?;
-    let listener = match address {
-        Address::Tcp(_) => {
-            tracing::warn!("frames over TCP are not encrypted: use a trusted network, a VPN or an SSH tunnel");
-            gpuplex_transport::listen_with_keys(&address, supervisor.keys())
-        }
-        Address::Unix(_) => gpuplex_transport::listen(&address, None),
+    let mut listeners = Vec::new();
+    for address in &addresses {
+        let listener = match address {
+            Address::Tcp(_) => {
+                tracing::warn!("frames over TCP are not encrypted: use a trusted network, a VPN or an SSH tunnel");
+                gpuplex_transport::listen_with_keys(address, supervisor.keys())
+            }
+            Address::Unix(_) => gpuplex_transport::listen(address, None),
+        };
+        listeners.push(listener.map_err(|e| format!("cannot listen on {address}: {}", crate::chain(&e)))?);
     }
-    .map_err(|e| format!("cannot listen on {address}: {}", crate::chain(&e)))?;
     if let Some(at) = metrics {
         let bound = status::serve_metrics(Arc::downgrade(&supervisor), &at)
             .map_err(|e| format!("cannot serve metrics on {at}: {e}"))?;
         info!("metrics at http://{bound}/metrics");
     }
-    signals.handle(supervisor.clone(), opts.config.clone(), address.clone())?;
-    supervisor.serve(listener.as_ref())?;
+    signals.handle(supervisor.clone(), opts.config.clone(), addresses)?;
+    let last = listeners.pop().expect("at least one address");
+    for listener in listeners {
+        let supervisor = supervisor.clone();
+        std::thread::Builder::new().name("gpuplex-accept".into()).spawn(move || {
+            if let Err(e) = supervisor.serve(listener.as_ref()) {
+                error!("stopped listening on {}: {e}", listener.address());
+            }
+        })?;
+    }
+    supervisor.serve(last.as_ref())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -97,7 +112,7 @@ impl Signals {
         }
     }
 
-    fn handle(self, supervisor: Arc<Supervisor>, config: Option<PathBuf>, address: Address) -> Result<(), Error> {
+    fn handle(self, supervisor: Arc<Supervisor>, config: Option<PathBuf>, addresses: Vec<Address>) -> Result<(), Error> {
         std::thread::Builder::new().name("gpuplex-signals".into()).spawn(move || loop {
             let mut signal = 0;
             // SAFETY: a set of blocked signals and an out-pointer to a local.
@@ -109,8 +124,10 @@ impl Signals {
                 _ => {
                     let name = if signal == libc::SIGTERM { "SIGTERM" } else { "SIGINT" };
                     info!(sessions = supervisor.registry().len(), "{name}: stopping");
-                    if let Address::Unix(path) = &address {
-                        let _ = std::fs::remove_file(path);
+                    for address in &addresses {
+                        if let Address::Unix(path) = address {
+                            let _ = std::fs::remove_file(path);
+                        }
                     }
                     std::process::exit(0);
                 }

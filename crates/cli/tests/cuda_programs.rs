@@ -14,262 +14,15 @@
 
 mod common;
 
-use std::env;
+use common::*;
+
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::path::Path;
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
-
-const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
-const MIB: u64 = 1 << 20;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn gpuplex() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpuplex"))
-}
-
-/// Tests run one at a time: they start servers and measure free memory.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The directory holding nvcc, if there is one.
-fn nvcc_dir() -> Option<PathBuf> {
-    if let Some(dir) = env::var_os("GPUPLEX_NVCC_DIR") {
-        let dir = PathBuf::from(dir);
-        assert!(dir.join("nvcc").is_file(), "GPUPLEX_NVCC_DIR={} holds no nvcc", dir.display());
-        return Some(dir);
-    }
-    // scripts/install-nvcc.sh: .cache/nvcc/lib/pythonX.Y/site-packages/nvidia/cu13/bin
-    let lib = repo_root().join(".cache/nvcc/lib");
-    let installed =
-        fs::read_dir(lib).into_iter().flatten().flatten().map(|e| e.path().join("site-packages/nvidia/cu13/bin"));
-    let on_path = env::var_os("PATH").into_iter().flat_map(|p| env::split_paths(&p).collect::<Vec<_>>());
-    installed.chain(on_path).find(|dir| dir.join("nvcc").is_file())
-}
-
-/// The built programs, or None (the test is skipped) without nvcc.
-fn programs() -> Option<&'static Path> {
-    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        let Some(nvcc) = nvcc_dir() else {
-            assert!(
-                env::var("GPUPLEX_REQUIRE_NVCC").as_deref() != Ok("1"),
-                "nvcc not installed and GPUPLEX_REQUIRE_NVCC=1 (run scripts/install-nvcc.sh)"
-            );
-            return None;
-        };
-        let libdir = common::frontend_dir();
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-programs");
-        let path =
-            env::join_paths([nvcc].into_iter().chain(env::split_paths(&env::var_os("PATH").unwrap_or_default())))
-                .expect("PATH entries without separators");
-        let build = Command::new("bash")
-            .arg(repo_root().join("scripts/build-cuda-tests.sh"))
-            .arg(&out)
-            .arg(&libdir)
-            .env("PATH", path)
-            .output()
-            .expect("bash runs");
-        assert!(
-            build.status.success(),
-            "scripts/build-cuda-tests.sh failed:\n{}{}",
-            String::from_utf8_lossy(&build.stdout),
-            String::from_utf8_lossy(&build.stderr)
-        );
-        Some(out)
-    });
-    if built.is_none() {
-        println!("skipped: nvcc not installed (run scripts/install-nvcc.sh)");
-    }
-    built.as_deref()
-}
-
-/// SIGKILL to the process group led by `pid` (every child is started as one).
-fn kill_group(pid: u32) {
-    // SAFETY: kill(2) takes no pointers; a negative pid names the group we created.
-    unsafe {
-        libc::kill(-(pid as i32), libc::SIGKILL);
-    }
-}
-
-/// A child in its own process group whose output is collected as it comes.
-struct Running {
-    child: Child,
-    stdout: Receiver<String>,
-    stderr: Receiver<String>,
-    seen: String,
-}
-
-struct Finished {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Running {
-    fn spawn(mut cmd: Command) -> Running {
-        // No server a developer has running may be picked up by accident.
-        let runtime = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("xdg-runtime");
-        fs::create_dir_all(&runtime).expect("create runtime dir");
-        cmd.env_remove("GPUPLEX_SERVER").env_remove("GPUPLEX_TOKEN_FILE").env("XDG_RUNTIME_DIR", runtime);
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let mut out = BufReader::new(child.stdout.take().expect("piped"));
-        let mut err = child.stderr.take().expect("piped");
-        let (out_tx, stdout) = mpsc::channel();
-        let (err_tx, stderr) = mpsc::channel();
-        thread::spawn(move || loop {
-            let mut line = Vec::new();
-            match out.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if out_tx.send(String::from_utf8_lossy(&line).into_owned()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        thread::spawn(move || {
-            let mut text = Vec::new();
-            let _ = err.read_to_end(&mut text);
-            let _ = err_tx.send(String::from_utf8_lossy(&text).into_owned());
-        });
-        Running { child, stdout, stderr, seen: String::new() }
-    }
-
-    /// Waits for a stdout line starting with `prefix`.
-    fn wait_for_line(&mut self, prefix: &str, timeout: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            match self.stdout.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) => {
-                    self.seen.push_str(&line);
-                    if line.starts_with(prefix) {
-                        return Ok(());
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    return Err(format!("no line {prefix:?} within {timeout:?}; stdout: {:?}", self.seen))
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(format!("stdout closed before a line {prefix:?}; stdout: {:?}", self.seen))
-                }
-            }
-        }
-    }
-
-    /// Waits for the exit, killing the process group after `timeout`.
-    fn finish(mut self, timeout: Duration) -> Result<Finished, String> {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
-                _ => {
-                    self.kill();
-                    return Err(format!("killed after {timeout:?}; stdout: {:?}", self.drain()));
-                }
-            }
-        };
-        let stdout = self.drain();
-        let stderr = self.stderr.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
-        Ok(Finished { status, stdout, stderr })
-    }
-
-    /// The rest of stdout, waiting a little for a pipe that another process
-    /// of the group may still hold.
-    fn drain(&mut self) -> String {
-        let until = Instant::now() + Duration::from_secs(5);
-        while let Ok(line) = self.stdout.recv_timeout(until.saturating_duration_since(Instant::now())) {
-            self.seen.push_str(&line);
-        }
-        std::mem::take(&mut self.seen)
-    }
-
-    fn kill(&mut self) {
-        kill_group(self.child.id());
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill();
-        }
-    }
-}
-
-/// `gpuplex run [--server ADDR | --backend emulated] -- PROG ARGS`.
-fn run_command(dir: &Path, server: Option<&Path>, args: &[&str]) -> Command {
-    let mut cmd = Command::new(gpuplex());
-    cmd.arg("run");
-    match server {
-        Some(socket) => cmd.arg("--server").arg(format!("unix:{}", socket.display())),
-        None => cmd.args(["--backend", "emulated"]),
-    };
-    cmd.arg("--").arg(dir.join(args[0])).args(&args[1..]);
-    cmd
-}
-
-fn run_to_end(cmd: Command) -> Finished {
-    let what = format!("{cmd:?}");
-    let done = Running::spawn(cmd).finish(PROGRAM_TIMEOUT).unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(done.status.success(), "{what}: {}\nstdout:\n{}\nstderr:\n{}", done.status, done.stdout, done.stderr);
-    done
-}
-
-/// A unified-style diff of two texts, by lines, with three lines of context.
-fn diff(expected: &str, actual: &str) -> String {
-    let (a, b): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), actual.lines().collect());
-    // lcs[i][j]: longest common subsequence of a[i..] and b[j..].
-    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for i in (0..a.len()).rev() {
-        for j in (0..b.len()).rev() {
-            lcs[i][j] = if a[i] == b[j] { lcs[i + 1][j + 1] + 1 } else { lcs[i + 1][j].max(lcs[i][j + 1]) };
-        }
-    }
-    let mut ops = Vec::new();
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() || j < b.len() {
-        if i < a.len() && j < b.len() && a[i] == b[j] {
-            ops.push((' ', a[i]));
-            (i, j) = (i + 1, j + 1);
-        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
-            ops.push(('+', b[j]));
-            j += 1;
-        } else {
-            ops.push(('-', a[i]));
-            i += 1;
-        }
-    }
-    let near_change = |k: usize| ops[k.saturating_sub(3)..(k + 4).min(ops.len())].iter().any(|op| op.0 != ' ');
-    let mut text = String::from("--- expected\n+++ actual\n");
-    let mut skipped = false;
-    for (k, (mark, line)) in ops.iter().enumerate() {
-        if near_change(k) {
-            text.push_str(&format!("{mark}{line}\n"));
-            skipped = false;
-        } else if !skipped {
-            text.push_str("@@\n");
-            skipped = true;
-        }
-    }
-    text
-}
 
 /// Runs one program on an embedded emulated server, checks its stdout
 /// against its expected file if it has one, and returns the stdout.
@@ -431,74 +184,28 @@ fn runtime_unsupported_programs_fail_cleanly() {
     }
 }
 
-/// `gpuplex serve --backend emulated` on a private socket, killed on drop.
-struct Server {
-    _process: Running,
-    socket: PathBuf,
-}
 
-impl Server {
-    fn start(tag: &str) -> Server {
-        // Socket paths are short (108 bytes): keep it in /tmp, not in target/.
-        let socket = env::temp_dir().join(format!("gpuplex-test-{}-{tag}.sock", std::process::id()));
-        let _ = fs::remove_file(&socket);
-        let mut cmd = Command::new(gpuplex());
-        cmd.args(["serve", "--backend", "emulated", "--listen"]).arg(format!("unix:{}", socket.display()));
-        let process = Running::spawn(cmd);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "server did not listen on {} within 10 s", socket.display());
-            thread::sleep(Duration::from_millis(20));
-        }
-        Server { _process: process, socket }
-    }
-
-    fn run(&self, dir: &Path, args: &[&str]) -> Command {
-        run_command(dir, Some(&self.socket), args)
-    }
-
-    /// `(free, total)` as mem_info reports them through this server.
-    fn mem_info(&self, dir: &Path) -> (u64, u64) {
-        let out = run_to_end(self.run(dir, &["mem_info"])).stdout;
-        let words: Vec<&str> = out.split_whitespace().collect();
-        match words[..] {
-            ["free", free, "total", total] => (free.parse().expect("free"), total.parse().expect("total")),
-            _ => panic!("unexpected mem_info output: {out:?}"),
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.socket);
-    }
-}
-
+/// Each guest's memory is its worker's (the emulated device of one worker
+/// is not another's), so what the server counts for the tenant tells.
 #[test]
 fn killed_client_memory_comes_back() {
     let _serial = serial();
     let Some(dir) = programs() else { return };
     let server = Server::start("cleanup");
-    let before = server.mem_info(dir);
-
+    let held = || -> u64 {
+        let mut cmd = Command::new(gpuplex());
+        cmd.args(["status", "--json", "--server", &server.address()]);
+        let status: serde_json::Value = serde_json::from_str(&run_to_end(cmd).stdout).expect("status --json");
+        status["tenants"].as_array().unwrap().iter().map(|t| t["memory_used"].as_u64().unwrap()).sum()
+    };
     let mut holder = Running::spawn(server.run(dir, &["hold_memory", "512"]));
     holder.wait_for_line("holding", Duration::from_secs(30)).unwrap();
-    let during = server.mem_info(dir);
-    assert!(during.0 + 512 * MIB <= before.0, "holding 512 MiB: free {} -> {}", before.0, during.0);
+    assert!(held() >= 512 * MIB, "holding 512 MiB: the server counts {}", held());
 
     holder.kill();
     let killed = Instant::now();
-    loop {
-        let now = server.mem_info(dir);
-        if now == before {
-            break;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(1),
-            "1 s after SIGKILL: free {} total {}, want {before:?}",
-            now.0,
-            now.1
-        );
+    while held() != 0 {
+        assert!(killed.elapsed() < Duration::from_secs(1), "1 s after SIGKILL the server counts {} held", held());
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -527,50 +234,6 @@ fn garbage_on_the_socket_harms_no_one() {
     server.mem_info(dir);
 }
 
-/// A private token file in the test's directory.
-fn token_file(name: &str, secret: &str) -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}.token", std::process::id()));
-    fs::write(&path, format!("{secret}\n")).expect("write token");
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod token");
-    path
-}
-
-/// `gpuplex serve --backend emulated --listen tcp:127.0.0.1:PORT --token-file F`,
-/// killed on drop.
-struct TcpServer {
-    _process: Running,
-    address: String,
-    token: PathBuf,
-}
-
-impl TcpServer {
-    fn start() -> TcpServer {
-        let token = token_file("server", "a test token of thirty-two bytes");
-        // A port that was free a moment ago.
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-        let address = format!("tcp:127.0.0.1:{port}");
-        let mut cmd = Command::new(gpuplex());
-        cmd.args(["serve", "--backend", "emulated", "--listen", &address, "--token-file"]).arg(&token);
-        let process = Running::spawn(cmd);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "server did not listen on {address} within 10 s");
-            thread::sleep(Duration::from_millis(20));
-        }
-        TcpServer { _process: process, address, token }
-    }
-
-    /// `gpuplex run --server tcp:... [--token-file F] -- PROGRAM`.
-    fn run(&self, token: Option<&Path>, program: &Path) -> Command {
-        let mut cmd = Command::new(gpuplex());
-        cmd.args(["run", "--server", &self.address]);
-        if let Some(token) = token {
-            cmd.arg("--token-file").arg(token);
-        }
-        cmd.arg("--").arg(program);
-        cmd
-    }
-}
 
 #[test]
 fn programs_run_over_tcp_with_the_token() {

@@ -1474,3 +1474,72 @@ fn a_client_of_the_previous_protocol_gets_lanes_and_no_heartbeats() {
         assert_eq!(beats > 0, heartbeats, "version {version}: {beats} heartbeats");
     }
 }
+
+/// The resident memory of this process (the in-process server's), in bytes.
+fn resident() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").trim();
+    kib.parse::<u64>().unwrap() << 10
+}
+
+/// A peer that announces a huge frame before saying who it is gets nothing
+/// allocated for it: the opening frame may carry 64 KiB at most.
+#[test]
+fn an_opening_that_announces_a_huge_frame_is_refused_unread() {
+    let address = start_server("huge-opening");
+    let Address::Unix(path) = &*address else { unreachable!("a Unix server") };
+    let before = resident();
+    let peers: Vec<std::os::unix::net::UnixStream> = (0..8)
+        .map(|_| {
+            let mut peer = std::os::unix::net::UnixStream::connect(path).unwrap();
+            let h = Header::request(Opcode::Hello, 1, 0, 64 << 20);
+            peer.write_all(zerocopy::IntoBytes::as_bytes(&h)).unwrap();
+            peer
+        })
+        .collect();
+    for mut peer in peers {
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        // The server hangs up at once.
+        let _ = peer.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "a peer that never said hello got {} bytes", rest.len());
+    }
+    let grown = resident().saturating_sub(before);
+    assert!(grown < 64 << 20, "eight huge openings grew the server by {} MiB", grown >> 20);
+    Client::connect(&address).alloc(4096);
+}
+
+/// Peers that connect and say nothing hold a place in admission only for a
+/// while, and only their own origin's places: guests from elsewhere get in
+/// at once meanwhile.
+#[test]
+fn silent_peers_hold_no_one_else_out_and_are_dropped_in_time() {
+    let right = token("the server's token, 32 bytes....");
+    let server = in_process(Some(right.clone()));
+    let tcp = gpuplex_transport::listen_with_keys(&"tcp:127.0.0.1:0".parse().unwrap(), server.keys()).unwrap();
+    let tcp_address = tcp.address();
+    let dir = std::env::temp_dir().join(format!("gpuplex-sessions-{}-silent", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let unix_address = Address::Unix(dir.join("s.sock"));
+    let unix = gpuplex_transport::listen(&unix_address, None).unwrap();
+    let both = server.clone();
+    std::thread::spawn(move || both.serve(tcp.as_ref()));
+    std::thread::spawn(move || server.serve(unix.as_ref()));
+    let Address::Tcp(host_port) = &tcp_address else { unreachable!("a TCP listener") };
+    // More silent peers from one host than it may have opening at once.
+    let silent: Vec<std::net::TcpStream> = (0..300).map(|_| std::net::TcpStream::connect(host_port).unwrap()).collect();
+    let start = Instant::now();
+    let mut local = Client::connect(&unix_address);
+    local.alloc(1 << 20);
+    assert!(start.elapsed() < Duration::from_secs(2), "silent peers delayed a local guest: {:?}", start.elapsed());
+    // Each silent peer is hung up on: at once past its origin's share,
+    // within the opening's deadline otherwise.
+    for mut peer in silent {
+        peer.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut rest = Vec::new();
+        assert!(peer.read_to_end(&mut rest).is_ok(), "a silent peer was not hung up on within 30 s");
+    }
+    assert!(start.elapsed() < Duration::from_secs(25), "silent peers held on for {:?}", start.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}

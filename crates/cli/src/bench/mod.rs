@@ -56,6 +56,10 @@ pub struct Options {
     pub carriers: Vec<CarrierKind>,
     pub json: Option<PathBuf>,
     pub quick: bool,
+    /// Another build's folder (its `gpuplex` and `libcuda.so`): each
+    /// carrier is measured through it too, as `CARRIER@base`, in the same
+    /// rounds, so that a change is judged against what it replaces.
+    pub baseline: Option<PathBuf>,
 }
 
 /// Variables that steer the front-end; a worker gets only those of its own column.
@@ -84,23 +88,34 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
             carriers.push(c);
         }
     }
+    let mut builds = vec![(String::new(), exe.clone(), frontend.clone())];
+    if let Some(base) = &opts.baseline {
+        let (base_exe, base_frontend) = (base.join("gpuplex"), base.join("libcuda.so"));
+        if !base_exe.is_file() || !base_frontend.is_file() {
+            return Err(format!("--baseline {}: want gpuplex and libcuda.so there", base.display()).into());
+        }
+        builds.push(("@base".to_owned(), base_exe, base_frontend));
+    }
     for kind in carriers {
-        let dir = scratch.subdir(kind.name())?;
-        let mut column = Column { library: Some(frontend.display().to_string()), ..Column::new(kind.name()) };
-        let (server, error) = match carrier::Server::start(&exe, backend, kind, &dir, &library_path) {
-            Ok(server) => {
-                column.server = Some(server.address.clone());
-                column.env = server.client_env.iter().cloned().collect();
-                (Some(server), None)
-            }
-            Err(e) => {
-                eprintln!("gpuplex bench: {}: unavailable: {e}", kind.name());
-                (None, Some(format!("unavailable: {e}")))
-            }
-        };
-        let mut entry = Entry::new(column, frontend.clone().into_os_string(), Some(kind), server, dir);
-        entry.error = error;
-        lineup.push(entry);
+        for (suffix, exe, frontend) in &builds {
+            let name = format!("{}{suffix}", kind.name());
+            let dir = scratch.subdir(&name)?;
+            let mut column = Column { library: Some(frontend.display().to_string()), ..Column::new(&name) };
+            let (server, error) = match carrier::Server::start(exe, backend, kind, &dir, &library_path) {
+                Ok(server) => {
+                    column.server = Some(server.address.clone());
+                    column.env = server.client_env.iter().cloned().collect();
+                    (Some(server), None)
+                }
+                Err(e) => {
+                    eprintln!("gpuplex bench: {name}: unavailable: {e}");
+                    (None, Some(format!("unavailable: {e}")))
+                }
+            };
+            let mut entry = Entry::new(column, frontend.clone().into_os_string(), Some(kind), server, dir);
+            entry.error = error;
+            lineup.push(entry);
+        }
     }
 
     // SAMPLES rounds. A round takes every column's latency rows, the

@@ -112,9 +112,10 @@ fn open_session(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>, header: 
         Ok(s) => s,
         Err(e) => return refuse(carrier.as_mut(), &header, CuError::OUT_OF_MEMORY, &e.to_string()),
     };
+    // However placing ends, a panic included, the session is closed.
+    let _open = super::registry::Closing(&supervisor.registry, session.id);
     let opening = Opening { header, hello, devices: plan.devices };
     supervisor.place(carrier, &session, opening);
-    supervisor.registry.close(session.id);
 }
 
 /// Hands a guest to a worker and watches the worker until it exits.

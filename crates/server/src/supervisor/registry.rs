@@ -34,7 +34,8 @@ pub struct SessionEntry {
     pub slot: usize,
     pub peer: Peer,
     pub program: String,
-    /// The process serving it (the supervisor's own for in-process ones).
+    /// The process serving it (the supervisor's own for in-process ones; 0
+    /// until it is placed).
     pub worker_pid: u32,
     pub started: Instant,
     pub lane_key: LaneKey,
@@ -62,6 +63,16 @@ struct Book {
 pub struct Registry {
     next_id: AtomicU64,
     book: Mutex<Book>,
+}
+
+/// Closes a session when dropped, so that no way out of serving it (a
+/// panic included) leaves it listed.
+pub struct Closing<'a>(pub &'a Registry, pub u64);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        self.0.close(self.1);
+    }
 }
 
 /// Why a session could not be opened.
@@ -100,7 +111,7 @@ impl Registry {
             slot,
             peer,
             program,
-            worker_pid: std::process::id(),
+            worker_pid: 0,
             started: Instant::now(),
             lane_key,
             route: Route::Pending,
@@ -180,5 +191,45 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(tenant: &str) -> Plan {
+        Plan { tenant: tenant.into(), memory_limit: 0, weight: 1, devices: vec![0] }
+    }
+
+    #[test]
+    fn a_panic_while_serving_leaves_no_session_behind() {
+        let registry = Registry::default();
+        let peer = Peer::Local { pid: 1, uid: 2, gid: 3 };
+        let session = registry.open(&plan("t"), peer, "p".into()).unwrap();
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _open = Closing(&registry, session.id);
+            panic!("a bug while serving");
+        }));
+        assert!(served.is_err());
+        assert!(registry.is_empty());
+        assert!(registry.by_lane_key(&session.lane_key).is_none());
+    }
+
+    #[test]
+    fn slots_are_reused_and_usage_of_closed_sessions_stops_counting() {
+        let registry = Registry::default();
+        let peer = Peer::Local { pid: 1, uid: 2, gid: 3 };
+        let a = registry.open(&plan("t"), peer, "a".into()).unwrap();
+        let b = registry.open(&plan("t"), peer, "b".into()).unwrap();
+        assert_ne!(a.slot, b.slot);
+        registry.account(&a).charge(100).unwrap();
+        registry.account(&b).charge(10).unwrap();
+        assert_eq!(registry.ledger("t").unwrap().used(), 110);
+        registry.close(a.id);
+        assert_eq!(registry.ledger("t").unwrap().used(), 10);
+        let c = registry.open(&plan("t"), peer, "c".into()).unwrap();
+        assert_eq!(c.slot, a.slot, "the lowest free slot is reused");
+        assert_eq!(registry.account(&c).held(), 0);
     }
 }
