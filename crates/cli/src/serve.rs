@@ -31,10 +31,15 @@ pub struct Options {
 pub fn serve(opts: Options) -> Result<ExitCode, Error> {
     if let Some(path) = &opts.check_config {
         let config = Config::load(path)?;
-        println!("{}: ok, {} tenant(s){}", path.display(), config.tenants.len(), match config.default {
-            Some(_) => ", unlisted local users admitted with [default]'s settings",
-            None => ", unlisted local users refused",
-        });
+        println!(
+            "{}: ok, {} tenant(s){}",
+            path.display(),
+            config.tenants.len(),
+            match config.default {
+                Some(_) => ", unlisted local users admitted with [default]'s settings",
+                None => ", unlisted local users refused",
+            }
+        );
         return Ok(ExitCode::SUCCESS);
     }
     let config = match &opts.config {
@@ -112,7 +117,12 @@ impl Signals {
         }
     }
 
-    fn handle(self, supervisor: Arc<Supervisor>, config: Option<PathBuf>, addresses: Vec<Address>) -> Result<(), Error> {
+    fn handle(
+        self,
+        supervisor: Arc<Supervisor>,
+        config: Option<PathBuf>,
+        addresses: Vec<Address>,
+    ) -> Result<(), Error> {
         std::thread::Builder::new().name("gpuplex-signals".into()).spawn(move || loop {
             let mut signal = 0;
             // SAFETY: a set of blocked signals and an out-pointer to a local.

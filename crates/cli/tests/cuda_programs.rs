@@ -184,7 +184,6 @@ fn runtime_unsupported_programs_fail_cleanly() {
     }
 }
 
-
 /// Each guest's memory is its worker's (the emulated device of one worker
 /// is not another's), so what the server counts for the tenant tells.
 #[test]
@@ -233,7 +232,6 @@ fn garbage_on_the_socket_harms_no_one() {
     assert!(done.stdout == want, "copies beside garbage:\n{}", diff(&want, &done.stdout));
     server.mem_info(dir);
 }
-
 
 #[test]
 fn programs_run_over_tcp_with_the_token() {

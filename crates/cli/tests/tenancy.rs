@@ -141,8 +141,10 @@ fn what_kernels_print_reaches_their_own_guest_only() {
             .collect()
     };
     // Two guests at once, each with its own rounds: each sees its own lines, in order.
-    let guests: Vec<(i32, Running)> =
-        [2, 5].into_iter().map(|n| (n, Running::spawn(server.run(dir, &["tenancy", "printf", &n.to_string()])))).collect();
+    let guests: Vec<(i32, Running)> = [2, 5]
+        .into_iter()
+        .map(|n| (n, Running::spawn(server.run(dir, &["tenancy", "printf", &n.to_string()]))))
+        .collect();
     for (n, g) in guests {
         let done = g.finish(PROGRAM_TIMEOUT).unwrap();
         assert!(done.status.success(), "{}", done.stderr);
@@ -227,7 +229,11 @@ fn a_tenant_s_memory_limit_holds_on_every_path() {
     let server = Server::start_with("limits", &["--config", cfg.to_str().unwrap(), "--listen", &tcp]);
     let remote = |token: &Path, args: &[&str]| {
         let mut cmd = Command::new(gpuplex());
-        cmd.args(["run", "--server", &tcp, "--token-file"]).arg(token).arg("--").arg(dir.join(args[0])).args(&args[1..]);
+        cmd.args(["run", "--server", &tcp, "--token-file"])
+            .arg(token)
+            .arg("--")
+            .arg(dir.join(args[0]))
+            .args(&args[1..]);
         cmd
     };
     let mut holder = Running::spawn(remote(&other, &["hold_memory", "512"]));
@@ -292,7 +298,9 @@ fn status_and_metrics_show_each_tenant_and_a_guest_sees_its_own() {
     assert!(session["calls"].as_u64().unwrap() > 0 && session["worker_pid"].as_u64().unwrap() > 0, "{session}");
 
     let body = http_get(&metrics, "/metrics");
-    for line in ["gpuplex_tenant_sessions{tenant=\"main\"} 1", "gpuplex_tenant_memory_limit_bytes{tenant=\"main\"} 1073741824"] {
+    for line in
+        ["gpuplex_tenant_sessions{tenant=\"main\"} 1", "gpuplex_tenant_memory_limit_bytes{tenant=\"main\"} 1073741824"]
+    {
         assert!(body.contains(line), "no {line:?} in:\n{body}");
     }
     assert!(body.contains("gpuplex_tenant_memory_bytes{tenant=\"main\"} "), "{body}");

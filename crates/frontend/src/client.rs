@@ -118,7 +118,7 @@ fn patience() -> Option<Duration> {
         Ok(v) => v.trim().parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0),
     };
     match seconds {
-        Some(s) if s == 0.0 => None,
+        Some(0.0) => None,
         // Below a few heartbeats a busy server would look lost.
         Some(s) => Some(Duration::from_secs_f64(s.max(MIN_TIMEOUT.as_secs_f64()))),
         None => {

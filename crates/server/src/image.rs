@@ -287,16 +287,20 @@ fn cubin_footprint(data: &[u8]) -> Result<u64, ImageError> {
 fn ptx_footprint(bytes: &[u8]) -> Result<u64, ImageError> {
     let text = bytes.split(|&b| b == 0).next().unwrap_or_default();
     let mut total = text.len() as u64;
-    walk_ptx(text, |stmt| {
-        let linkage = [".visible", ".weak", ".extern", ".common"];
-        if matches!(stmt.iter().find(|t| !linkage.contains(t)), Some(&".global" | &".const")) {
-            let d = decl(stmt)?;
-            if !d.is_extern {
-                total = total.saturating_add(d.size()?);
+    walk_ptx(
+        text,
+        |stmt| {
+            let linkage = [".visible", ".weak", ".extern", ".common"];
+            if matches!(stmt.iter().find(|t| !linkage.contains(t)), Some(&".global" | &".const")) {
+                let d = decl(stmt)?;
+                if !d.is_extern {
+                    total = total.saturating_add(d.size()?);
+                }
             }
-        }
-        Ok(())
-    }, |_, _| Ok(()))?;
+            Ok(())
+        },
+        |_, _| Ok(()),
+    )?;
     Ok(total)
 }
 
@@ -503,8 +507,14 @@ fn parse_ptx(bytes: &[u8]) -> Result<Image, ImageError> {
     let (mut globals, mut kernels, mut total) = (Vec::new(), Vec::new(), 0);
     walk_ptx(
         text,
-        |stmt| Ok(globals.extend(ptx_global(stmt, &mut total)?)),
-        |head, body| Ok(kernels.push(ptx_kernel(head, body)?)),
+        |stmt| {
+            globals.extend(ptx_global(stmt, &mut total)?);
+            Ok(())
+        },
+        |head, body| {
+            kernels.push(ptx_kernel(head, body)?);
+            Ok(())
+        },
     )?;
     Ok(Image { kernels, globals })
 }

@@ -159,7 +159,8 @@ where
 pub(crate) fn set_recv_timeout(socket: &impl AsRawFd, timeout: Option<Duration>) -> std::io::Result<()> {
     let t = timeout.unwrap_or_default();
     // A zero timeval means "no timeout": round a remainder up to 1 µs.
-    let tv = libc::timeval { tv_sec: t.as_secs() as _, tv_usec: t.subsec_micros().max(u32::from(timeout.is_some())) as _ };
+    let tv =
+        libc::timeval { tv_sec: t.as_secs() as _, tv_usec: t.subsec_micros().max(u32::from(timeout.is_some())) as _ };
     // SAFETY: `tv` is a live timeval and the length passed is its size, as
     // setsockopt(SO_RCVTIMEO) requires.
     let rc = unsafe {

@@ -320,7 +320,8 @@ impl Session {
             }
             for piece in bytes.chunks(MAX_PAYLOAD - 64) {
                 let payload = codec::encode(&DeviceOutput { stream, bytes: piece.to_vec() });
-                let header = Header { opcode: (Opcode::DeviceOutput as u16).into(), ..Header::reply(to, 0, payload.len()) };
+                let header =
+                    Header { opcode: (Opcode::DeviceOutput as u16).into(), ..Header::reply(to, 0, payload.len()) };
                 line.send(&header, &payload)?;
             }
         }

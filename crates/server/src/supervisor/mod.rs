@@ -92,11 +92,16 @@ impl Supervisor {
     /// the first worker has opened the backend (or failed to, which is the
     /// error). `config` says who the tenants are; `server_token` admits
     /// TCP peers as tenant `remote`.
-    pub fn start(placement: Placement, config: Config, server_token: Option<gpuplex_transport::Token>) -> Result<Arc<Supervisor>, String> {
+    pub fn start(
+        placement: Placement,
+        config: Config,
+        server_token: Option<gpuplex_transport::Token>,
+    ) -> Result<Arc<Supervisor>, String> {
         let (placer, backend) = match placement {
             Placement::Workers { command, keep_idle } => {
                 let (pool, ready) = pool::Pool::start(command, keep_idle)?;
-                let info = BackendInfo { kind: ready.backend, driver_version: ready.driver_version, devices: ready.devices.0 };
+                let info =
+                    BackendInfo { kind: ready.backend, driver_version: ready.driver_version, devices: ready.devices.0 };
                 (Placer::Workers(pool), info)
             }
             Placement::InProcess(backend) => {
@@ -231,7 +236,12 @@ impl Supervisor {
     }
 
     /// Places a guest whose session is open, and waits until it has gone.
-    fn place(&self, carrier: Box<dyn gpuplex_transport::Carrier>, session: &registry::SessionEntry, guest: admission::Opening) {
+    fn place(
+        &self,
+        carrier: Box<dyn gpuplex_transport::Carrier>,
+        session: &registry::SessionEntry,
+        guest: admission::Opening,
+    ) {
         let account = self.registry.account(session);
         match &self.placer {
             Placer::InProcess(host) => {

@@ -241,6 +241,11 @@ fn keep_filled(pool: Weak<Pool>) {
 
 /// Descriptors a worker is handed with a guest: the guest's socket and its
 /// tenant's ledger.
-pub fn serve(worker: &Worker, serve: &link::Serve, socket: &OwnedFd, ledger: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+pub fn serve(
+    worker: &Worker,
+    serve: &link::Serve,
+    socket: &OwnedFd,
+    ledger: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
     worker.link.send(Kind::Serve, serve, &[socket.as_fd(), ledger])
 }

@@ -97,11 +97,13 @@ impl Registry {
         let mut book = self.lock();
         if !book.tenants.contains_key(&plan.tenant) {
             let ledger = Ledger::create(&plan.tenant, plan.memory_limit).map_err(OpenError::Ledger)?;
-            let entry = TenantEntry { ledger: Arc::new(ledger), weight: plan.weight, slots: BTreeSet::new(), ended_calls: 0 };
+            let entry =
+                TenantEntry { ledger: Arc::new(ledger), weight: plan.weight, slots: BTreeSet::new(), ended_calls: 0 };
             book.tenants.insert(plan.tenant.clone(), entry);
         }
         let tenant = book.tenants.get_mut(&plan.tenant).expect("inserted above");
-        let slot = (0..SLOTS).find(|s| !tenant.slots.contains(s)).ok_or_else(|| OpenError::Full(plan.tenant.clone()))?;
+        let slot =
+            (0..SLOTS).find(|s| !tenant.slots.contains(s)).ok_or_else(|| OpenError::Full(plan.tenant.clone()))?;
         tenant.slots.insert(slot);
         tenant.ledger.claim(slot);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;

@@ -199,7 +199,12 @@ pub fn prometheus(supervisor: &Supervisor) -> String {
     let tenant = |t: &TenantStatus| format!("tenant=\"{}\"", escape(&t.name));
     let per_tenant = |f: &dyn Fn(&TenantStatus) -> String| s.tenants.0.iter().map(|t| (tenant(t), f(t))).collect();
     family("tenant_sessions", "gauge", "Live sessions of the tenant.", per_tenant(&|t| t.sessions.to_string()));
-    family("tenant_memory_bytes", "gauge", "Device memory the tenant's sessions hold.", per_tenant(&|t| t.memory_used.to_string()));
+    family(
+        "tenant_memory_bytes",
+        "gauge",
+        "Device memory the tenant's sessions hold.",
+        per_tenant(&|t| t.memory_used.to_string()),
+    );
     family(
         "tenant_memory_limit_bytes",
         "gauge",
@@ -207,7 +212,12 @@ pub fn prometheus(supervisor: &Supervisor) -> String {
         per_tenant(&|t| t.memory_limit.to_string()),
     );
     family("tenant_weight", "gauge", "The tenant's configured weight.", per_tenant(&|t| t.weight.to_string()));
-    family("tenant_calls_total", "counter", "CUDA calls the tenant's sessions made.", per_tenant(&|t| t.calls.to_string()));
+    family(
+        "tenant_calls_total",
+        "counter",
+        "CUDA calls the tenant's sessions made.",
+        per_tenant(&|t| t.calls.to_string()),
+    );
     family(
         "tenant_gpu_busy_ratio",
         "gauge",
@@ -217,9 +227,13 @@ pub fn prometheus(supervisor: &Supervisor) -> String {
     let session = |t: &SessionStatus| {
         format!("tenant=\"{}\",session=\"{}\",worker_pid=\"{}\"", escape(&t.tenant), t.id, t.worker_pid)
     };
-    let per_session =
-        |f: &dyn Fn(&SessionStatus) -> String| s.sessions.0.iter().map(|t| (session(t), f(t))).collect();
-    family("session_memory_bytes", "gauge", "Device memory the session holds.", per_session(&|t| t.memory_used.to_string()));
+    let per_session = |f: &dyn Fn(&SessionStatus) -> String| s.sessions.0.iter().map(|t| (session(t), f(t))).collect();
+    family(
+        "session_memory_bytes",
+        "gauge",
+        "Device memory the session holds.",
+        per_session(&|t| t.memory_used.to_string()),
+    );
     family("session_calls_total", "counter", "CUDA calls the session made.", per_session(&|t| t.calls.to_string()));
     let _ = writeln!(out, "# HELP gpuplex_idle_workers Worker processes ready for a guest.");
     let _ = writeln!(out, "# TYPE gpuplex_idle_workers gauge\ngpuplex_idle_workers {}", s.idle_workers);
@@ -271,6 +285,10 @@ fn answer_http(mut stream: std::net::TcpStream, supervisor: &Supervisor) -> std:
     } else {
         ("404 Not Found", "text/plain; charset=utf-8", "gpuplex serves /metrics only\n".to_owned())
     };
-    write!(stream, "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())?;
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
     stream.flush()
 }

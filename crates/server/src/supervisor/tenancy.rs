@@ -107,7 +107,12 @@ impl Tenancy {
             Some(gpus) => gpus.iter().map(|&g| g as i32).collect(),
             None => (0..self.devices as i32).collect(),
         };
-        Plan { tenant: tenant.to_owned(), memory_limit: settings.memory_limit.unwrap_or(0), weight: settings.weight, devices }
+        Plan {
+            tenant: tenant.to_owned(),
+            memory_limit: settings.memory_limit.unwrap_or(0),
+            weight: settings.weight,
+            devices,
+        }
     }
 }
 

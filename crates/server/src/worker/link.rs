@@ -115,9 +115,8 @@ impl Link {
     pub fn pair() -> io::Result<(Link, OwnedFd)> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors socketpair writes.
-        let rc = unsafe {
-            libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr())
-        };
+        let rc =
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) };
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }

@@ -62,7 +62,7 @@ pub fn capture() -> std::io::Result<()> {
         let functions = CookieFunctions { read: None, write: Some(write), seek: None, close: None };
         // SAFETY: a valid mode string and function table; the cookie is a
         // plain index, never dereferenced.
-        let file = unsafe { fopencookie(index as *mut c_void, c"w".as_ptr(), functions) };
+        let file = unsafe { fopencookie(std::ptr::without_provenance_mut(index), c"w".as_ptr(), functions) };
         if file.is_null() {
             return Err(std::io::Error::other(format!("fopencookie for {which} failed")));
         }
@@ -108,7 +108,7 @@ mod tests {
         // SAFETY: live byte strings and their lengths.
         unsafe {
             write(std::ptr::null_mut(), c"out ".as_ptr(), 4);
-            write(1 as *mut c_void, c"err".as_ptr(), 3);
+            write(std::ptr::without_provenance_mut(1), c"err".as_ptr(), 3);
             write(std::ptr::null_mut(), c"more".as_ptr(), 4);
         }
         assert_eq!(take(), vec![(1, b"out more".to_vec()), (2, b"err".to_vec())]);

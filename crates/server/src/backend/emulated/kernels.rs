@@ -356,7 +356,8 @@ fn wild_write(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), Cu
 fn say(k: &KernelLaunch<'_>, _: &mut dyn DeviceMemory) -> Result<(), CuError> {
     let round = k.i32_param(0)?;
     let threads = k.threads_x().saturating_mul(k.threads_per_x());
-    let lines = (0..threads.min(CHUNK)).map(|t| format!("device round {round} thread {}\n", t % u64::from(k.block[0].max(1))));
+    let lines =
+        (0..threads.min(CHUNK)).map(|t| format!("device round {round} thread {}\n", t % u64::from(k.block[0].max(1))));
     c_stream(false, &lines.collect::<String>());
     Ok(())
 }
