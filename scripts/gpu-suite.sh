@@ -351,13 +351,26 @@ for _ in $(seq 300); do [ -S "$lsock" ] && break; sleep 0.1; done
     "$progs/hold_memory" 4096 >"$logs/limits-other.out" 2>&1 &
 other=$!
 wait_line "$logs/limits-other.out" 120 holding || true
+"$bin/gpuplex" run --server "unix:$lsock" -- "$tenancy" sleep 12000 >"$logs/limits-busy.out" 2>&1 &
+busy=$!
 "$bin/gpuplex" run --server "unix:$lsock" -- "$tenancy" memory >"$logs/limits.out" 2>"$logs/limits.err" || true
 "$tenancy" memory >"$logs/limits.native.out" 2>&1 || true
+sleep 10
+"$bin/gpuplex" status --server "unix:$lsock" --json >"$logs/limits-status.json" 2>&1 || true
 "$bin/gpuplex" status --server "unix:$lsock" >"$logs/limits-status.txt" 2>&1 || true
 python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$mport/metrics').read().decode())" \
     >"$logs/limits-metrics.txt" 2>&1 || true
 kill "$other" 2>/dev/null || true
 wait "$other" 2>/dev/null || true
+wait "$busy" 2>/dev/null || true
+# The sleeping kernel keeps its tenant's GPU busy the whole interval.
+busy_share=$(python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(max(x['gpu_busy'] for x in s['sessions'] if x['program'].endswith('tenancy')))" \
+    "$logs/limits-status.json" 2>/dev/null || echo 0)
+if awk -v b="$busy_share" 'BEGIN { exit !(b >= 0.9) }'; then
+    say "status: a guest running a 12 s kernel shows GPU busy $busy_share over the last interval: PASS"
+else
+    fail "status: a guest running a 12 s kernel shows GPU busy $busy_share (logs/limits-status.json)"
+fi
 cat >"$limits/want" <<'WANT'
 total 1024 MiB, device total 1024 MiB, free within total: yes
 alloc total + 1 MiB: CUDA_ERROR_OUT_OF_MEMORY

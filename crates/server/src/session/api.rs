@@ -82,6 +82,7 @@ impl Session {
         let p = self.primaries[dev];
         // The driver's primary contexts always map host memory.
         let obj = self.backend.ctx_create(self.devices[dev], p.flags | CU_CTX_MAP_HOST)?;
+        self.busy.context(obj);
         self.tables.contexts.insert(p.handle, CtxEntry { obj: Some(obj), device: dev as i32, primary: true });
         Ok(obj)
     }
@@ -135,6 +136,7 @@ impl Session {
             }
         }
         let obj = self.backend.stream_create(ctx, 0, 0)?;
+        self.busy.stream(ctx, obj);
         let handle = self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
         self.per_thread_streams.insert(key, handle);
         Ok((ctx, obj))
@@ -243,6 +245,7 @@ impl Api for Session {
     fn CtxCreate(&mut self, req: CtxCreate::Request) -> R<CtxCreate::Reply> {
         let device = self.device(req.dev)? as i32;
         let obj = self.backend.ctx_create(self.devices[device as usize], req.flags)?;
+        self.busy.context(obj);
         Ok(CtxCreate::Reply { ctx: Ctx(self.tables.add_ctx(CtxEntry { obj: Some(obj), device, primary: false })) })
     }
 
@@ -864,6 +867,7 @@ impl Api for Session {
     fn cuStreamCreate(&mut self, req: cuStreamCreate::Request) -> R<cuStreamCreate::Reply> {
         let (h, ctx) = self.current_ctx()?;
         let obj = self.backend.stream_create(ctx, req.flags, 0)?;
+        self.busy.stream(ctx, obj);
         Ok(cuStreamCreate::Reply {
             phStream: Stream(self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) })),
         })
@@ -875,6 +879,7 @@ impl Api for Session {
     ) -> R<cuStreamCreateWithPriority::Reply> {
         let (h, ctx) = self.current_ctx()?;
         let obj = self.backend.stream_create(ctx, req.flags, req.priority)?;
+        self.busy.stream(ctx, obj);
         let s = self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
         Ok(cuStreamCreateWithPriority::Reply { phStream: Stream(s) })
     }
@@ -884,6 +889,7 @@ impl Api for Session {
             return Err(CallError::new(CuError::INVALID_HANDLE, "a default stream cannot be destroyed"));
         }
         let (ctx, stream) = self.stream(req.hStream)?;
+        self.busy.stream_gone(stream);
         self.backend.stream_destroy(ctx, stream)?;
         self.tables.remove(Kind::Stream, req.hStream.0)?;
         Ok(cuStreamDestroy_v2::Reply {})

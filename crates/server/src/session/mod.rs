@@ -12,6 +12,7 @@
 //! allocates and exactly after every call.
 
 mod api;
+mod busy;
 mod images;
 pub mod lanes;
 mod launcher;
@@ -82,6 +83,7 @@ pub struct Session {
     images: images::Images,
     id: u64,
     account: Account,
+    busy: busy::Busy,
     /// The guest's protocol version: whether it takes frames it did not ask for.
     unsolicited: bool,
     device_output: bool,
@@ -127,6 +129,7 @@ impl Session {
                 flags: 0,
             })
             .collect();
+        let busy = busy::Busy::start(backend.clone(), guest.account.clone());
         Session {
             launcher: launcher::Launcher::new(backend.clone()),
             backend,
@@ -141,6 +144,7 @@ impl Session {
             images: images::Images::default(),
             id: guest.id,
             account: guest.account.clone(),
+            busy,
             unsolicited: guest.hello_header.version.get() >= UNSOLICITED_VERSION,
             device_output: guest.device_output,
             lane_key: guest.lane_key,
@@ -377,6 +381,7 @@ impl Session {
 
     /// Forgets what died with a backend context.
     fn context_gone(&mut self, ctx: Obj) {
+        self.busy.context_gone(ctx);
         self.shared.context_gone(ctx);
         self.scratch.context_gone(ctx);
         if let Some(lanes) = &mut self.lanes {
@@ -394,8 +399,9 @@ impl Drop for Session {
     /// registrations, libraries (they span contexts), then every live context, which takes its memory, modules,
     /// streams and events with it.
     fn drop(&mut self) {
-        // No launch may still run while its context goes.
+        // No launch may still run, and no stream be sampled, while its context goes.
         self.launcher.stop();
+        self.busy.stop();
         self.shared.teardown(&*self.backend);
         self.scratch.teardown(&*self.backend);
         if let Some(lanes) = &mut self.lanes {

@@ -84,7 +84,8 @@ pub fn capture() -> std::io::Result<()> {
 /// Output caught since the last call, as `(stream, bytes)` with stream 1
 /// for stdout and 2 for stderr; empty (after one atomic load) if none.
 pub fn take() -> Vec<(u32, Vec<u8>)> {
-    if !PENDING.swap(false, Ordering::Acquire) {
+    // A plain load first: this runs after every call, and output is rare.
+    if !PENDING.load(Ordering::Relaxed) || !PENDING.swap(false, Ordering::Acquire) {
         return Vec::new();
     }
     let mut held = HELD.lock().unwrap_or_else(PoisonError::into_inner);
