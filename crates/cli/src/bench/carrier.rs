@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuplex_transport::Address;
 
 /// How long a server may take to open its backend and listen.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,11 +39,11 @@ impl CarrierKind {
     }
 }
 
-/// How readiness is seen.
+/// How readiness is seen: an accepted connection. A server listens only
+/// once it can serve, and a connection needs no protocol, so a baseline
+/// build of another protocol version is seen alike.
 enum Probe {
-    /// A `ServerInfo` request, as `gpuplex run` probes.
-    Info(Address),
-    /// An accepted connection (the protocol needs the token, which the probe does not speak).
+    Unix(PathBuf),
     Tcp(SocketAddr),
 }
 
@@ -73,7 +72,7 @@ impl Server {
             CarrierKind::Shm | CarrierKind::Socket => {
                 let path = dir.join("server.sock");
                 client_env.push(("GPUPLEX_CARRIER".to_owned(), kind.name().to_owned()));
-                (format!("unix:{}", path.display()), Probe::Info(Address::Unix(path)))
+                (format!("unix:{}", path.display()), Probe::Unix(path))
             }
             CarrierKind::Tcp => {
                 let port = free_port().map_err(|e| format!("no free loopback port: {e}"))?;
@@ -110,7 +109,7 @@ impl Server {
                 return Err(failure_reason(&read_lossy(&self.log), &status.to_string()));
             }
             let ready = match probe {
-                Probe::Info(a) => crate::info::query(a, None).is_ok(),
+                Probe::Unix(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
                 Probe::Tcp(a) => TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok(),
             };
             if ready {
