@@ -389,11 +389,13 @@ impl Conn {
         if self.broken {
             return Err(SERVER_GONE);
         }
+        const HEARTBEAT: u16 = Opcode::Heartbeat as u16;
+        const DEVICE_OUTPUT: u16 = Opcode::DeviceOutput as u16;
         let header = loop {
             let header = self.carrier.recv(&mut self.buf).map_err(|e| self.lose(&e.to_string()))?;
-            match header.opcode() {
-                Ok(Opcode::Heartbeat) => continue,
-                Ok(Opcode::DeviceOutput) => device_output(&self.buf),
+            match header.opcode.get() {
+                HEARTBEAT => continue,
+                DEVICE_OUTPUT => device_output(&self.buf),
                 _ => break header,
             }
         };

@@ -6,10 +6,14 @@
 //! interval; the guest gives up on a server only after a longer silence
 //! (the front-end's `GPUPLEX_TIMEOUT`). Frames from the two threads go
 //! through one lock, which the session's thread otherwise takes alone.
+//!
+//! The session's thread only bumps counters for the heartbeat to look at (a
+//! clock read per frame would cost every call): the heartbeat sends when
+//! it has seen the same call under way, and nothing sent, for an interval.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpuplex_protocol::{Header, Opcode};
 use gpuplex_transport::{Carrier, TransportError};
@@ -17,16 +21,19 @@ use gpuplex_transport::{Carrier, TransportError};
 /// How long a call runs before its guest hears a heartbeat, and how often
 /// it hears one after that.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// Looks per interval: a long call is heard from within 1 + 1/LOOKS
+/// intervals.
+const LOOKS: u32 = 4;
 
 pub struct Line {
     carrier: Mutex<Box<dyn Carrier>>,
-    clock: Instant,
-    /// Microseconds since `clock` when the session took the frame it is
-    /// running; 0 while it waits for the next one.
-    busy_since: AtomicU64,
-    last_sent: AtomicU64,
-    stop: (Mutex<bool>, Condvar),
-    stopped: AtomicBool,
+    /// Frames taken from the guest, and whether one is being run.
+    taken: AtomicU64,
+    running: AtomicBool,
+    /// Frames sent to the guest.
+    sent: AtomicU64,
+    stopped: Mutex<bool>,
+    stop: Condvar,
 }
 
 impl Line {
@@ -34,11 +41,11 @@ impl Line {
     pub fn new(carrier: Box<dyn Carrier>, heartbeats: bool) -> Arc<Line> {
         let line = Arc::new(Line {
             carrier: Mutex::new(carrier),
-            clock: Instant::now(),
-            busy_since: AtomicU64::new(0),
-            last_sent: AtomicU64::new(0),
-            stop: (Mutex::new(false), Condvar::new()),
-            stopped: AtomicBool::new(!heartbeats),
+            taken: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
+            stopped: Mutex::new(!heartbeats),
+            stop: Condvar::new(),
         });
         if heartbeats {
             let beating = line.clone();
@@ -50,10 +57,6 @@ impl Line {
         line
     }
 
-    fn now(&self) -> u64 {
-        self.clock.elapsed().as_micros() as u64 + 1
-    }
-
     /// The connection, for the session's own thread.
     pub fn carrier(&self) -> MutexGuard<'_, Box<dyn Carrier>> {
         self.carrier.lock().unwrap_or_else(PoisonError::into_inner)
@@ -61,44 +64,43 @@ impl Line {
 
     /// The guest's next frame; the session is idle until it comes.
     pub fn recv(&self, buf: &mut Vec<u8>) -> Result<Header, TransportError> {
-        self.busy_since.store(0, Ordering::Relaxed);
+        self.running.store(false, Relaxed);
         let header = self.carrier().recv(buf);
-        self.busy_since.store(self.now(), Ordering::Relaxed);
+        self.taken.store(self.taken.load(Relaxed) + 1, Relaxed);
+        self.running.store(true, Relaxed);
         header
     }
 
     pub fn send(&self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
         let sent = self.carrier().send(header, payload);
-        self.last_sent.store(self.now(), Ordering::Relaxed);
+        self.sent.store(self.sent.load(Relaxed) + 1, Relaxed);
         sent
     }
 
     /// Stops the heartbeat, whose thread holds the line until then: the
     /// session calls this as it ends.
     pub fn stop(&self) {
-        if self.stopped.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        *self.stop.0.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.stop.1.notify_all();
+        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.stop.notify_all();
     }
 
     fn beat(&self) {
-        let interval = HEARTBEAT.as_micros() as u64;
-        let mut stopped = self.stop.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        // The frame and the count of frames sent last seen, and for how
+        // many looks in a row.
+        let (mut seen, mut quiet) = ((u64::MAX, u64::MAX), 0);
         loop {
-            // Checks a few times an interval, so that a call is heard from
-            // soon after it has run for one.
-            stopped = self.stop.1.wait_timeout(stopped, HEARTBEAT / 4).unwrap_or_else(PoisonError::into_inner).0;
+            stopped = self.stop.wait_timeout(stopped, HEARTBEAT / LOOKS).unwrap_or_else(PoisonError::into_inner).0;
             if *stopped {
                 return;
             }
-            let now = self.now();
-            let busy_since = self.busy_since.load(Ordering::Relaxed);
-            let quiet = now.saturating_sub(self.last_sent.load(Ordering::Relaxed)) >= interval;
-            if busy_since == 0 || now.saturating_sub(busy_since) < interval || !quiet {
+            let now = (self.taken.load(Relaxed), self.sent.load(Relaxed));
+            quiet = if self.running.load(Relaxed) && now == seen { quiet + 1 } else { 0 };
+            seen = now;
+            if quiet < LOOKS {
                 continue;
             }
+            quiet = 0;
             // The session's thread holds the connection only to move a
             // frame; if it does, the guest is hearing from it anyway.
             if let Ok(mut carrier) = self.carrier.try_lock() {
@@ -106,7 +108,6 @@ impl Line {
                 if carrier.send(&beat, &[]).is_err() {
                     return;
                 }
-                self.last_sent.store(now, Ordering::Relaxed);
             }
         }
     }
