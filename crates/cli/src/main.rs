@@ -144,6 +144,10 @@ enum Command {
         /// Fewer iterations, shorter copy timings and no 256 MiB copies: seconds, not a minute.
         #[arg(long)]
         quick: bool,
+        /// Rounds of every column, an odd number: each adds a sample to every
+        /// row, for tighter medians.
+        #[arg(long, default_value_t = bench::ROUNDS, value_parser = odd)]
+        rounds: usize,
         /// Another build's folder (its gpuplex and libcuda.so): every carrier
         /// is measured through it too, as CARRIER@base, in the same rounds.
         #[arg(long, value_name = "DIR")]
@@ -185,8 +189,8 @@ fn main() -> ExitCode {
             run::run(server, token_file.as_deref(), backend, &command)
         }
         Command::Status { server, token_file, json } => info::status(server, token_file.as_deref(), json),
-        Command::Bench { backend, carriers, json, quick, baseline } => {
-            bench::bench(bench::Options { backend, carriers, json, quick, baseline })
+        Command::Bench { backend, carriers, json, quick, rounds, baseline } => {
+            bench::bench(bench::Options { backend, carriers, json, quick, rounds, baseline })
         }
         Command::BenchWorker { library, quick, samples, part, turns } => {
             bench::worker::run(&library, quick, samples, part, turns)
@@ -202,6 +206,14 @@ fn main() -> ExitCode {
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// An odd positive number, as `--rounds` takes (the median is then a sample).
+fn odd(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n % 2 == 1 => Ok(n),
+        _ => Err(format!("{s:?} is not an odd positive number")),
+    }
+}
 
 pub use gpuplex_server::chain;
 

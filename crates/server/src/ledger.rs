@@ -153,14 +153,6 @@ impl Account {
         Account { ledger, index }
     }
 
-    /// An account of its own, with `limit` (tests, and servers without
-    /// tenants).
-    pub fn standalone(limit: u64) -> std::io::Result<Account> {
-        let ledger = Arc::new(Ledger::create("standalone", limit)?);
-        ledger.claim(0);
-        Ok(Account::new(ledger, 0))
-    }
-
     pub fn slot(&self) -> &Slot {
         self.ledger.slot(self.index)
     }
@@ -203,12 +195,6 @@ impl Account {
             }
         }
         unreachable!("the loop returns on its last attempt")
-    }
-
-    /// Gives back `bytes` charged earlier.
-    pub fn refund(&self, bytes: u64) {
-        let memory = &self.slot().memory;
-        memory.store(memory.load(SeqCst).saturating_sub(bytes), SeqCst);
     }
 
     /// Records that the session holds exactly `bytes`: what its tables say
@@ -259,7 +245,7 @@ mod tests {
         assert_eq!(s[1].held(), 0, "a refused charge takes nothing");
         s[1].charge(400).unwrap();
         assert_eq!(s[0].tenant_usage(), (1000, 1000));
-        s[0].refund(600);
+        s[0].settle(0);
         s[1].charge(600).unwrap();
         assert_eq!(s[1].held(), 1000);
     }
@@ -281,7 +267,7 @@ mod tests {
         s[1].charge(100).unwrap();
         s[0].ledger().set_limit(50);
         assert!(s[1].charge(1).is_err(), "over a lowered limit nothing more is granted");
-        s[1].refund(60);
+        s[1].settle(40);
         s[1].charge(10).unwrap();
     }
 

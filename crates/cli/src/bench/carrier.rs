@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-
 /// How long a server may take to open its backend and listen.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 

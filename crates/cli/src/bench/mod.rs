@@ -46,7 +46,8 @@ use gpuplex_server::BackendKind;
 
 pub use carrier::CarrierKind;
 use gpuplex_server::session::lanes::Shape;
-use report::{Cell, Column, Device, Machine, Report, Summary, WorkerReport, NATIVE, SAMPLES};
+pub use report::SAMPLES as ROUNDS;
+use report::{Cell, Column, Device, Machine, Report, Summary, WorkerReport, NATIVE};
 use worker::Part;
 
 use crate::Error;
@@ -56,6 +57,8 @@ pub struct Options {
     pub carriers: Vec<CarrierKind>,
     pub json: Option<PathBuf>,
     pub quick: bool,
+    /// Rounds of every column (odd): each adds a sample to every row.
+    pub rounds: usize,
     /// Another build's folder (its `gpuplex` and `libcuda.so`): each
     /// carrier is measured through it too, as `CARRIER@base`, in the same
     /// rounds, so that a change is judged against what it replaces.
@@ -124,9 +127,9 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     // round (and from turn to turn): whatever drifts on the machine (clocks,
     // neighbours) and wherever a process's threads land then fall on every
     // column alike, instead of on whichever ran at a bad moment.
-    for round in 0..SAMPLES {
+    for round in 0..opts.rounds {
         let started = Instant::now();
-        eprint!("gpuplex bench: round {}/{SAMPLES}: latency", round + 1);
+        eprint!("gpuplex bench: round {}/{}: latency", round + 1, opts.rounds);
         let workers = lineup.iter().map(|e| e.turn_worker(&worker)).collect();
         for (entry, report) in lineup.iter_mut().zip(latency::round(workers, round % 2 == 1)) {
             entry.took(report);
@@ -145,7 +148,7 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     let lanes_alone: BTreeMap<String, Cell> = lineup.iter().filter_map(Entry::lanes_alone_cell).collect();
     let columns: Vec<(Column, Result<WorkerReport, String>)> = lineup.into_iter().map(Entry::finish).collect();
 
-    let mut report = assemble(backend, opts.quick, columns);
+    let mut report = assemble(backend, opts.quick, opts.rounds, columns);
     if !lanes_alone.is_empty() {
         report.rows.push(report::lanes_alone_row(Shape::configured(), lanes_alone));
     }
@@ -283,7 +286,12 @@ impl Entry {
     }
 }
 
-fn assemble(backend: &str, quick: bool, mut columns: Vec<(Column, Result<WorkerReport, String>)>) -> Report {
+fn assemble(
+    backend: &str,
+    quick: bool,
+    rounds: usize,
+    mut columns: Vec<(Column, Result<WorkerReport, String>)>,
+) -> Report {
     for (column, outcome) in &mut columns {
         match outcome {
             Ok(w) => column.data_checks = Some(w.checks.clone()),
@@ -299,6 +307,7 @@ fn assemble(backend: &str, quick: bool, mut columns: Vec<(Column, Result<WorkerR
         gpuplex_version: env!("CARGO_PKG_VERSION").into(),
         backend: backend.into(),
         quick,
+        rounds,
         unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         machine: machine(),
         device,

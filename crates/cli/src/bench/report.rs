@@ -3,8 +3,8 @@
 //! and printed under another), the worker's answer, and the report that is
 //! printed as a table or written as JSON.
 //!
-//! Every value is the median of independent samples ([`SAMPLES`] for a
-//! bandwidth row, [`LATENCY_SAMPLES`] for a latency row), reported with their
+//! Every value is the median of independent samples (one per round for a
+//! bandwidth row, [`LATENCY_SAMPLES_PER_ROUND`] for a latency row), reported with their
 //! count, minimum and maximum (see [`Summary`]); each sample of a column
 //! comes from a worker process of its own (see `mod.rs`).
 
@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 pub const KIB: usize = 1 << 10;
 pub const MIB: usize = 1 << 20;
 
-/// Rounds, and so independent samples per bandwidth metric, for every
-/// column and with `--quick` alike. Odd, so that the median is a measured
-/// sample.
+/// Rounds unless `--rounds` says, and so independent samples per
+/// bandwidth metric, for every column and with `--quick` alike. Odd, so
+/// that the median is a measured sample.
 pub const SAMPLES: usize = 5;
 
 /// Samples per latency metric per round, each the mean of a few turns
@@ -26,9 +26,6 @@ pub const SAMPLES: usize = 5;
 /// the H100 machine (a VM) they moved most from spell to spell, so they get
 /// more samples. Odd, as [`SAMPLES`] is.
 pub const LATENCY_SAMPLES_PER_ROUND: usize = 3;
-
-/// Samples per latency metric.
-pub const LATENCY_SAMPLES: usize = SAMPLES * LATENCY_SAMPLES_PER_ROUND;
 
 /// The transfer sizes of the bandwidth rows.
 const BANDWIDTH_SIZES: [usize; 4] = [4 * KIB, MIB, 64 * MIB, 256 * MIB];
@@ -232,6 +229,8 @@ pub struct Report {
     pub gpuplex_version: String,
     pub backend: String,
     pub quick: bool,
+    /// Rounds taken: the samples of a bandwidth row, a third of a latency row's.
+    pub rounds: usize,
     pub unix_time: u64,
     pub machine: Machine,
     /// From the first column that reached a device.

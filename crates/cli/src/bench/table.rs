@@ -4,7 +4,7 @@
 
 use std::fmt::{self, Write};
 
-use super::report::{Better, Cell, Column, Report, LANES_ALONE, LATENCY_SAMPLES, NATIVE, SAMPLES};
+use super::report::{Better, Cell, Column, Report, LANES_ALONE, LATENCY_SAMPLES_PER_ROUND, NATIVE};
 
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
@@ -35,10 +35,11 @@ fn write(out: &mut String, r: &Report) -> fmt::Result {
     } else {
         writeln!(out, "Times (us): lower is better. Bandwidths (GB/s, 1e9 bytes/s): higher is better.")?;
     }
+    let (rounds, latency) = (r.rounds, r.rounds * LATENCY_SAMPLES_PER_ROUND);
     writeln!(
         out,
-        "Each value is the median of {LATENCY_SAMPLES} samples (latency rows) or {SAMPLES} (bandwidth rows), taken in \
-         {SAMPLES} rounds of every column; --json also gives their min and max."
+        "Each value is the median of {latency} samples (latency rows) or {rounds} (bandwidth rows), taken in \
+         {rounds} rounds of every column; --json also gives their min and max."
     )?;
     if r.rows.iter().any(|row| row.name == LANES_ALONE) {
         writeln!(out, "Lanes alone: the socket and tcp columns' lanes moving the largest copy host to host, with no")?;
@@ -166,6 +167,7 @@ mod tests {
             gpuplex_version: "0".into(),
             backend: "cuda".into(),
             quick: true,
+            rounds: 7,
             unix_time: 0,
             machine: Machine { hostname: "h".into(), cpu: "c".into(), cpus: 1, kernel: "k".into() },
             device: None,
@@ -179,7 +181,10 @@ mod tests {
         assert!(words(line("empty-kernel launch + stream")).ends_with("us lower 9.00 failed [1] -"), "{text}");
         assert!(line("tcp").contains("unavailable: no tcp"), "{text}");
         assert!(text.contains("\n[1] it broke\n") && text.matches("it broke").count() == 1, "{text}");
-        assert!(text.contains(&format!("median of {LATENCY_SAMPLES} samples (latency rows) or {SAMPLES}")), "{text}");
+        assert!(
+            text.contains("median of 21 samples (latency rows) or 7 (bandwidth rows), taken in 7 rounds"),
+            "{text}"
+        );
     }
 
     #[test]

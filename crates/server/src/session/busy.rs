@@ -24,7 +24,7 @@ use crate::backend::{Backend, Obj};
 use crate::ledger::Account;
 
 /// How often the session's streams are looked at.
-pub const SAMPLE: Duration = Duration::from_millis(10);
+pub const SAMPLE: Duration = Duration::from_millis(20);
 
 /// `CU_STREAM_LEGACY`: each context's default stream.
 const LEGACY: Obj = Obj(1);
@@ -44,8 +44,7 @@ pub struct Busy {
 impl Busy {
     /// Starts sampling for the session whose slot `account` is.
     pub fn start(backend: Arc<dyn Backend>, account: Account) -> Busy {
-        let shared =
-            Arc::new(Shared { watched: Mutex::default(), stopped: Mutex::new(false), wake: Condvar::new() });
+        let shared = Arc::new(Shared { watched: Mutex::default(), stopped: Mutex::new(false), wake: Condvar::new() });
         let sampling = shared.clone();
         let sampler = std::thread::Builder::new()
             .name("gpuplex-busy".into())
@@ -108,7 +107,9 @@ fn sample(shared: &Shared, backend: &dyn Backend, account: &Account) {
             false
         } else {
             let watched = shared.watched.lock().unwrap_or_else(PoisonError::into_inner);
-            watched.iter().any(|&(ctx, stream)| backend.stream_query(ctx, stream).is_err_and(|e| e.code == CuError::NOT_READY))
+            watched
+                .iter()
+                .any(|&(ctx, stream)| backend.stream_query(ctx, stream).is_err_and(|e| e.code == CuError::NOT_READY))
         };
         (calls_seen, was_busy) = (calls, busy);
         // Only this thread writes these two.

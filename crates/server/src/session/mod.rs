@@ -37,8 +37,6 @@ use lanes::{Hubs, LaneKey};
 use line::Line;
 use tables::{HandleMap, Kind, Tables};
 
-pub use line::HEARTBEAT;
-
 /// What the supervisor tells a session about the guest it serves.
 pub struct Guest {
     pub id: u64,

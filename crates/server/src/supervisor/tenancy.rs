@@ -42,10 +42,6 @@ impl Tenancy {
         Ok(Tenancy { config, devices, server_token })
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
     pub fn server_token(&self) -> Option<Token> {
         self.server_token.clone()
     }
@@ -74,12 +70,6 @@ impl Tenancy {
             },
             (Peer::Remote(addr), None) => Err(format!("{addr} proved no key")),
         }
-    }
-
-    /// The plan of every tenant the configuration names, to update tenants
-    /// that have sessions when it is reloaded.
-    pub fn configured(&self) -> Vec<Plan> {
-        self.config.tenants.iter().map(|t| self.plan(&t.name, &t.settings)).collect()
     }
 
     /// The plan for a tenant by name, as it would be made for a new session.

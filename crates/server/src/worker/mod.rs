@@ -75,9 +75,11 @@ pub fn run(kind: BackendKind) -> i32 {
     let backend = match crate::open_backend(kind) {
         Ok(backend) => backend,
         Err(e) => {
+            // The supervisor reports why; only if it cannot hear it, say it here.
             let why = crate::chain(&*e);
-            let _ = link.send(Kind::Failed, &link::Failed { why: why.clone() }, &[]);
-            error!("cannot open the {kind:?} backend: {why}");
+            if link.send(Kind::Failed, &link::Failed { why: why.clone() }, &[]).is_err() {
+                error!("cannot open the {} backend: {why}", kind.name());
+            }
             return 1;
         }
     };
