@@ -130,14 +130,24 @@ impl Pool {
         }
         let raw = worker_end.as_raw_fd();
         // SAFETY: every call here is async-signal-safe, as code between fork
-        // and exec must be. The link's copy on LINK_FD has no close-on-exec.
-        // A worker gets a process group of its own, so that a terminal's
-        // Ctrl-C reaches the program and not the worker serving it, and an
-        // empty signal mask, whatever the spawning thread had blocked.
+        // and exec must be. The link's copy on LINK_FD has no close-on-exec;
+        // every descriptor above it goes, including any the server itself
+        // inherited without close-on-exec. A worker gets a process group of
+        // its own, so that a terminal's Ctrl-C reaches the program and not
+        // the worker serving it, and an empty signal mask, whatever the
+        // spawning thread had blocked.
         unsafe {
             command.pre_exec(move || {
                 if libc::dup2(raw, LINK_FD) < 0 || libc::setpgid(0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                let first = LINK_FD as libc::c_uint + 1;
+                if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) != 0 {
+                    // Kernels before 5.9: each one that could be open.
+                    let limit = libc::sysconf(libc::_SC_OPEN_MAX).clamp(0, 1 << 16) as libc::c_int;
+                    for fd in first as libc::c_int..limit {
+                        libc::close(fd);
+                    }
                 }
                 let mut none: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut none);
