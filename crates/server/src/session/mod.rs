@@ -428,12 +428,12 @@ fn reply_error(line: &Line, to: &Header, e: CallError) -> Result<(), TransportEr
     line.send(&Header::reply(to, e.code.0, payload.len()), &payload)
 }
 
-/// [`send_reply`] on a carrier already held.
+/// A successful reply, on a carrier already held.
 pub fn send_reply_on(carrier: &mut dyn Carrier, to: &Header, payload: &[u8]) -> Result<(), TransportError> {
     carrier.send(&Header::reply(to, 0, payload.len()), payload)
 }
 
-/// [`reply_error`] on a carrier already held.
+/// A failed reply with its detail, on a carrier already held.
 pub fn reply_error_on(carrier: &mut dyn Carrier, to: &Header, e: CallError) -> Result<(), TransportError> {
     let payload = codec::encode(&ErrorDetail { detail: e.detail });
     carrier.send(&Header::reply(to, e.code.0, payload.len()), &payload)

@@ -3,11 +3,11 @@
 //! It accepts connections, has each peer prove itself and say what it wants
 //! (the first frame, read under a deadline and a size bound), finds the
 //! peer's tenant ([`tenancy`]), and hands the guest to a worker process of
-//! its own ([`pool`]) together with its socket and the tenant's ledger;
+//! its own (`pool.rs`) together with its socket and the tenant's ledger;
 //! from then on the guest and its worker talk directly and the supervisor
 //! only watches the worker, reaping it and freeing what its guest held when
 //! it exits, however it exits. It answers `gpuplex status` and the metrics
-//! from the [`registry`] and the ledgers, and routes a TCP guest's bulk
+//! from the registry (`registry.rs`) and the ledgers, and routes a TCP guest's bulk
 //! lanes to its worker.
 //!
 //! It never opens a GPU itself: what a guest's kernels can do to a process
