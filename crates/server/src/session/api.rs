@@ -469,6 +469,7 @@ impl Api for Session {
             return Ok(MemcpyHtoD::Reply {});
         }
         self.backend.memcpy_htod(ctx, req.dst.0, &req.data, stream, req.sync)?;
+        self.busy.queued(!req.sync);
         Ok(MemcpyHtoD::Reply {})
     }
 
@@ -500,6 +501,7 @@ impl Api for Session {
             return Ok(MemcpyDtoD::Reply {});
         }
         self.backend.memcpy_dtod(ctx, req.dst.0, req.src.0, req.size, stream, req.sync)?;
+        self.busy.queued(!req.sync);
         Ok(MemcpyDtoD::Reply {})
     }
 
@@ -532,6 +534,7 @@ impl Api for Session {
         }
         // SAFETY: a checked range of a registered block the session holds.
         unsafe { self.backend.memcpy_htod_host(ctx, req.dst.0, host.ptr, req.size as usize, stream, req.sync) }?;
+        self.busy.queued(!req.sync);
         if let Some(slot) = host.slot {
             self.shared.mark_slot(&*self.backend, slot, ctx, stream)?;
         }
@@ -547,6 +550,7 @@ impl Api for Session {
         }
         // SAFETY: as above.
         unsafe { self.backend.memcpy_dtoh_host(ctx, host.ptr, req.src.0, req.size as usize, stream, req.sync) }?;
+        self.busy.queued(!req.sync);
         if let Some(slot) = host.slot {
             self.shared.mark_slot(&*self.backend, slot, ctx, stream)?;
         }
@@ -597,6 +601,7 @@ impl Api for Session {
             return Ok(Memset::Reply {});
         }
         self.backend.memset(ctx, &op, stream, req.sync)?;
+        self.busy.queued(!req.sync);
         Ok(Memset::Reply {})
     }
 
@@ -843,6 +848,7 @@ impl Api for Session {
         let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
         let launch = self.launch_config(dims, req.sharedMem, req.stream, &req.attrs)?;
         let ready = ReadyLaunch { ctx, func, launch, params: req.params };
+        self.busy.queued(true);
         if self.posting {
             self.launcher.push(ready);
         } else {
@@ -911,6 +917,7 @@ impl Api for Session {
         let (ctx, stream) = self.stream(req.hStream)?;
         let (_, event) = self.event(req.hEvent)?;
         self.backend.stream_wait_event(ctx, stream, event, req.flags)?;
+        self.busy.queued(true);
         Ok(cuStreamWaitEvent::Reply {})
     }
 
@@ -967,6 +974,7 @@ impl Api for Session {
         let (ctx, event) = self.event(req.hEvent)?;
         let (_, stream) = self.stream(req.hStream)?;
         self.backend.event_record(ctx, event, stream, 0)?;
+        self.busy.queued(true);
         Ok(cuEventRecord::Reply {})
     }
 
@@ -974,6 +982,7 @@ impl Api for Session {
         let (ctx, event) = self.event(req.hEvent)?;
         let (_, stream) = self.stream(req.hStream)?;
         self.backend.event_record(ctx, event, stream, req.flags)?;
+        self.busy.queued(true);
         Ok(cuEventRecordWithFlags::Reply {})
     }
 

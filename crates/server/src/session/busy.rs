@@ -9,11 +9,15 @@
 //! a session's work is on the GPU, running or queued behind other work: a
 //! tenant waiting for a time slice counts as busy.
 //!
-//! It costs the session's own thread nothing but a lock taken when a
-//! stream or context comes or goes, and while the session makes no calls
-//! and was idle at the last sample, the driver is not asked at all.
+//! The driver is asked only after the session queued asynchronous work
+//! (launches, asynchronous copies and memsets, event records and waits),
+//! and until it finds that work done: a query beside a synchronous call
+//! slowed that call, and a synchronous call leaves nothing queued. Its
+//! own brief work, a synchronous copy, is not counted. The session's own
+//! thread pays a flag store per such call and a lock when a stream or a
+//! context comes or goes.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -32,6 +36,8 @@ const LEGACY: Obj = Obj(1);
 struct Shared {
     /// The streams to look at, each with its context: `(ctx, stream)`.
     watched: Mutex<Vec<(Obj, Obj)>>,
+    /// Set when the session queues asynchronous work.
+    queued: AtomicBool,
     stopped: Mutex<bool>,
     wake: Condvar,
 }
@@ -44,7 +50,12 @@ pub struct Busy {
 impl Busy {
     /// Starts sampling for the session whose slot `account` is.
     pub fn start(backend: Arc<dyn Backend>, account: Account) -> Busy {
-        let shared = Arc::new(Shared { watched: Mutex::default(), stopped: Mutex::new(false), wake: Condvar::new() });
+        let shared = Arc::new(Shared {
+            watched: Mutex::default(),
+            queued: AtomicBool::new(false),
+            stopped: Mutex::new(false),
+            wake: Condvar::new(),
+        });
         let sampling = shared.clone();
         let sampler = std::thread::Builder::new()
             .name("gpuplex-busy".into())
@@ -56,6 +67,13 @@ impl Busy {
 
     fn watched(&self) -> MutexGuard<'_, Vec<(Obj, Obj)>> {
         self.shared.watched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The session queued work that may outlast the call (if `queued`).
+    pub fn queued(&self, queued: bool) {
+        if queued && !self.shared.queued.load(Relaxed) {
+            self.shared.queued.store(true, Relaxed);
+        }
     }
 
     /// A context that came to life: its default stream is watched.
@@ -95,23 +113,22 @@ impl Drop for Busy {
 
 fn sample(shared: &Shared, backend: &dyn Backend, account: &Account) {
     let slot = account.slot();
-    let (mut calls_seen, mut was_busy) = (u64::MAX, false);
+    let mut was_busy = false;
     let mut stopped = shared.stopped.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
         stopped = shared.wake.wait_timeout(stopped, SAMPLE).unwrap_or_else(PoisonError::into_inner).0;
         if *stopped {
             return;
         }
-        let calls = slot.calls.load(Relaxed);
-        let busy = if calls == calls_seen && !was_busy {
-            false
-        } else {
+        let queued = shared.queued.swap(false, Relaxed);
+        let busy = (queued || was_busy) && {
             let watched = shared.watched.lock().unwrap_or_else(PoisonError::into_inner);
-            watched
-                .iter()
-                .any(|&(ctx, stream)| backend.stream_query(ctx, stream).is_err_and(|e| e.code == CuError::NOT_READY))
+            let busy = |&(ctx, stream): &(Obj, Obj)| {
+                backend.stream_query(ctx, stream).is_err_and(|e| e.code == CuError::NOT_READY)
+            };
+            watched.iter().any(busy)
         };
-        (calls_seen, was_busy) = (calls, busy);
+        was_busy = busy;
         // Only this thread writes these two.
         slot.samples.store(slot.samples.load(Relaxed) + 1, Relaxed);
         if busy {
