@@ -295,14 +295,17 @@ pub fn protocol_code(table: &Table) -> String {
         )
         .unwrap();
     }
-    for row in table.rows.iter().filter(|r| r.kind == Kind::Control) {
-        writeln!(
-            s,
-            "        Opcode::{} => Err(DecodeError::Invalid(\"a control frame is not a call\".into())),",
-            row.name
-        )
-        .unwrap();
-    }
+    let control_arms = |s: &mut String| {
+        for row in table.rows.iter().filter(|r| r.kind == Kind::Control) {
+            writeln!(
+                s,
+                "        Opcode::{} => Err(DecodeError::Invalid(\"a control frame is not a call\".into())),",
+                row.name
+            )
+            .unwrap();
+        }
+    };
+    control_arms(&mut s);
     s += "    }\n}\n\n";
     s += "/// Decodes a request payload as [`dispatch`] does and drops it, with no\n";
     s += "/// [`Api`] to run it on: for fuzzing the decoders a guest's frames reach.\n";
@@ -311,14 +314,7 @@ pub fn protocol_code(table: &Table) -> String {
         writeln!(s, "        Opcode::{0} => codec::decode::<calls::{0}::Request>(payload).map(drop),", row.name)
             .unwrap();
     }
-    for row in table.rows.iter().filter(|r| r.kind == Kind::Control) {
-        writeln!(
-            s,
-            "        Opcode::{} => Err(DecodeError::Invalid(\"a control frame is not a call\".into())),",
-            row.name
-        )
-        .unwrap();
-    }
+    control_arms(&mut s);
     s += "    }\n}\n";
     s
 }

@@ -43,20 +43,15 @@ pub struct Opening {
 pub fn admit(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>) {
     let peer = carrier.peer();
     let Some(pending) = supervisor.enter_admission(&peer) else {
-        warn!(%peer, "refused a connection: too many from the same origin are still opening");
-        return;
+        return refused(&peer, "too many from the same origin are still opening");
     };
     if let Err(e) = carrier.authenticate() {
-        warn!(%peer, "refused a connection: {e}");
-        return;
+        return refused(&peer, &e.to_string());
     }
     let mut buf = Vec::new();
     let header = match carrier.recv_opening(&mut buf, MAX_OPENING, OPENING_TIMEOUT) {
         Ok(h) => h,
-        Err(e) => {
-            warn!(%peer, "refused a connection: {}", crate::chain(&e));
-            return;
-        }
+        Err(e) => return refused(&peer, &crate::chain(&e)),
     };
     drop(pending);
     match header.opcode() {
@@ -85,8 +80,31 @@ pub fn admit(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>) {
 
 /// Answers a refused opening with why, and logs it.
 fn refuse(carrier: &mut dyn Carrier, header: &Header, code: CuError, why: &str) {
-    warn!(peer = %carrier.peer(), "refused a connection: {why}");
+    refused(&carrier.peer(), why);
     let _ = crate::session::reply_error_on(carrier, header, CallError::new(code, why));
+}
+
+/// Refusals logged per second at most; a flood of bad connections is
+/// summed up instead of filling the log.
+const REFUSALS_LOGGED: u32 = 10;
+
+/// Logs a refused connection, at most [`REFUSALS_LOGGED`] a second.
+fn refused(peer: &gpuplex_transport::Peer, why: &str) {
+    use std::sync::{Mutex, PoisonError};
+    static WINDOW: Mutex<Option<(std::time::Instant, u32)>> = Mutex::new(None);
+    let mut window = WINDOW.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = std::time::Instant::now();
+    let (start, count) = window.get_or_insert((now, 0));
+    if now.duration_since(*start) >= Duration::from_secs(1) {
+        if *count > REFUSALS_LOGGED {
+            warn!("{} more connections refused in the last second", *count - REFUSALS_LOGGED);
+        }
+        (*start, *count) = (now, 0);
+    }
+    *count += 1;
+    if *count <= REFUSALS_LOGGED {
+        warn!(%peer, "refused a connection: {why}");
+    }
 }
 
 /// Who is asking for the status: the whole server for its owner, else the
@@ -102,7 +120,15 @@ fn viewer(supervisor: &Supervisor, carrier: &dyn Carrier) -> super::status::View
     }
 }
 
-fn open_session(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>, header: Header, hello: Hello) {
+/// The most bytes of a program's name kept for status and logs.
+const MAX_PROGRAM: usize = 256;
+
+fn open_session(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>, header: Header, mut hello: Hello) {
+    // The guest names its program: shown, never trusted, kept short.
+    if hello.program.len() > MAX_PROGRAM {
+        let cut = (0..=MAX_PROGRAM).rev().find(|&i| hello.program.is_char_boundary(i)).unwrap_or(0);
+        hello.program.truncate(cut);
+    }
     let peer = carrier.peer();
     let plan = match supervisor.tenancy().plan_for(&peer, carrier.key()) {
         Ok(plan) => plan,
