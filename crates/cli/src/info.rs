@@ -12,20 +12,18 @@ use crate::Error;
 
 /// Asks a server for its summary (a one-shot `ServerInfo` connection).
 pub fn query(address: &Address, token: Option<&Token>) -> Result<ServerSummary, Error> {
-    let mut carrier = gpuplex_transport::connect(address, token)?;
-    carrier.send(&Header::request(Opcode::ServerInfo, 1, 0, 0), &[])?;
-    let mut buf = Vec::new();
-    let header = carrier.recv(&mut buf)?;
-    if header.status.get() != 0 {
-        return Err(format!("server answered status {}", header.status.get()).into());
-    }
-    Ok(codec::decode(&buf)?)
+    ask(address, token, Opcode::ServerInfo)
 }
 
 /// Asks a server for its status (a one-shot `Status` connection).
 pub fn query_status(address: &Address, token: Option<&Token>) -> Result<ServerStatus, Error> {
+    ask(address, token, Opcode::Status)
+}
+
+/// One request with no payload on a connection of its own, and its answer.
+fn ask<T: gpuplex_protocol::Wire>(address: &Address, token: Option<&Token>, opcode: Opcode) -> Result<T, Error> {
     let mut carrier = gpuplex_transport::connect(address, token)?;
-    carrier.send(&Header::request(Opcode::Status, 1, 0, 0), &[])?;
+    carrier.send(&Header::request(opcode, 1, 0, 0), &[])?;
     let mut buf = Vec::new();
     let header = carrier.recv(&mut buf)?;
     if header.status.get() != 0 {
