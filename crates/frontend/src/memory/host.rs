@@ -343,6 +343,22 @@ fn unshare_in_place(block: &SharedBlock) {
     }
 }
 
+/// Whether `[start, end)` overlaps memory in `blocks`, and whether a page
+/// it touches holds a shared block. Ranges may share pages, as natively
+/// (two small heap buffers do): only their bytes must not overlap.
+fn neighbours(blocks: &BTreeMap<u64, HostBlock>, start: u64, end: u64) -> (bool, bool) {
+    let overlaps = blocks.range(..end).next_back().is_some_and(|(&base, b)| base + b.size as u64 > start);
+    // Blocks do not overlap, so going down from the range's last page, the
+    // first that ends in a page before its first ends the search.
+    let (page_start, page_end) = (start & !(PAGE - 1), end.next_multiple_of(PAGE));
+    let page_shared = blocks
+        .range(..page_end)
+        .rev()
+        .take_while(|(&base, b)| (base + b.size as u64).next_multiple_of(PAGE) > page_start)
+        .any(|(_, b)| b.shared.is_some());
+    (overlaps, page_shared)
+}
+
 /// # Safety
 /// `p` points at `size` bytes of the caller's memory.
 #[no_mangle]
@@ -362,11 +378,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags
         let start = p as u64;
         let end = start.checked_add(size as u64).ok_or(CuError::INVALID_VALUE)?;
         let (page_start, page_end) = (start & !(PAGE - 1), end.next_multiple_of(PAGE));
-        let (overlaps, page_shared) = with(|b| {
-            let Some((&base, blk)) = b.range(..page_end).next_back() else { return (false, false) };
-            let blk_pages_end = (base + blk.size as u64).next_multiple_of(PAGE);
-            (base + blk.size as u64 > start, blk.shared.is_some() && blk_pages_end > page_start)
-        });
+        let (overlaps, page_shared) = with(|b| neighbours(b, start, end));
         if overlaps {
             return Err(ALREADY_REGISTERED);
         }
@@ -396,4 +408,40 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(size: usize, shared: bool) -> HostBlock {
+        let shared = shared.then_some(SharedBlock { id: 1, devptr: 0, base: 0, len: PAGE });
+        HostBlock { size, flags: 0, allocated: false, shared }
+    }
+
+    #[test]
+    fn ranges_may_share_pages_but_not_bytes() {
+        let page = 16 * PAGE;
+        let blocks = BTreeMap::from([(page + 0x40, block(0x20, true))]);
+        // Below, above and touching it in the same page: no overlap, a shared page.
+        assert_eq!(neighbours(&blocks, page + 0x20, page + 0x40), (false, true));
+        assert_eq!(neighbours(&blocks, page + 0x60, page + 0x61), (false, true));
+        // Any byte in common.
+        assert_eq!(neighbours(&blocks, page + 0x20, page + 0x41), (true, true));
+        assert_eq!(neighbours(&blocks, page + 0x5f, page + 0x100), (true, true));
+        assert_eq!(neighbours(&blocks, page, page + PAGE), (true, true));
+        // Other pages.
+        assert_eq!(neighbours(&blocks, page - PAGE, page), (false, false));
+        assert_eq!(neighbours(&blocks, page + PAGE, page + 2 * PAGE), (false, false));
+    }
+
+    #[test]
+    fn a_shared_block_pages_away_below_is_still_seen() {
+        let page = 16 * PAGE;
+        // A shared block ending in the range's first page, and an unshared
+        // one between it and the range.
+        let blocks = BTreeMap::from([(page - 0x10, block(0x20, true)), (page + 0x100, block(0x10, false))]);
+        assert_eq!(neighbours(&blocks, page + 0x200, page + 0x300), (false, true));
+        assert_eq!(neighbours(&blocks, page + PAGE, page + PAGE + 1), (false, false));
+    }
 }
