@@ -192,9 +192,7 @@ fn killed_client_memory_comes_back() {
     let Some(dir) = programs() else { return };
     let server = Server::start("cleanup");
     let held = || -> u64 {
-        let mut cmd = Command::new(gpuplex());
-        cmd.args(["status", "--json", "--server", &server.address()]);
-        let status: serde_json::Value = serde_json::from_str(&run_to_end(cmd).stdout).expect("status --json");
+        let status = server.status();
         status["tenants"].as_array().unwrap().iter().map(|t| t["memory_used"].as_u64().unwrap()).sum()
     };
     let mut holder = Running::spawn(server.run(dir, &["hold_memory", "512"]));

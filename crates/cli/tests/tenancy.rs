@@ -19,13 +19,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 
-/// `gpuplex status --json` of a server, as its owner sees it.
-fn status(server: &Server) -> Value {
-    let mut cmd = Command::new(gpuplex());
-    cmd.args(["status", "--json", "--server"]).arg(format!("unix:{}", server.socket.display()));
-    serde_json::from_str(&run_to_end(cmd).stdout).expect("status --json is JSON")
-}
-
 fn sessions(status: &Value) -> Vec<Value> {
     status["sessions"].as_array().expect("sessions").clone()
 }
@@ -35,7 +28,7 @@ fn sessions(status: &Value) -> Vec<Value> {
 fn wait_for_sessions(server: &Server, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let s = sessions(&status(server));
+        let s = sessions(&server.status());
         if s.len() == n && s.iter().all(|s| s["worker_pid"].as_u64().is_some_and(|p| p > 0)) {
             return s;
         }
@@ -252,7 +245,7 @@ fn a_tenant_s_memory_limit_holds_on_every_path() {
         .expect("expected/tenancy_memory.txt")
         .replace("LIMIT", "256");
     assert!(out == want, "tenancy memory under 256 MiB:\n{}", diff(&want, &out));
-    let tenants = status(&server)["tenants"].clone();
+    let tenants = server.status()["tenants"].clone();
     let find = |name: &str| tenants.as_array().unwrap().iter().find(|t| t["name"] == name).cloned().unwrap();
     assert!(find("other")["memory_used"].as_u64().unwrap() >= 512 << 20, "{tenants}");
     assert_eq!(find("other")["memory_limit"], Value::Null);
@@ -287,7 +280,7 @@ fn status_and_metrics_show_each_tenant_and_a_guest_sees_its_own() {
         Server::start_with("status", &["--config", cfg.to_str().unwrap(), "--metrics", &metrics, "--listen", &tcp]);
     let mut holder = Running::spawn(server.run(dir, &["hold_memory", "64"]));
     holder.wait_for_line("holding", PROGRAM_TIMEOUT).unwrap();
-    let s = status(&server);
+    let s = server.status();
     assert_eq!(s["view"], "all");
     let main = s["tenants"].as_array().unwrap().iter().find(|t| t["name"] == "main").cloned().expect("tenant main");
     assert_eq!((main["sessions"].as_u64(), main["weight"].as_u64()), (Some(1), Some(3)));

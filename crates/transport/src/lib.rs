@@ -11,6 +11,7 @@
 
 mod address;
 mod auth;
+pub mod fds;
 mod lane;
 pub mod shm;
 mod stream;

@@ -531,81 +531,10 @@ fn hung_up(socket: RawFd) -> bool {
     n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
-/// A message of one byte with room for one descriptor, pointing at the
-/// buffers it is given (which must outlive its use).
-fn fd_message(byte: &mut [u8; 1], iov: &mut libc::iovec, control: &mut Vec<u8>) -> libc::msghdr {
-    *iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    control.resize(space, 0);
-    // SAFETY: zeroed msghdr is an empty message; we point it at the buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    msg
-}
-
-/// Sends one descriptor over a Unix socket (`SCM_RIGHTS`, one byte of data).
-pub(crate) fn send_fd(socket: RawFd, fd: BorrowedFd<'_>) -> Result<(), TransportError> {
-    let (mut byte, mut iov, mut control) =
-        ([0u8; 1], libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }, Vec::new());
-    let msg = fd_message(&mut byte, &mut iov, &mut control);
-    // SAFETY: `control` has room for one header with one descriptor.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd.as_raw_fd());
-    }
-    loop {
-        // SAFETY: `msg` points at live buffers for the call.
-        let n = unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) };
-        if n == 1 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e.into());
-        }
-    }
-}
-
-/// Receives one descriptor sent with [`send_fd`].
-pub(crate) fn recv_fd(socket: RawFd) -> Result<OwnedFd, TransportError> {
-    let (mut byte, mut iov, mut control) =
-        ([0u8; 1], libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }, Vec::new());
-    let mut msg = fd_message(&mut byte, &mut iov, &mut control);
-    let n = loop {
-        // SAFETY: `msg` points at live buffers for the call.
-        let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e.into());
-        }
-    };
-    if n == 0 {
-        return Err(TransportError::Closed);
-    }
-    // SAFETY: the kernel filled `control` up to msg_controllen.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        if c.is_null() || (*c).cmsg_level != libc::SOL_SOCKET || (*c).cmsg_type != libc::SCM_RIGHTS {
-            return Err(TransportError::Shared("expected a descriptor on the socket".into()));
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
-        Ok(OwnedFd::from_raw_fd(fd))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
     use std::sync::Arc;
 
     const LAYOUT: Layout = Layout { ring_bytes: 64 << 10, staging_bytes: 4096 };
@@ -662,8 +591,8 @@ mod tests {
         let rc = unsafe { libc::ftruncate(region.fd().as_raw_fd(), 0) };
         assert_ne!(rc, 0, "a sealed region must refuse to shrink");
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        send_fd(a.as_raw_fd(), region.fd()).unwrap();
-        let other = Region::open(recv_fd(b.as_raw_fd()).unwrap()).unwrap();
+        crate::fds::send_fd(a.as_fd(), region.fd()).unwrap();
+        let other = Region::open(crate::fds::recv_fd(b.as_fd()).unwrap()).unwrap();
         // SAFETY: both map the same 8 KiB.
         unsafe {
             *region.as_ptr().add(100) = 42;

@@ -124,9 +124,6 @@ where
     let mut reader = Deadline { socket, at: Instant::now() + timeout };
     let header = recv_at_most(&mut reader, payload, max).map_err(|e| match e {
         TransportError::TimedOut(_) => TransportError::TimedOut(Some(timeout)),
-        TransportError::Io(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-            TransportError::TimedOut(Some(timeout))
-        }
         e => e,
     });
     set_recv_timeout(socket, None)?;
@@ -158,7 +155,7 @@ where
 /// Sets (or clears, with `None`) how long a blocking receive on `socket` waits.
 pub(crate) fn set_recv_timeout(socket: &impl AsRawFd, timeout: Option<Duration>) -> std::io::Result<()> {
     let t = timeout.unwrap_or_default();
-    // A zero timeval means "no timeout": round a remainder up to 1 µs.
+    // A zero timeval means "no timeout", so a set timeout never rounds down to zero.
     let tv =
         libc::timeval { tv_sec: t.as_secs() as _, tv_usec: t.subsec_micros().max(u32::from(timeout.is_some())) as _ };
     // SAFETY: `tv` is a live timeval and the length passed is its size, as

@@ -89,6 +89,25 @@ impl fmt::Debug for Token {
     }
 }
 
+/// The keys a TCP listener admits peers by, each named by whom it admits.
+/// Replaced as a whole when the server's configuration is reloaded.
+#[derive(Default)]
+pub struct Keyring(RwLock<Vec<(String, Token)>>);
+
+impl Keyring {
+    pub fn replace(&self, keys: Vec<(String, Token)>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = keys;
+    }
+
+    pub fn keys(&self) -> Vec<(String, Token)> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,24 +156,5 @@ mod tests {
         assert_eq!(a, Token::new(b"0123456789abcdef").unwrap());
         assert_ne!(a, Token::new(b"0123456789abcdeF").unwrap());
         assert_ne!(a, Token::new(b"0123456789abcdef0").unwrap());
-    }
-}
-
-/// The keys a TCP listener admits peers by, each named by whom it admits.
-/// Replaced as a whole when the server's configuration is reloaded.
-#[derive(Default)]
-pub struct Keyring(RwLock<Vec<(String, Token)>>);
-
-impl Keyring {
-    pub fn replace(&self, keys: Vec<(String, Token)>) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = keys;
-    }
-
-    pub fn keys(&self) -> Vec<(String, Token)> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).is_empty()
     }
 }

@@ -1,7 +1,7 @@
 //! The Unix-domain-socket carrier: the way in for local guests, and the
 //! fallback when no faster carrier is set up.
 
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,8 +9,8 @@ use std::time::Duration;
 use gpuplex_protocol::Header;
 use zerocopy::IntoBytes;
 
-use crate::shm::{self, Rings};
-use crate::{stream, Address, Carrier, Lane, Listener, Peer, SocketKind, TransportError};
+use crate::shm::Rings;
+use crate::{fds, stream, Address, Carrier, Lane, Listener, Peer, SocketKind, TransportError};
 
 /// Frames go over the socket until shared rings are attached; from then on
 /// the socket carries only descriptors, and its closing tells either side
@@ -114,11 +114,11 @@ impl Carrier for UnixCarrier {
     }
 
     fn send_fd(&mut self, fd: BorrowedFd<'_>) -> Result<(), TransportError> {
-        shm::send_fd(self.socket.as_raw_fd(), fd)
+        fds::send_fd(self.socket.as_fd(), fd)
     }
 
     fn recv_fd(&mut self) -> Result<OwnedFd, TransportError> {
-        shm::recv_fd(self.socket.as_raw_fd())
+        fds::recv_fd(self.socket.as_fd())
     }
 }
 

@@ -347,6 +347,13 @@ impl Server {
         run_command(dir, Some(&self.socket), args)
     }
 
+    /// `gpuplex status --json` of this server, as its owner sees it.
+    pub fn status(&self) -> serde_json::Value {
+        let mut cmd = Command::new(gpuplex());
+        cmd.args(["status", "--json", "--server", &self.address()]);
+        serde_json::from_str(&run_to_end(cmd).stdout).expect("status --json is JSON")
+    }
+
     /// `(free, total)` as mem_info reports them through this server.
     pub fn mem_info(&self, dir: &Path) -> (u64, u64) {
         let out = run_to_end(self.run(dir, &["mem_info"])).stdout;

@@ -160,8 +160,8 @@ impl Session {
         let peer = carrier.peer();
         let span = tracing::info_span!("session", id = guest.id, tenant = %guest.tenant, %peer);
         let _enter = span.enter();
-        let line = Line::new(carrier, guest.hello_header.version.get() >= UNSOLICITED_VERSION);
         let mut session = Session::new(backend.clone(), &guest);
+        let line = Line::new(carrier, session.unsolicited);
         let welcome = Welcome {
             session: guest.id,
             backend: backend.kind().to_owned(),

@@ -153,21 +153,11 @@ pub fn run_in_worker(
     opening: Opening,
     account: &Account,
 ) {
-    let worker = match pool.take() {
+    let mut worker = match pool.take() {
         Ok(w) => w,
         Err(why) => return refuse(carrier.as_mut(), &opening.header, CuError::DEVICE_UNAVAILABLE, &why),
     };
     let pid = worker.child.id();
-    let serve = link::Serve {
-        session: session.id,
-        tenant: session.tenant.clone(),
-        slot: session.slot as u32,
-        socket: 0,
-        lane_key: session.lane_key,
-        hello_header: header_bytes(&opening.header),
-        hello: codec::encode(&opening.hello),
-        devices: Seq(opening.devices.iter().map(|&d| d as u32).collect()),
-    };
     let (kind, socket) = match carrier.into_socket() {
         Ok(s) => s,
         Err(e) => {
@@ -175,7 +165,16 @@ pub fn run_in_worker(
             return pool::reap(worker);
         }
     };
-    let serve = link::Serve { socket: kind.as_u32(), ..serve };
+    let serve = link::Serve {
+        session: session.id,
+        tenant: session.tenant.clone(),
+        slot: session.slot as u32,
+        socket: kind.as_u32(),
+        lane_key: session.lane_key,
+        hello_header: header_bytes(&opening.header),
+        hello: codec::encode(&opening.hello),
+        devices: Seq(opening.devices.iter().map(|&d| d as u32).collect()),
+    };
     if let Err(e) = pool::serve(&worker, &serve, &socket, account.ledger().fd()) {
         warn!(session = session.id, "cannot hand the guest to worker {pid}: {e}");
         return pool::reap(worker);
@@ -185,7 +184,6 @@ pub fn run_in_worker(
     drop(socket);
     supervisor.registry.placed(session.id, Route::Worker(worker.link.clone()), pid);
     info!(session = session.id, tenant = %session.tenant, peer = %session.peer, worker = pid, "guest placed");
-    let mut worker = worker;
     while let Ok(Some(message)) = worker.link.recv() {
         warn!(worker = pid, kind = ?message.kind, "unexpected message from a serving worker");
     }

@@ -49,7 +49,7 @@ struct RatesInner {
     last: HashMap<u64, Sample>,
     /// Calls per second and busy share of each session over the interval.
     rates: HashMap<u64, (f32, f32)>,
-    /// Each tenant's calls of sessions ended, at the last sample.
+    /// When the last sample was taken.
     at: Option<Instant>,
 }
 

@@ -60,9 +60,7 @@ impl Tenancy {
                 }
             }
             (Peer::Remote(_), Some(SERVER_KEY)) => {
-                let listed = self.config.tenants.iter().find(|t| t.name == REMOTE).map(|t| &t.settings);
-                let settings = listed.or(self.config.default.as_ref()).cloned().unwrap_or_default();
-                Ok(self.plan(REMOTE, &settings))
+                Ok(self.plan_named(REMOTE).expect("tenant remote always has a plan"))
             }
             (Peer::Remote(_), Some(name)) => match self.config.tenants.iter().find(|t| t.name == name) {
                 Some(t) => Ok(self.plan(&t.name, &t.settings)),

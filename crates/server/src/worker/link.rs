@@ -17,9 +17,10 @@
 //! session.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use gpuplex_protocol::{codec, wire_struct, DecodeError, DeviceInfo, LaneJoin, Seq, Wire};
+use gpuplex_transport::fds;
 
 /// The largest message either side sends or accepts.
 const MAX_MESSAGE: usize = 1 << 20;
@@ -142,94 +143,25 @@ impl Link {
         if bytes.len() > MAX_MESSAGE {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "link message too large"));
         }
-        let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() };
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        let space = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<RawFd>()) as u32) } as usize;
-        let mut control = vec![0u8; if fds.is_empty() { 0 } else { space }];
-        // SAFETY: a zeroed msghdr is an empty message; we point it at live buffers.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if !fds.is_empty() {
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = space as _;
-            // SAFETY: `control` has room for one header with `fds.len()` descriptors.
-            unsafe {
-                let c = libc::CMSG_FIRSTHDR(&msg);
-                (*c).cmsg_level = libc::SOL_SOCKET;
-                (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN((fds.len() * std::mem::size_of::<RawFd>()) as u32) as _;
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                for (i, fd) in fds.iter().enumerate() {
-                    std::ptr::write_unaligned(data.add(i), fd.as_raw_fd());
-                }
-            }
-        }
-        loop {
-            // SAFETY: `msg` points at live buffers for the call.
-            let n = unsafe { libc::sendmsg(self.socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-            if n >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        fds::send(self.socket.as_fd(), &bytes, fds)
     }
 
     /// The next message; `None` once the other end has closed.
     pub fn recv(&self) -> io::Result<Option<Message>> {
         let mut body = vec![0u8; MAX_MESSAGE];
-        let mut iov = libc::iovec { iov_base: body.as_mut_ptr().cast(), iov_len: body.len() };
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
-        let mut control = vec![0u8; space];
-        // SAFETY: a zeroed msghdr is an empty message; we point it at live buffers.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        let n = loop {
-            // SAFETY: `msg` points at live buffers for the call.
-            let n = unsafe { libc::recvmsg(self.socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-            if n >= 0 {
-                break n as usize;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        };
-        let mut fds = Vec::new();
-        // SAFETY: the kernel filled `control` up to msg_controllen; each
-        // SCM_RIGHTS header holds descriptors now ours.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                    let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                    for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                        fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-        }
-        if n == 0 && fds.is_empty() {
+        let received = fds::recv(self.socket.as_fd(), &mut body, MAX_FDS)?;
+        if received.len == 0 && received.fds.is_empty() {
             return Ok(None);
         }
-        if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        if received.truncated {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "link message truncated"));
         }
         let Some(kind) = body.first().copied().and_then(Kind::from_u8) else {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "unknown link message"));
         };
-        body.truncate(n);
+        body.truncate(received.len);
         body.remove(0);
-        Ok(Some(Message { kind, body, fds }))
+        Ok(Some(Message { kind, body, fds: received.fds }))
     }
 }
 

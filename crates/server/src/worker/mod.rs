@@ -21,7 +21,7 @@ pub mod output;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
-use gpuplex_protocol::{codec, Header, Hello, LaneJoin, Seq, HEADER_SIZE};
+use gpuplex_protocol::{codec, Header, Hello, LaneJoin, Seq};
 use gpuplex_transport::{Carrier, SocketKind};
 use tracing::{error, info, warn};
 
@@ -131,8 +131,7 @@ fn guest(mut message: link::Message) -> Result<(Box<dyn Carrier>, Guest), String
     }
     let ledger = message.fds.pop().expect("two descriptors");
     let socket = message.fds.pop().expect("two descriptors");
-    let kind = SocketKind::from_u32(serve.socket).ok_or("unknown socket kind")?;
-    let carrier = gpuplex_transport::adopt(kind, socket).map_err(|e| e.to_string())?;
+    let carrier = adopt(serve.socket, socket)?;
     let ledger = Ledger::open(ledger).map_err(|e| format!("ledger: {e}"))?;
     let slot = serve.slot as usize;
     if slot >= crate::ledger::SLOTS {
@@ -151,6 +150,12 @@ fn guest(mut message: link::Message) -> Result<(Box<dyn Carrier>, Guest), String
         device_output: true,
     };
     Ok((carrier, guest))
+}
+
+/// A socket the supervisor passed, as a carrier of the kind it names.
+fn adopt(kind: u32, socket: OwnedFd) -> Result<Box<dyn Carrier>, String> {
+    let kind = SocketKind::from_u32(kind).ok_or("unknown socket kind")?;
+    gpuplex_transport::adopt(kind, socket).map_err(|e| e.to_string())
 }
 
 /// Takes the session's lanes from the link as they come, each on a thread
@@ -181,10 +186,8 @@ fn follow(link: &Link, host: &Arc<Host>) {
             }
         };
         let socket = message.fds.pop().expect("one descriptor");
-        let carrier = SocketKind::from_u32(lane.socket)
-            .ok_or_else(|| "unknown socket kind".to_owned())
-            .and_then(|kind| gpuplex_transport::adopt(kind, socket).map_err(|e| e.to_string()));
-        let header = <[u8; HEADER_SIZE]>::try_from(&lane.header[..]).ok().and_then(|h| Header::parse(&h).ok());
+        let carrier = adopt(lane.socket, socket);
+        let header = Header::parse(&lane.header).ok();
         let (Ok(carrier), Some(header)) = (carrier, header) else {
             warn!("a lane the supervisor passed could not be taken");
             continue;
