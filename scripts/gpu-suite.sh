@@ -371,7 +371,7 @@ if awk -v b="$busy_share" 'BEGIN { exit !(b >= 0.9) }'; then
 else
     fail "status: a guest running a 12 s kernel shows GPU busy $busy_share (logs/limits-status.json)"
 fi
-sed 's/LIMIT/1024/' "$root/tests/cuda/expected/tenancy_memory.txt" >"$limits/want"
+sed 's/LIMIT/1024/g' "$root/tests/cuda/expected/tenancy_memory.txt" >"$limits/want"
 if cmp -s "$limits/want" "$logs/limits.out" && grep -q "^holding" "$logs/limits-other.out" &&
     grep -q 'gpuplex_tenant_memory_bytes{tenant="other"} [1-9]' "$logs/limits-metrics.txt"; then
     say "limits: the 1 GiB tenant refused on every path, the other held 4096 MiB meanwhile: PASS"

@@ -97,7 +97,7 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
         if !base_exe.is_file() || !base_frontend.is_file() {
             return Err(format!("--baseline {}: want gpuplex and libcuda.so there", base.display()).into());
         }
-        builds.push(("@base".to_owned(), base_exe, base_frontend));
+        builds.push((report::BASE_SUFFIX.to_owned(), base_exe, base_frontend));
     }
     for kind in carriers {
         for (suffix, exe, frontend) in &builds {
@@ -152,6 +152,7 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     if !lanes_alone.is_empty() {
         report.rows.push(report::lanes_alone_row(Shape::configured(), lanes_alone));
     }
+    report::compare_with_base(&mut report.rows, report.rounds);
     print!("{}", table::render(&report));
     if let Some(path) = &opts.json {
         let json = serde_json::to_vec_pretty(&report)?;

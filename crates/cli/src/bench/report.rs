@@ -307,6 +307,14 @@ pub struct Cell {
     pub samples: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
+    /// Every sample, in the order taken: round by round, as the other
+    /// columns' samples of the row.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub values: Vec<f64>,
+    /// This build against the baseline's column of the same carrier, where
+    /// `--baseline` measured one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub against_base: Option<AgainstBase>,
 }
 
 impl Cell {
@@ -316,12 +324,77 @@ impl Cell {
             min: Some(s.min),
             max: Some(s.max),
             samples: Some(s.values.len()),
+            values: s.values.clone(),
             ..Cell::default()
         }
     }
 
     pub fn failed(why: &str) -> Cell {
         Cell { error: Some(why.into()), ..Cell::default() }
+    }
+}
+
+/// A build against the baseline measured beside it, judged round by
+/// round: each round gives one ratio, this build's samples of the row over
+/// the baseline's from the same round (means of each). A round is the
+/// independent unit: its fresh workers decide where threads land, and both
+/// builds' samples in it are taken turn about, so that the machine's slow
+/// spells fall on both and cancel in the ratio, as they do not in a ratio
+/// of two medians taken over the whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgainstBase {
+    /// The median of the rounds' ratios: > 1 is larger than the baseline's
+    /// (slower for times, faster for bandwidths).
+    pub ratio: f64,
+    /// About 95% confidence that the median ratio lies within `low..=high`.
+    pub low: f64,
+    pub high: f64,
+    pub rounds: usize,
+}
+
+impl AgainstBase {
+    /// From two columns' samples of one row, in the order taken over
+    /// `rounds` rounds. None unless both have the same whole number of
+    /// samples in every round.
+    pub fn of(new: &[f64], base: &[f64], rounds: usize) -> Option<AgainstBase> {
+        if rounds == 0 || new.is_empty() || new.len() != base.len() || !new.len().is_multiple_of(rounds) {
+            return None;
+        }
+        let per_round = new.len() / rounds;
+        let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+        let mut ratios: Vec<f64> =
+            new.chunks(per_round).zip(base.chunks(per_round)).map(|(n, b)| mean(n) / mean(b)).collect();
+        if !ratios.iter().all(|r| r.is_finite()) {
+            return None;
+        }
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        // The median's distribution-free interval: the order statistics k
+        // places in from either end, k from the binomial's normal
+        // approximation.
+        let k = ((n as f64 - 1.96 * (n as f64).sqrt()) / 2.0).floor().max(0.0) as usize;
+        let ratio = Summary::of(&ratios)?.median;
+        Some(AgainstBase { ratio, low: ratios[k], high: ratios[n - 1 - k], rounds: n })
+    }
+}
+
+/// Suffix of a column measured through the baseline (`--baseline`).
+pub const BASE_SUFFIX: &str = "@base";
+
+/// Compares every carrier's cells with its baseline column's, where there
+/// is one (see [`AgainstBase`]).
+pub fn compare_with_base(rows: &mut [Row], rounds: usize) {
+    for row in rows {
+        let bases: BTreeMap<String, Vec<f64>> = row
+            .carriers
+            .iter()
+            .filter_map(|(name, cell)| Some((name.strip_suffix(BASE_SUFFIX)?.to_owned(), cell.values.clone())))
+            .collect();
+        for (name, cell) in &mut row.carriers {
+            if let Some(base) = bases.get(name) {
+                cell.against_base = AgainstBase::of(&cell.values, base, rounds);
+            }
+        }
     }
 }
 
@@ -502,10 +575,51 @@ mod tests {
 
     #[test]
     fn cell_json_keeps_value_and_adds_the_spread_only_when_measured() {
-        let measured = Cell { value: Some(2.0), min: Some(1.0), max: Some(3.0), samples: Some(5), ..Cell::default() };
+        let measured = Cell::of(&Summary::of(&[3.0, 1.0, 2.0]).unwrap());
         let json = serde_json::to_value(&measured).unwrap();
-        assert_eq!(json, serde_json::json!({"value": 2.0, "min": 1.0, "max": 3.0, "samples": 5}));
+        assert_eq!(
+            json,
+            serde_json::json!({"value": 2.0, "min": 1.0, "max": 3.0, "samples": 3, "values": [3.0, 1.0, 2.0]})
+        );
         let failed = Cell { error: Some("no".into()), ..Cell::default() };
         assert_eq!(serde_json::to_value(&failed).unwrap(), serde_json::json!({"error": "no"}));
+    }
+
+    #[test]
+    fn against_base_takes_one_ratio_per_round_and_brackets_their_median() {
+        // Three samples a round: each round's means compared, 12/3 over 3/3, then 15/3 over 15/3.
+        let a = AgainstBase::of(&[1.0, 5.0, 6.0, 4.0, 5.0, 6.0], &[1.0, 1.0, 1.0, 5.0, 5.0, 5.0], 2).unwrap();
+        assert_eq!((a.ratio, a.low, a.high, a.rounds), (2.5, 1.0, 4.0, 2));
+        // 25 rounds whose ratios are 1..=25: the median 13, the interval
+        // the 8th to the 18th.
+        let new: Vec<f64> = (1..=25).rev().map(f64::from).collect();
+        let a = AgainstBase::of(&new, &[1.0; 25], 25).unwrap();
+        assert_eq!((a.ratio, a.low, a.high, a.rounds), (13.0, 8.0, 18.0, 25));
+        // A slow spell that falls on both builds of a round cancels.
+        let a = AgainstBase::of(&[1.1, 22.0, 1.1], &[1.0, 20.0, 1.0], 3).unwrap();
+        assert!((a.ratio - 1.1).abs() < 1e-12 && (a.high - 1.1).abs() < 1e-12);
+        // Samples that cannot be paired round by round give nothing.
+        assert_eq!(AgainstBase::of(&[1.0, 2.0], &[1.0], 1), None);
+        assert_eq!(AgainstBase::of(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0], 2), None);
+        assert_eq!(AgainstBase::of(&[1.0], &[0.0], 1), None);
+        assert_eq!(AgainstBase::of(&[], &[], 0), None);
+    }
+
+    #[test]
+    fn each_carrier_is_compared_with_its_own_baseline_column() {
+        let columns = vec![
+            (column("shm"), Ok(worker(&[(LAUNCH_ASYNC, &[4.0, 6.0, 9.0])]))),
+            (column("shm@base"), Ok(worker(&[(LAUNCH_ASYNC, &[2.0, 3.0, 9.0])]))),
+            (column("socket"), Ok(worker(&[(LAUNCH_ASYNC, &[1.0, 1.0, 1.0])]))),
+        ];
+        let mut rows = Report::rows(&columns, false);
+        compare_with_base(&mut rows, 3);
+        let launch = &rows.iter().find(|r| r.name == LAUNCH_ASYNC).unwrap().carriers;
+        let shm = launch["shm"].against_base.clone().unwrap();
+        assert_eq!((shm.ratio, shm.low, shm.high, shm.rounds), (2.0, 1.0, 2.0, 3));
+        assert!(launch["shm@base"].against_base.is_none() && launch["socket"].against_base.is_none());
+        // Rows a column did not measure compare nothing.
+        let sync = &rows.iter().find(|r| r.name == LAUNCH_SYNC).unwrap().carriers;
+        assert!(sync["shm"].against_base.is_none());
     }
 }

@@ -4,7 +4,7 @@
 
 use std::fmt::{self, Write};
 
-use super::report::{Better, Cell, Column, Report, LANES_ALONE, LATENCY_SAMPLES_PER_ROUND, NATIVE};
+use super::report::{Better, Cell, Column, Report, BASE_SUFFIX, LANES_ALONE, LATENCY_SAMPLES_PER_ROUND, NATIVE};
 
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
@@ -81,19 +81,53 @@ fn write(out: &mut String, r: &Report) -> fmt::Result {
         line.extend(carriers.iter().map(|c| cell_text(row.carriers.get(&c.name), Some(c))));
         grid.push(line);
     }
-    let widths: Vec<usize> =
-        (0..grid[0].len()).map(|i| grid.iter().map(|l| l[i].chars().count()).max().unwrap_or(0)).collect();
-    for line in &grid {
-        let cells: Vec<String> = line.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        writeln!(out, "{}", cells.join("  ").trim_end())?;
-    }
+    write_grid(out, &grid)?;
     if !notes.is_empty() {
         writeln!(out)?;
         for (i, n) in notes.iter().enumerate() {
             writeln!(out, "[{}] {n}", i + 1)?;
         }
     }
+    write_against_base(out, r)
+}
+
+/// The grid's columns padded to their widest cell.
+fn write_grid(out: &mut String, grid: &[Vec<String>]) -> fmt::Result {
+    let widths: Vec<usize> =
+        (0..grid[0].len()).map(|i| grid.iter().map(|l| l[i].chars().count()).max().unwrap_or(0)).collect();
+    for line in grid {
+        let cells: Vec<String> = line.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        writeln!(out, "{}", cells.join("  ").trim_end())?;
+    }
     Ok(())
+}
+
+/// With `--baseline`, each carrier against the baseline's column of it.
+fn write_against_base(out: &mut String, r: &Report) -> fmt::Result {
+    let compared: Vec<&str> = r
+        .columns
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|&name| r.rows.iter().any(|row| row.carriers.get(name).is_some_and(|c| c.against_base.is_some())))
+        .collect();
+    if compared.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(out, "Against the baseline, round by round: the median over the rounds of this build's value / the")?;
+    writeln!(out, "baseline's in the same round, and the range that holds that median with about 95% confidence.")?;
+    let mut header = vec!["metric".to_owned()];
+    header.extend(compared.iter().map(|c| format!("{c} / {c}{BASE_SUFFIX}")));
+    let mut grid = vec![header];
+    for row in &r.rows {
+        let mut line = vec![row.label.clone()];
+        line.extend(compared.iter().map(|c| match row.carriers.get(*c).and_then(|c| c.against_base.as_ref()) {
+            Some(a) => format!("{:.3} ({:.3}-{:.3})", a.ratio, a.low, a.high),
+            None => "n/a".into(),
+        }));
+        grid.push(line);
+    }
+    write_grid(out, &grid)
 }
 
 /// Where a column was measured, its data checks, or why it has no values.
@@ -185,6 +219,35 @@ mod tests {
             text.contains("median of 21 samples (latency rows) or 7 (bandwidth rows), taken in 7 rounds"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_baseline_gets_a_table_of_its_own() {
+        let columns = vec![
+            (column(NATIVE, None), worker(&[(LAUNCH_ASYNC, median(4.0))])),
+            (column("shm", None), worker(&[(LAUNCH_ASYNC, median(6.0))])),
+            (column("shm@base", None), worker(&[(LAUNCH_ASYNC, median(3.0))])),
+        ];
+        let mut report = Report {
+            gpuplex_version: "0".into(),
+            backend: "cuda".into(),
+            quick: true,
+            rounds: 1,
+            unix_time: 0,
+            machine: Machine { hostname: "h".into(), cpu: "c".into(), cpus: 1, kernel: "k".into() },
+            device: None,
+            rows: Report::rows(&columns, true),
+            columns: columns.into_iter().map(|(c, _)| c).collect(),
+        };
+        assert!(!render(&report).contains("Against the baseline"));
+        super::super::report::compare_with_base(&mut report.rows, 1);
+        let text = render(&report);
+        let (_, against) = text.split_once("Against the baseline").expect("the baseline's table");
+        let words = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
+        let lines: Vec<String> = against.lines().map(words).collect();
+        assert!(lines.contains(&"metric shm / shm@base".to_owned()), "{text}");
+        assert!(lines.contains(&"empty-kernel launch, async, per launch 2.000 (2.000-2.000)".to_owned()), "{text}");
+        assert!(lines.iter().any(|l| l.starts_with("empty-kernel launch + stream sync n/a")), "{text}");
     }
 
     #[test]
