@@ -340,7 +340,9 @@ impl Cell {
 /// independent unit: its fresh workers decide where threads land, and both
 /// builds' samples in it are taken turn about, so that the machine's slow
 /// spells fall on both and cancel in the ratio, as they do not in a ratio
-/// of two medians taken over the whole run.
+/// of two medians taken over the whole run. What differs between columns
+/// for the whole run, whatever the build, is not in the interval: a
+/// comparison of a build with an identical copy shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgainstBase {
     /// The median of the rounds' ratios: > 1 is larger than the baseline's
