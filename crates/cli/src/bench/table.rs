@@ -187,6 +187,21 @@ mod tests {
         Outcome::Measured(Summary::of(&[v * 3.0, v, v / 3.0]).unwrap())
     }
 
+    /// A quick run's report of `rounds` rounds of these columns.
+    fn quick_report(rounds: usize, columns: Vec<(Column, Result<WorkerReport, String>)>) -> Report {
+        Report {
+            gpuplex_version: "0".into(),
+            backend: "cuda".into(),
+            quick: true,
+            rounds,
+            unix_time: 0,
+            machine: Machine { hostname: "h".into(), cpu: "c".into(), cpus: 1, kernel: "k".into() },
+            device: None,
+            rows: Report::rows(&columns, true),
+            columns: columns.into_iter().map(|(c, _)| c).collect(),
+        }
+    }
+
     #[test]
     fn cells_show_medians_ratios_and_each_error_once() {
         let columns = vec![
@@ -197,17 +212,7 @@ mod tests {
             ),
             (column("tcp", Some("unavailable: no tcp")), Err("unavailable: no tcp".into())),
         ];
-        let report = Report {
-            gpuplex_version: "0".into(),
-            backend: "cuda".into(),
-            quick: true,
-            rounds: 7,
-            unix_time: 0,
-            machine: Machine { hostname: "h".into(), cpu: "c".into(), cpus: 1, kernel: "k".into() },
-            device: None,
-            rows: Report::rows(&columns, true),
-            columns: columns.into_iter().map(|(c, _)| c).collect(),
-        };
+        let report = quick_report(7, columns);
         let text = render(&report);
         let line = |label: &str| text.lines().find(|l| l.starts_with(label)).unwrap_or_default().to_owned();
         let words = |l: String| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>().join(" ");
@@ -228,17 +233,7 @@ mod tests {
             (column("shm", None), worker(&[(LAUNCH_ASYNC, median(6.0))])),
             (column("shm@base", None), worker(&[(LAUNCH_ASYNC, median(3.0))])),
         ];
-        let mut report = Report {
-            gpuplex_version: "0".into(),
-            backend: "cuda".into(),
-            quick: true,
-            rounds: 1,
-            unix_time: 0,
-            machine: Machine { hostname: "h".into(), cpu: "c".into(), cpus: 1, kernel: "k".into() },
-            device: None,
-            rows: Report::rows(&columns, true),
-            columns: columns.into_iter().map(|(c, _)| c).collect(),
-        };
+        let mut report = quick_report(1, columns);
         assert!(!render(&report).contains("Against the baseline"));
         super::super::report::compare_with_base(&mut report.rows, 1);
         let text = render(&report);
