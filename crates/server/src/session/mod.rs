@@ -161,7 +161,7 @@ impl Session {
         let span = tracing::info_span!("session", id = guest.id, tenant = %guest.tenant, %peer);
         let _enter = span.enter();
         let mut session = Session::new(backend.clone(), &guest);
-        let line = Line::new(carrier, session.unsolicited);
+        let mut line = Line::new(carrier, session.unsolicited);
         let welcome = Welcome {
             session: guest.id,
             backend: backend.kind().to_owned(),
@@ -170,11 +170,11 @@ impl Session {
             primary_contexts: Seq(session.primaries.iter().map(|p| Ctx(p.handle)).collect()),
         };
         let mut buf = Vec::new();
-        let end = match send_reply(&line, &guest.hello_header, &codec::encode(&welcome)) {
+        let end = match send_reply(line.carrier(), &guest.hello_header, &codec::encode(&welcome)) {
             Ok(()) => {
                 // The pid is the client's own claim: the kernel's is in the span where it has one.
                 info!(program = %guest.hello.program, client_pid = guest.hello.pid, "session opened");
-                session.serve(&line, &mut buf, hubs)
+                session.serve(&mut line, &mut buf, hubs)
             }
             Err(e) => Err(e.into()),
         };
@@ -204,17 +204,22 @@ impl Session {
             .collect()
     }
 
-    fn serve(&mut self, line: &Line, buf: &mut Vec<u8>, hubs: &Hubs) -> Result<(), SessionError> {
+    fn serve(&mut self, line: &mut Line, buf: &mut Vec<u8>, hubs: &Hubs) -> Result<(), SessionError> {
         loop {
-            let header = match line.recv(buf) {
+            let header = match line.carrier().recv(buf) {
                 Ok(h) => h,
                 Err(TransportError::Closed) => return Ok(()),
                 Err(e) => return Err(e.into()),
             };
+            // The guest waits for a reply to anything but a posted call:
+            // the heartbeat may speak for the session until it comes.
+            if !header.is_posted() {
+                line.lend();
+            }
             let opcode = match header.opcode() {
                 Ok(op) => op,
                 Err(e) => {
-                    reply_error(line, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
+                    reply_error(line.carrier(), &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
                     return Err(SessionError::Protocol(e.to_string()));
                 }
             };
@@ -229,10 +234,10 @@ impl Session {
                 }
                 Opcode::ServerInfo | Opcode::Status => {
                     let why = "the server's status is answered on a connection of its own (gpuplex status)";
-                    reply_error(line, &header, CallError::new(CuError::NOT_SUPPORTED, why))?;
+                    reply_error(line.carrier(), &header, CallError::new(CuError::NOT_SUPPORTED, why))?;
                 }
-                Opcode::SharedMemory => self.share_memory(line, &header)?,
-                Opcode::OpenLanes => self.open_lanes(line, &header, hubs)?,
+                Opcode::SharedMemory => self.share_memory(line.carrier(), &header)?,
+                Opcode::OpenLanes => self.open_lanes(line.carrier(), &header, hubs)?,
                 call if header.is_posted() => {
                     if let Err(e) = self.run_call(call, &header, buf)? {
                         // A launch read before this one may have failed first.
@@ -252,7 +257,11 @@ impl Session {
                         match self.run_call(call, &header, buf) {
                             Ok(outcome) => Some(outcome),
                             Err(e) => {
-                                reply_error(line, &header, CallError::new(CuError::INVALID_VALUE, e.to_string()))?;
+                                reply_error(
+                                    line.carrier(),
+                                    &header,
+                                    CallError::new(CuError::INVALID_VALUE, e.to_string()),
+                                )?;
                                 return Err(e.into());
                             }
                         }
@@ -265,11 +274,11 @@ impl Session {
                         }
                         None => ran.expect("run when nothing was deferred"),
                     };
-                    self.send_device_output(line, &header)?;
+                    let carrier = line.carrier();
+                    self.send_device_output(carrier, &header)?;
                     match outcome {
                         Ok(reply) => {
-                            let mut carrier = line.carrier();
-                            send_reply_on(&mut **carrier, &header, &reply)?;
+                            send_reply(carrier, &header, &reply)?;
                             if let Some(block) = self.fd_after_reply.take() {
                                 let block = self.shared.block(block).expect("allocated by this call");
                                 carrier.send_fd(block.region.fd())?;
@@ -277,7 +286,7 @@ impl Session {
                         }
                         Err(e) => {
                             debug!(call = call.name(), code = e.code.0, detail = %e.detail, "call failed");
-                            reply_error(line, &header, e)?;
+                            reply_error(carrier, &header, e)?;
                         }
                     }
                 }
@@ -311,7 +320,7 @@ impl Session {
 
     /// Sends what the guest's kernels printed during the call being
     /// answered, ahead of its reply (see `worker::output`).
-    fn send_device_output(&mut self, line: &Line, to: &Header) -> Result<(), TransportError> {
+    fn send_device_output(&mut self, carrier: &mut dyn Carrier, to: &Header) -> Result<(), TransportError> {
         if !self.device_output {
             return Ok(());
         }
@@ -324,7 +333,7 @@ impl Session {
                 let payload = codec::encode(&DeviceOutput { stream, bytes: piece.to_vec() });
                 let header =
                     Header { opcode: (Opcode::DeviceOutput as u16).into(), ..Header::reply(to, 0, payload.len()) };
-                line.send(&header, &payload)?;
+                carrier.send(&header, &payload)?;
             }
         }
         Ok(())
@@ -338,18 +347,16 @@ impl Session {
     /// Answers `SharedMemory`: the layout on the socket, then the region's
     /// descriptor, then frames move to the rings. A carrier that cannot
     /// pass descriptors gets NOT_SUPPORTED and stays as it is.
-    fn share_memory(&mut self, line: &Line, header: &Header) -> Result<(), SessionError> {
+    fn share_memory(&mut self, carrier: &mut dyn Carrier, header: &Header) -> Result<(), SessionError> {
         let unsupported = CallError::new(CuError::NOT_SUPPORTED, "this carrier cannot share memory");
-        let mut carrier = line.carrier();
-        let carrier = &mut **carrier;
         if !carrier.shares_memory() {
-            return Ok(reply_error_on(carrier, header, unsupported)?);
+            return Ok(reply_error(carrier, header, unsupported)?);
         }
         let (region, layout, reply) = match self.shared.connect() {
             Ok(shared) => shared,
-            Err(e) => return Ok(reply_error_on(carrier, header, e)?),
+            Err(e) => return Ok(reply_error(carrier, header, e)?),
         };
-        send_reply_on(carrier, header, &codec::encode(&reply))?;
+        send_reply(carrier, header, &codec::encode(&reply))?;
         carrier.send_fd(region.fd())?;
         carrier.attach_rings(gpuplex_transport::rings(region, layout, Side::Server)?)?;
         debug!("frames now travel through shared memory");
@@ -357,23 +364,23 @@ impl Session {
     }
 
     /// Answers `OpenLanes` with the key and shape of the session's lanes.
-    fn open_lanes(&mut self, line: &Line, header: &Header, hubs: &Hubs) -> Result<(), SessionError> {
+    fn open_lanes(&mut self, carrier: &mut dyn Carrier, header: &Header, hubs: &Hubs) -> Result<(), SessionError> {
         if self.lanes.is_some() {
             let again = CallError::new(CuError::INVALID_VALUE, "lanes are open already");
-            return Ok(reply_error(line, header, again)?);
+            return Ok(reply_error(carrier, header, again)?);
         }
         if header.version.get() < LANES_VERSION {
             let why = format!("lanes need protocol {LANES_VERSION}; this client speaks {}", header.version.get());
-            return Ok(reply_error(line, header, CallError::new(CuError::NOT_SUPPORTED, why))?);
+            return Ok(reply_error(carrier, header, CallError::new(CuError::NOT_SUPPORTED, why))?);
         }
-        let peer = line.carrier().peer();
+        let peer = carrier.peer();
         match lanes::Lanes::open(self.id, peer, self.lane_key, hubs) {
             Ok((lanes, offer)) => {
                 self.lanes = Some(lanes);
                 debug!(lanes = offer.lanes, chunk = offer.chunk_bytes, "lanes offered");
-                Ok(send_reply(line, header, &codec::encode(&offer))?)
+                Ok(send_reply(carrier, header, &codec::encode(&offer))?)
             }
-            Err(e) => Ok(reply_error(line, header, e)?),
+            Err(e) => Ok(reply_error(carrier, header, e)?),
         }
     }
 
@@ -419,22 +426,13 @@ impl Drop for Session {
     }
 }
 
-fn send_reply(line: &Line, to: &Header, payload: &[u8]) -> Result<(), TransportError> {
-    line.send(&Header::reply(to, 0, payload.len()), payload)
-}
-
-fn reply_error(line: &Line, to: &Header, e: CallError) -> Result<(), TransportError> {
-    let payload = codec::encode(&ErrorDetail { detail: e.detail });
-    line.send(&Header::reply(to, e.code.0, payload.len()), &payload)
-}
-
-/// A successful reply, on a carrier already held.
-pub fn send_reply_on(carrier: &mut dyn Carrier, to: &Header, payload: &[u8]) -> Result<(), TransportError> {
+/// A successful reply.
+pub fn send_reply(carrier: &mut dyn Carrier, to: &Header, payload: &[u8]) -> Result<(), TransportError> {
     carrier.send(&Header::reply(to, 0, payload.len()), payload)
 }
 
-/// A failed reply with its detail, on a carrier already held.
-pub fn reply_error_on(carrier: &mut dyn Carrier, to: &Header, e: CallError) -> Result<(), TransportError> {
+/// A failed reply with its detail.
+pub fn reply_error(carrier: &mut dyn Carrier, to: &Header, e: CallError) -> Result<(), TransportError> {
     let payload = codec::encode(&ErrorDetail { detail: e.detail });
     carrier.send(&Header::reply(to, e.code.0, payload.len()), &payload)
 }

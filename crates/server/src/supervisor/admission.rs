@@ -65,11 +65,11 @@ pub fn admit(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>) {
         },
         Ok(Opcode::ServerInfo) => {
             let summary = super::status::summary(supervisor, &viewer(supervisor, carrier.as_ref()));
-            let _ = crate::session::send_reply_on(carrier.as_mut(), &header, &codec::encode(&summary));
+            let _ = crate::session::send_reply(carrier.as_mut(), &header, &codec::encode(&summary));
         }
         Ok(Opcode::Status) => {
             let status = super::status::status(supervisor, &viewer(supervisor, carrier.as_ref()));
-            let _ = crate::session::send_reply_on(carrier.as_mut(), &header, &codec::encode(&status));
+            let _ = crate::session::send_reply(carrier.as_mut(), &header, &codec::encode(&status));
         }
         other => {
             let what = format!("expected Hello, got {other:?}");
@@ -81,7 +81,7 @@ pub fn admit(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>) {
 /// Answers a refused opening with why, and logs it.
 fn refuse(carrier: &mut dyn Carrier, header: &Header, code: CuError, why: &str) {
     refused(&carrier.peer(), why);
-    let _ = crate::session::reply_error_on(carrier, header, CallError::new(code, why));
+    let _ = crate::session::reply_error(carrier, header, CallError::new(code, why));
 }
 
 /// Refusals logged per second at most; a flood of bad connections is
