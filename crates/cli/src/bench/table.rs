@@ -115,7 +115,8 @@ fn write_against_base(out: &mut String, r: &Report) -> fmt::Result {
     }
     writeln!(out)?;
     writeln!(out, "Against the baseline, round by round: the median over the rounds of this build's value / the")?;
-    writeln!(out, "baseline's in the same round, and the range that holds that median with about 95% confidence.")?;
+    writeln!(out, "baseline's in the same round (above 1: larger, so slower for times, faster for bandwidths), and")?;
+    writeln!(out, "the range that holds that median with about 95% confidence as far as the rounds' spread tells.")?;
     let mut header = vec!["metric".to_owned()];
     header.extend(compared.iter().map(|c| format!("{c} / {c}{BASE_SUFFIX}")));
     let mut grid = vec![header];
