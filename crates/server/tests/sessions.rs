@@ -137,6 +137,18 @@ impl Client {
         Ok(codec::decode(&buf).unwrap())
     }
 
+    /// The next frame that is not a heartbeat, and how many came first.
+    fn heartbeats_then_reply(&mut self) -> (Header, u32) {
+        let mut beats = 0;
+        loop {
+            let h = self.carrier.recv(&mut Vec::new()).unwrap();
+            if h.opcode.get() != Opcode::Heartbeat as u16 {
+                return (h, beats);
+            }
+            beats += 1;
+        }
+    }
+
     /// Sends a call flagged posted: no reply comes.
     fn post<C: Call>(&mut self, req: C) {
         self.send(req, true);
@@ -1462,17 +1474,27 @@ fn a_client_of_the_previous_protocol_gets_lanes_and_no_heartbeats() {
         let mut header = Header::request(Opcode::Launch, c.next, c.ctx.0, payload.len()).from_thread(c.thread);
         header.version = version.into();
         c.carrier.send(&header, &payload).unwrap();
-        let mut beats = 0;
-        let reply = loop {
-            let h = c.carrier.recv(&mut Vec::new()).unwrap();
-            if h.opcode.get() != Opcode::Heartbeat as u16 {
-                break h;
-            }
-            beats += 1;
-        };
+        let (reply, beats) = c.heartbeats_then_reply();
         assert_eq!((reply.request_id.get(), reply.status.get()), (c.next, 0));
         assert_eq!(beats > 0, heartbeats, "version {version}: {beats} heartbeats");
     }
+}
+
+/// A posted call that runs long holds up the call the guest then waits
+/// for as surely as that call itself: the guest hears heartbeats meanwhile.
+#[test]
+fn a_long_posted_call_ahead_of_a_waited_one_is_covered_by_heartbeats() {
+    let address = start_server("long-posted");
+    let mut c = Client::connect(&address);
+    let sleep = c.function(LAUNCH_PTX, "sleep_ms");
+    c.post(launch(sleep, 1, 2500u32.to_le_bytes().to_vec()));
+    // Long enough for the session to be running the launch before the
+    // synchronize arrives.
+    std::thread::sleep(Duration::from_millis(100));
+    c.send(cuCtxSynchronize::Request {}, false);
+    let (reply, beats) = c.heartbeats_then_reply();
+    assert_eq!((reply.request_id.get(), reply.status.get()), (c.next, 0));
+    assert!(beats > 0, "no heartbeat over 2.4 s of a posted launch");
 }
 
 /// The resident memory of this process (the in-process server's), in bytes.

@@ -7,11 +7,10 @@
 //! (the front-end's `GPUPLEX_TIMEOUT`).
 //!
 //! The connection belongs to the session's thread, which lends it out
-//! while it runs a call the guest waits for and takes it back before it
-//! touches it again. One word says who has it; the heartbeat takes it only
-//! from a lender and gives it straight back. The session's thread pays one
-//! plain store to lend and one compare-and-swap to take it back, and
-//! nothing for calls the guest does not wait for, so that the shortest
+//! while it runs a call and takes it back before it touches it again. One
+//! word says who has it; the heartbeat takes it only from a lender and
+//! gives it straight back. The session's thread pays one plain store to
+//! lend and one compare-and-swap to take it back, so that the shortest
 //! calls take no lock.
 
 use std::cell::UnsafeCell;
@@ -102,7 +101,7 @@ impl Line {
         unsafe { &mut **self.shared.carrier.get() }
     }
 
-    /// Lets the heartbeat speak while a call the guest waits for runs.
+    /// Lets the heartbeat speak while a call runs.
     pub fn lend(&mut self) {
         if self.beating && !self.lent {
             self.lent = true;

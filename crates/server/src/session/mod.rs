@@ -211,11 +211,13 @@ impl Session {
                 Err(TransportError::Closed) => return Ok(()),
                 Err(e) => return Err(e.into()),
             };
-            // The guest waits for a reply to anything but a posted call:
-            // the heartbeat may speak for the session until it comes.
-            if !header.is_posted() {
-                line.lend();
-            }
+            // Whether more frames are here already, for a posted launch:
+            // one that is not the last of a run goes to the launcher.
+            let waiting = header.is_posted() && line.carrier().frame_waiting();
+            // Until the session next needs the connection the heartbeat may
+            // speak for it: a posted call that runs long holds up the next
+            // call the guest waits for as much as a waited one.
+            line.lend();
             let opcode = match header.opcode() {
                 Ok(op) => op,
                 Err(e) => {
@@ -245,7 +247,6 @@ impl Session {
                         debug!(call = call.name(), code = e.code.0, detail = %e.detail, "posted call failed");
                         self.deferred.get_or_insert((call, e));
                     }
-                    let waiting = line.carrier().frame_waiting();
                     self.launcher.posted(waiting, &mut self.deferred);
                 }
                 call => {
