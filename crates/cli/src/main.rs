@@ -152,6 +152,11 @@ enum Command {
         /// is measured through it too, as CARRIER@base, in the same rounds.
         #[arg(long, value_name = "DIR")]
         baseline: Option<PathBuf>,
+        /// Starts no round that would end more than SECONDS after the first
+        /// began, judged by the slowest so far, and reports the rounds taken
+        /// (at least one).
+        #[arg(long, value_name = "SECONDS")]
+        time_limit: Option<u64>,
     },
     /// One column of `gpuplex bench`: measures through the libcuda at PATH
     /// (or `system`: libcuda.so.1 as the dynamic linker finds it) and prints JSON.
@@ -189,8 +194,9 @@ fn main() -> ExitCode {
             run::run(server, token_file.as_deref(), backend, &command)
         }
         Command::Status { server, token_file, json } => info::status(server, token_file.as_deref(), json),
-        Command::Bench { backend, carriers, json, quick, rounds, baseline } => {
-            bench::bench(bench::Options { backend, carriers, json, quick, rounds, baseline })
+        Command::Bench { backend, carriers, json, quick, rounds, baseline, time_limit } => {
+            let time_limit = time_limit.map(std::time::Duration::from_secs);
+            bench::bench(bench::Options { backend, carriers, json, quick, rounds, baseline, time_limit })
         }
         Command::BenchWorker { library, quick, samples, part, turns } => {
             bench::worker::run(&library, quick, samples, part, turns)

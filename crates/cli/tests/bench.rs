@@ -83,3 +83,49 @@ fn quick_bench_on_the_emulated_backend() {
     // Timings never come out all alike: identical extremes everywhere would mean one sample reported as many.
     assert!(spread_somewhere, "no cell's samples differ");
 }
+
+/// With `--baseline` every carrier is measured through the other build too
+/// and compared with it round by round; a time limit ends the run after the
+/// rounds that fit (always one), and the report covers those.
+#[test]
+fn a_baseline_within_a_time_limit_is_compared_round_by_round() {
+    let gpuplex = PathBuf::from(env!("CARGO_BIN_EXE_gpuplex"));
+    common::frontend_dir();
+    // This same build, as the baseline: its folder holds gpuplex and libcuda.so.
+    let base = gpuplex.parent().expect("the binary's folder");
+    let json = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-baseline.json");
+    let _ = std::fs::remove_file(&json);
+    let out = Command::new(&gpuplex)
+        .args(["bench", "--backend", "emulated", "--quick", "--carriers", "shm", "--rounds", "3", "--time-limit", "0"])
+        .arg("--baseline")
+        .arg(base)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("gpuplex runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "gpuplex bench failed: {}\n{stdout}\n{stderr}", out.status);
+    assert!(stderr.contains("round 2 would end past the time limit; reporting the 1 taken"), "{stderr}");
+    assert!(stdout.contains("Against the baseline") && stdout.contains("shm / shm@base"), "{stdout}");
+
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
+    assert_eq!(report["rounds"], 1);
+    for row in report["rows"].as_array().expect("rows") {
+        let (new, base) = (&row["carriers"]["shm"], &row["carriers"]["shm@base"]);
+        let per_round = if row["unit"] == "us" { 3 } else { 1 };
+        for cell in [new, base] {
+            assert_eq!(cell["values"].as_array().map(Vec::len), Some(per_round), "{row}");
+        }
+        // One round: the ratio of the two columns' means, its own interval.
+        let mean = |c: &Value| {
+            let v: Vec<f64> = c["values"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        let against = &new["against_base"];
+        assert_eq!(against["rounds"], 1, "{row}");
+        let ratio = against["ratio"].as_f64().expect("a ratio");
+        assert!((ratio - mean(new) / mean(base)).abs() < 1e-9, "{row}");
+        assert_eq!((against["low"].as_f64(), against["high"].as_f64()), (Some(ratio), Some(ratio)), "{row}");
+        assert!(base.get("against_base").is_none(), "{row}");
+    }
+}

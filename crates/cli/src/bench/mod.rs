@@ -63,6 +63,9 @@ pub struct Options {
     /// carrier is measured through it too, as `CARRIER@base`, in the same
     /// rounds, so that a change is judged against what it replaces.
     pub baseline: Option<PathBuf>,
+    /// No round is started that would end later than this after the first
+    /// began; the report covers the rounds taken.
+    pub time_limit: Option<Duration>,
 }
 
 /// Variables that steer the front-end; a worker gets only those of its own column.
@@ -127,7 +130,12 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     // round (and from turn to turn): whatever drifts on the machine (clocks,
     // neighbours) and wherever a process's threads land then fall on every
     // column alike, instead of on whichever ran at a bad moment.
+    let (began, mut slowest, mut rounds) = (Instant::now(), Duration::ZERO, 0);
     for round in 0..opts.rounds {
+        if !another_round_fits(began.elapsed(), slowest, opts.time_limit) {
+            eprintln!("gpuplex bench: round {} would end past the time limit; reporting the {round} taken", round + 1);
+            break;
+        }
         let started = Instant::now();
         eprint!("gpuplex bench: round {}/{}: latency", round + 1, opts.rounds);
         let workers = lineup.iter().map(|e| e.turn_worker(&worker)).collect();
@@ -144,11 +152,13 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
             }
         }
         eprintln!(" ({:.1} s)", started.elapsed().as_secs_f64());
+        slowest = slowest.max(started.elapsed());
+        rounds += 1;
     }
     let lanes_alone: BTreeMap<String, Cell> = lineup.iter().filter_map(Entry::lanes_alone_cell).collect();
     let columns: Vec<(Column, Result<WorkerReport, String>)> = lineup.into_iter().map(Entry::finish).collect();
 
-    let mut report = assemble(backend, opts.quick, opts.rounds, columns);
+    let mut report = assemble(backend, opts.quick, rounds, columns);
     if !lanes_alone.is_empty() {
         report.rows.push(report::lanes_alone_row(Shape::configured(), lanes_alone));
     }
@@ -285,6 +295,12 @@ impl Entry {
         }
         (column, outcome)
     }
+}
+
+/// Whether a round as slow as the slowest so far would end within the
+/// time limit, if there is one; the first round always runs.
+fn another_round_fits(elapsed: Duration, slowest: Duration, limit: Option<Duration>) -> bool {
+    limit.is_none_or(|limit| slowest.is_zero() || elapsed + slowest <= limit)
 }
 
 fn assemble(
@@ -458,6 +474,15 @@ mod tests {
         let mut e = Entry::new(Column::new(name), "x".into(), carrier, None, PathBuf::new());
         e.error = error.map(str::to_owned);
         e
+    }
+
+    #[test]
+    fn a_round_starts_only_if_one_as_slow_as_the_slowest_ends_in_time() {
+        let s = Duration::from_secs;
+        assert!(another_round_fits(s(100), s(50), None));
+        assert!(another_round_fits(s(0), Duration::ZERO, Some(Duration::ZERO)), "the first always runs");
+        assert!(another_round_fits(s(20), s(10), Some(s(30))));
+        assert!(!another_round_fits(s(21), s(10), Some(s(30))));
     }
 
     #[test]
