@@ -2,6 +2,13 @@
 //! across them in any order, lanes that start late, join where they may
 //! not, carry a chunk twice or a receipt for nothing.
 
+use std::time::Duration;
+
+use gpuplex_protocol::calls::*;
+use gpuplex_protocol::lane::{ChunkHeader, Cut};
+use gpuplex_protocol::{codec, CuError, DevPtr, Event, Header, LaneJoin, LaneOffer, Opcode, Stream};
+use gpuplex_transport::{Address, Lane, Token, TransportError};
+
 mod common;
 
 use common::*;

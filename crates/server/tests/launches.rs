@@ -2,6 +2,12 @@
 //! one runs, a run of them reports its first failure, and a flood of them
 //! all run in the order sent.
 
+use std::time::Duration;
+
+use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{CuError, DevPtr};
+use gpuplex_transport::shm::Region;
+
 mod common;
 
 use common::*;

@@ -4,6 +4,15 @@
 //! protocol versions, heartbeats, and openings that announce too much or
 //! say nothing.
 
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{
+    codec, Ctx, CuError, DevPtr, Event, Func, Header, Hello, Module, Opcode, SessionSummary, Stream,
+};
+use gpuplex_transport::{Address, AuthError, TransportError};
+
 mod common;
 
 use common::*;

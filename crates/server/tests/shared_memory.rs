@@ -3,6 +3,14 @@
 //! a client vanishing with frames on the rings, and a peer that lies on
 //! the rings' counters.
 
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{CuError, DevPtr, Header, Opcode, SharedLayout, Stream};
+use gpuplex_transport::shm::Region;
+use proptest::prelude::*;
+
 mod common;
 
 use common::*;

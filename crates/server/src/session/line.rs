@@ -227,7 +227,8 @@ mod tests {
         assert_eq!(watch.replies.load(SeqCst), calls);
         let beats = watch.beats.load(SeqCst);
         assert!(beats > 0, "no heartbeat over {calls} calls");
-        // At most two per long call (up to 21 ms, at 8 ms), none for short ones.
+        // At most two per long call (each shorter than three intervals), none
+        // for short ones.
         assert!(beats <= 2 * long, "{beats} heartbeats over {long} long calls");
     }
 

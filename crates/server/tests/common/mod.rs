@@ -3,26 +3,22 @@
 //! memory patterns they launch and copy.
 
 // Each test binary takes the part it needs.
-#![allow(dead_code, unused_imports)]
+#![allow(dead_code)]
 
-pub use std::io::{Read, Write};
-pub use std::path::PathBuf;
-pub use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-pub use std::sync::Arc;
-pub use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-pub use gpuplex_protocol::calls::*;
-pub use gpuplex_protocol::lane::{ChunkHeader, Cut};
-pub use gpuplex_protocol::{
-    codec, Call, Ctx, CuError, DevPtr, ErrorDetail, Event, Func, Header, Hello, LaneJoin, LaneOffer, Module, Opcode,
-    ServerSummary, SessionSummary, SharedLayout, Stream, Welcome,
+use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{
+    codec, Call, Ctx, CuError, DevPtr, ErrorDetail, Func, Header, Hello, Module, Opcode, ServerSummary, SharedLayout,
+    Stream, Welcome,
 };
-pub use gpuplex_server::backend::emulated::Emulated;
-pub use gpuplex_server::config::Config;
-pub use gpuplex_server::{Placement, Supervisor};
-pub use gpuplex_transport::shm::{Layout, Region, Side};
-pub use gpuplex_transport::{Address, AuthError, Carrier, Lane, Token, TransportError};
-pub use proptest::prelude::*;
+use gpuplex_server::backend::emulated::Emulated;
+use gpuplex_server::config::Config;
+use gpuplex_server::{Placement, Supervisor};
+use gpuplex_transport::shm::{Layout, Region, Side};
+use gpuplex_transport::{Address, Carrier, Token};
 
 /// A server on its own socket, for the life of one test: the socket's
 /// directory goes when this is dropped (the server thread stays, unreachable).
