@@ -87,6 +87,12 @@ fn to_json(address: &Address, s: &ServerStatus) -> serde_json::Value {
                 "calls": t.calls,
                 "calls_per_second": t.calls_per_second,
                 "gpu_busy": t.gpu_busy,
+                "priority": t.priority,
+                "gpu_time": t.gpu_time.0.iter().map(|g| json!({
+                    "gpu": g.gpu,
+                    "compute_seconds": g.compute_seconds,
+                    "copy_seconds": g.copy_seconds,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -108,6 +114,8 @@ fn to_json(address: &Address, s: &ServerStatus) -> serde_json::Value {
                 "calls": t.calls,
                 "calls_per_second": t.calls_per_second,
                 "gpu_busy": t.gpu_busy,
+                "compute_seconds": t.compute_seconds,
+                "copy_seconds": t.copy_seconds,
                 "seconds": t.seconds,
             })
         })
@@ -121,6 +129,7 @@ fn to_json(address: &Address, s: &ServerStatus) -> serde_json::Value {
         "uptime_seconds": s.uptime_seconds,
         "idle_workers": s.idle_workers,
         "interval_seconds": s.interval_seconds,
+        "policy": s.policy,
         "tenants": tenants,
         "sessions": sessions,
     })
@@ -134,6 +143,7 @@ fn print_tables(address: &Address, s: &ServerStatus) {
         println!("device {i}  {}  {}  {}", d.name, format_size(d.total_mem), d.pci_bus_id);
     }
     println!("up       {} s, {} idle worker(s)", s.uptime_seconds, s.idle_workers);
+    println!("policy   {}", s.policy);
     if !s.full {
         println!("view     your own tenant only");
     }
@@ -141,21 +151,26 @@ fn print_tables(address: &Address, s: &ServerStatus) {
     let busy = |b: f32| format!("{:.0}%", b * 100.0);
     println!();
     println!(
-        "{:<16} {:>8} {:>12} {:>12} {:>6} {:>12} {:>9} {:>6}",
-        "tenant", "sessions", "memory", "limit", "weight", "calls", "calls/s", "busy"
+        "{:<16} {:>8} {:>12} {:>12} {:>6} {:>8} {:>12} {:>9} {:>6} {:>10} {:>10}",
+        "tenant", "sessions", "memory", "limit", "weight", "priority", "calls", "calls/s", "busy", "gpu s", "copy s"
     );
     for t in &s.tenants.0 {
         let limit = if t.memory_limit == 0 { "-".to_owned() } else { format_size(t.memory_limit) };
+        let (compute, copy) =
+            t.gpu_time.0.iter().fold((0.0, 0.0), |(a, b), g| (a + g.compute_seconds, b + g.copy_seconds));
         println!(
-            "{:<16} {:>8} {:>12} {:>12} {:>6} {:>12} {:>9} {:>6}",
+            "{:<16} {:>8} {:>12} {:>12} {:>6} {:>8} {:>12} {:>9} {:>6} {:>10.3} {:>10.3}",
             t.name,
             t.sessions,
             format_size(t.memory_used),
             limit,
             t.weight,
+            t.priority,
             t.calls,
             rate(t.calls_per_second),
-            busy(t.gpu_busy)
+            busy(t.gpu_busy),
+            compute,
+            copy
         );
     }
     println!();

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use gpuplex_server::sched::Policy;
 use gpuplex_server::BackendKind;
 use gpuplex_transport::{Address, Token};
 
@@ -76,6 +77,12 @@ enum Command {
         /// (default 2).
         #[arg(long, value_name = "N")]
         workers: Option<usize>,
+        /// How GPU time is divided among tenants that want it: fair
+        /// (weighted shares of kernel time, the default), band (of kernel
+        /// and copy time), fifo (turns in arrival order), or none (the
+        /// driver's own time-slicing).
+        #[arg(long, value_name = "fair|band|fifo|none")]
+        policy: Option<Policy>,
     },
     /// One guest's worker process, started by the server.
     #[command(hide = true)]
@@ -186,8 +193,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 
     let result = match cli.command {
-        Command::Serve { listen, token_file, backend, config, check_config, metrics, workers } => {
-            serve::serve(serve::Options { listen, token_file, backend, config, check_config, metrics, workers })
+        Command::Serve { listen, token_file, backend, config, check_config, metrics, workers, policy } => {
+            serve::serve(serve::Options { listen, token_file, backend, config, check_config, metrics, workers, policy })
         }
         Command::Worker { backend } => return ExitCode::from(gpuplex_server::worker::run(backend) as u8),
         Command::Run { server, token_file, backend, command } => {

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use gpuplex_server::config::Config;
+use gpuplex_server::sched::Policy;
 use gpuplex_server::supervisor::status;
 use gpuplex_server::{BackendKind, Placement, Supervisor, WorkerCommand};
 use gpuplex_transport::{Address, Token};
@@ -26,6 +27,8 @@ pub struct Options {
     pub check_config: Option<PathBuf>,
     pub metrics: Option<String>,
     pub workers: Option<usize>,
+    /// Overrides `[server] policy`, at start and at every reload.
+    pub policy: Option<Policy>,
 }
 
 pub fn serve(opts: Options) -> Result<ExitCode, Error> {
@@ -42,10 +45,11 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let config = match &opts.config {
+    let mut config = match &opts.config {
         Some(path) => Config::load(path)?,
         None => Config::none(),
     };
+    config.server.policy = opts.policy.or(config.server.policy);
     let mut addresses = opts.listen.clone();
     if addresses.is_empty() {
         addresses.push(config.server.listen.clone().unwrap_or_else(Address::default_local));
@@ -77,7 +81,7 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
             .map_err(|e| format!("cannot serve metrics on {at}: {e}"))?;
         info!("metrics at http://{bound}/metrics");
     }
-    signals.handle(supervisor.clone(), opts.config.clone(), addresses)?;
+    signals.handle(supervisor.clone(), opts.config.clone(), opts.policy, addresses)?;
     let last = listeners.pop().expect("at least one address");
     for listener in listeners {
         let supervisor = supervisor.clone();
@@ -121,6 +125,7 @@ impl Signals {
         self,
         supervisor: Arc<Supervisor>,
         config: Option<PathBuf>,
+        policy: Option<Policy>,
         addresses: Vec<Address>,
     ) -> Result<(), Error> {
         std::thread::Builder::new().name("gpuplex-signals".into()).spawn(move || loop {
@@ -130,7 +135,7 @@ impl Signals {
                 continue;
             }
             match signal {
-                libc::SIGHUP => reload(&supervisor, config.as_deref()),
+                libc::SIGHUP => reload(&supervisor, config.as_deref(), policy),
                 _ => {
                     let name = if signal == libc::SIGTERM { "SIGTERM" } else { "SIGINT" };
                     info!(sessions = supervisor.registry().len(), "{name}: stopping");
@@ -147,11 +152,15 @@ impl Signals {
     }
 }
 
-fn reload(supervisor: &Supervisor, path: Option<&std::path::Path>) {
+fn reload(supervisor: &Supervisor, path: Option<&std::path::Path>, policy: Option<Policy>) {
     let Some(path) = path else {
         return warn!("SIGHUP: no configuration file to reload (serve --config FILE)");
     };
-    match Config::load(path).map_err(|e| e.to_string()).and_then(|c| supervisor.reload(c).map_err(|e| e.to_string())) {
+    let loaded = Config::load(path).map(|mut c| {
+        c.server.policy = policy.or(c.server.policy);
+        c
+    });
+    match loaded.map_err(|e| e.to_string()).and_then(|c| supervisor.reload(c).map_err(|e| e.to_string())) {
         Ok(()) => info!("SIGHUP: reloaded {}", path.display()),
         Err(e) => error!("SIGHUP: kept the configuration in use: {e}"),
     }

@@ -89,7 +89,7 @@ macro_rules! wire_number {
         }
     )*};
 }
-wire_number!(u8, u16, u32, u64, i32, i64, f32);
+wire_number!(u8, u16, u32, u64, i32, i64, f32, f64);
 
 impl Wire for bool {
     const MIN_SIZE: usize = 1;

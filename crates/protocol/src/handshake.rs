@@ -127,6 +127,8 @@ wire_struct! {
         pub interval_seconds: f32,
         pub tenants: Seq<TenantStatus>,
         pub sessions: Seq<SessionStatus>,
+        /// How GPU time is divided: `fair`, `fifo`, `band` or `none`.
+        pub policy: String,
     }
 }
 
@@ -146,6 +148,22 @@ wire_struct! {
         /// The share of the last interval its work kept a GPU busy (0 to 1
         /// per GPU, summed over its sessions).
         pub gpu_busy: f32,
+        /// Its priority class: `low`, `normal` or `high`.
+        pub priority: String,
+        /// GPU time its work took since the server started, on each GPU it
+        /// used.
+        pub gpu_time: Seq<GpuTime>,
+    }
+}
+
+wire_struct! {
+    /// GPU time on one GPU, as the GPU's own clock measured it.
+    pub struct GpuTime {
+        /// The server's ordinal of the GPU.
+        pub gpu: u32,
+        /// Kernels and memsets.
+        pub compute_seconds: f64,
+        pub copy_seconds: f64,
     }
 }
 
@@ -169,6 +187,9 @@ wire_struct! {
         pub calls_per_second: f32,
         pub gpu_busy: f32,
         pub seconds: u64,
+        /// GPU time its kernels and memsets took, and its copies.
+        pub compute_seconds: f64,
+        pub copy_seconds: f64,
     }
 }
 

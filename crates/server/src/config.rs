@@ -14,6 +14,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use gpuplex_transport::{Address, Token};
+
+use crate::sched::{Class, Policy};
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use toml::Spanned;
@@ -75,6 +77,8 @@ pub struct ServerSettings {
     pub metrics: Option<String>,
     /// Worker processes kept started and ready.
     pub workers: Option<usize>,
+    /// How GPU time is divided among tenants.
+    pub policy: Option<Policy>,
 }
 
 /// What a tenant may use.
@@ -87,11 +91,13 @@ pub struct TenantSettings {
     pub gpus: Option<Vec<u32>>,
     /// Its share of GPU time, relative to other tenants' (1..=[`MAX_WEIGHT`]).
     pub weight: u32,
+    /// Its priority class: who gets a GPU first when several wait.
+    pub priority: Class,
 }
 
 impl Default for TenantSettings {
     fn default() -> TenantSettings {
-        TenantSettings { memory_limit: None, gpus: None, weight: 1 }
+        TenantSettings { memory_limit: None, gpus: None, weight: 1, priority: Class::Normal }
     }
 }
 
@@ -243,6 +249,7 @@ struct RawServer {
     listen: Option<Spanned<String>>,
     metrics: Option<Spanned<String>>,
     workers: Option<Spanned<i64>>,
+    policy: Option<Spanned<String>>,
 }
 
 impl RawServer {
@@ -262,7 +269,13 @@ impl RawServer {
             let fits = usize::try_from(n).ok().filter(|&n| n <= MAX_WORKERS);
             fits.ok_or_else(|| src.at(&w, format!("workers must be from 0 to {MAX_WORKERS}, not {n}")))
         });
-        Ok(ServerSettings { listen, metrics: self.metrics.map(Spanned::into_inner), workers: workers.transpose()? })
+        let policy = self.policy.map(|p| p.get_ref().parse::<Policy>().map_err(|e| src.at(&p, e))).transpose()?;
+        Ok(ServerSettings {
+            listen,
+            metrics: self.metrics.map(Spanned::into_inner),
+            workers: workers.transpose()?,
+            policy,
+        })
     }
 }
 
@@ -273,6 +286,7 @@ struct RawSettings {
     memory_limit: Option<MemoryLimit>,
     gpus: Option<Spanned<Vec<Spanned<u32>>>>,
     weight: Option<Spanned<i64>>,
+    priority: Option<Spanned<String>>,
 }
 
 impl RawSettings {
@@ -291,7 +305,11 @@ impl RawSettings {
                 .ok_or_else(|| src.at(&w, format!("weight must be from 1 to {MAX_WEIGHT}, not {}", w.get_ref())))?,
             None => 1,
         };
-        Ok(TenantSettings { memory_limit: self.memory_limit.map(|m| m.0), gpus, weight })
+        let priority = match self.priority {
+            Some(p) => p.get_ref().parse::<Class>().map_err(|e| src.at(&p, e))?,
+            None => Class::Normal,
+        };
+        Ok(TenantSettings { memory_limit: self.memory_limit.map(|m| m.0), gpus, weight, priority })
     }
 }
 
@@ -307,6 +325,7 @@ struct RawTenant {
     memory_limit: Option<MemoryLimit>,
     gpus: Option<Spanned<Vec<Spanned<u32>>>>,
     weight: Option<Spanned<i64>>,
+    priority: Option<Spanned<String>>,
 }
 
 impl RawTenant {
@@ -314,8 +333,13 @@ impl RawTenant {
         check_name(&name, src)?;
         let line = src.line(name.span().start);
         let name = name.into_inner();
-        let settings =
-            RawSettings { memory_limit: self.memory_limit, gpus: self.gpus, weight: self.weight }.check(src)?;
+        let settings = RawSettings {
+            memory_limit: self.memory_limit,
+            gpus: self.gpus,
+            weight: self.weight,
+            priority: self.priority,
+        }
+        .check(src)?;
         let uids = claims.claim(&self.uids.unwrap_or_default(), "uid", &name, src)?;
         let gids = claims.claim(&self.gids.unwrap_or_default(), "gid", &name, src)?;
         let token = match &self.token_file {
@@ -589,21 +613,33 @@ token_file = "carol.token"
                 listen: Some(Address::Tcp("0.0.0.0:7070".into())),
                 metrics: Some("127.0.0.1:9400".into()),
                 workers: Some(2),
+                policy: None,
             }
         );
         assert_eq!(
             config.default,
-            Some(TenantSettings { memory_limit: Some(8 << 30), gpus: Some(vec![0]), weight: 1 })
+            Some(TenantSettings {
+                memory_limit: Some(8 << 30),
+                gpus: Some(vec![0]),
+                weight: 1,
+                priority: Class::Normal
+            })
         );
         let names: Vec<_> = config.tenants.iter().map(|t| (t.name.as_str(), t.line)).collect();
         assert_eq!(names, [("bob", 12), ("alice", 16), ("carol.remote-1", 22)], "in the file's order");
         let bob = config.tenant("bob").unwrap();
         assert_eq!((bob.uids.as_slice(), bob.gids.as_slice()), (&[][..], &[100, 200][..]));
-        assert_eq!(bob.settings, TenantSettings { memory_limit: None, gpus: None, weight: 1000 });
+        assert_eq!(
+            bob.settings,
+            TenantSettings { memory_limit: None, gpus: None, weight: 1000, priority: Class::Normal }
+        );
         assert!(bob.token.is_none());
         let alice = config.tenant("alice").unwrap();
         assert_eq!(alice.uids, [1000, 1001]);
-        assert_eq!(alice.settings, TenantSettings { memory_limit: Some(16 << 30), gpus: Some(vec![1, 0]), weight: 2 });
+        assert_eq!(
+            alice.settings,
+            TenantSettings { memory_limit: Some(16 << 30), gpus: Some(vec![1, 0]), weight: 2, priority: Class::Normal }
+        );
         let carol = config.tenant("carol.remote-1").unwrap();
         assert_eq!(carol.token, Some(Token::new(b"carol's secret, 32 bytes or so").unwrap()));
         assert_eq!(carol.settings, TenantSettings::default());
@@ -636,7 +672,7 @@ token_file = "carol.token"
     fn no_file_makes_every_user_a_tenant_without_limits() {
         let config = Config::none();
         assert!(config.tenants.is_empty());
-        assert_eq!(config.default, Some(TenantSettings { memory_limit: None, gpus: None, weight: 1 }));
+        assert_eq!(config.default, Some(TenantSettings::default()));
         assert!(config.local_tenant(1000, &[100]).is_none());
         assert_eq!(default_tenant_name(1000), "uid:1000");
         config.check_devices(0).unwrap();
@@ -821,6 +857,30 @@ token_file = "carol.token"
             refused(&format!("[default]\n\n{text}\n"), 3, says);
         }
         refused("[tenants.a]\nuids = [1]\ngpus = [\n  0,\n  1,\n  1,\n]\n", 6, "GPU 1 is listed twice");
+    }
+
+    #[test]
+    fn priorities_and_the_policy_are_names() {
+        let settings =
+            |text: &str| parse(&format!("[tenants.a]\nuids = [1]\n{text}\n")).map(|c| c.tenants[0].settings.clone());
+        assert_eq!(settings("").unwrap().priority, Class::Normal);
+        assert_eq!(settings("priority = \"high\"").unwrap().priority, Class::High);
+        assert_eq!(settings("priority = \"low\"").unwrap().priority, Class::Low);
+        refused(
+            "[tenants.a]\nuids = [1]\npriority = \"urgent\"\n",
+            3,
+            "unknown priority \"urgent\": expected low, normal or high",
+        );
+        refused("[default]\npriority = 2\n", 2, "invalid type");
+        for name in Policy::NAMES {
+            let config = parse(&format!("[server]\npolicy = \"{name}\"\n[default]\n")).unwrap();
+            assert_eq!(config.server.policy.map(Policy::name), Some(name));
+        }
+        refused(
+            "[server]\npolicy = \"credit\"\n[default]\n",
+            2,
+            "unknown policy \"credit\": expected fair, fifo, band or none",
+        );
     }
 
     #[test]

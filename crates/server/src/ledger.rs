@@ -3,7 +3,7 @@
 //!
 //! Each tenant has one [`Ledger`]: a sealed memfd holding its memory limit
 //! and one [`Slot`] per live session. A worker writes only its own session's
-//! slot (device memory charged, calls, contexts, GPU busy samples), with
+//! slot (device memory charged, calls, contexts, GPU time), with
 //! plain atomic stores and no round trip to the supervisor, which reads
 //! every slot for `gpuplex status` and the metrics, and clears the slot of
 //! a worker that died. Nothing else is kept about a session's usage, so a
@@ -39,10 +39,13 @@ pub struct Slot {
     pub calls: AtomicU64,
     /// Live contexts.
     pub contexts: AtomicU32,
-    /// Samples taken of whether the session's GPU work was running, and how
-    /// many found it running (see `worker::busy`).
-    pub samples: AtomicU64,
-    pub busy_samples: AtomicU64,
+    /// GPU time the session's kernels and memsets took, and its copies
+    /// (ns; see `sched::seat`).
+    pub compute_ns: AtomicU64,
+    pub copy_ns: AtomicU64,
+    /// When the work the meter is waiting for was submitted (CLOCK_MONOTONIC
+    /// ns), so that a long kernel shows as busy before it ends; 0: none.
+    pub running_since: AtomicU64,
 }
 
 #[repr(C)]
@@ -115,8 +118,9 @@ impl Ledger {
         slot.memory.store(0, SeqCst);
         slot.calls.store(0, SeqCst);
         slot.contexts.store(0, SeqCst);
-        slot.samples.store(0, SeqCst);
-        slot.busy_samples.store(0, SeqCst);
+        slot.compute_ns.store(0, SeqCst);
+        slot.copy_ns.store(0, SeqCst);
+        slot.running_since.store(0, SeqCst);
         self.page().header.high_water.fetch_max(index as u32 + 1, SeqCst);
     }
 
@@ -124,6 +128,7 @@ impl Ledger {
     /// held stops counting against the tenant.
     pub fn release(&self, index: usize) {
         self.slot(index).memory.store(0, SeqCst);
+        self.slot(index).running_since.store(0, SeqCst);
     }
 
     /// Lowers the high-water mark to just past the highest slot still used.

@@ -12,6 +12,7 @@ pub mod backend;
 pub mod config;
 pub mod image;
 pub mod ledger;
+pub mod sched;
 pub mod session;
 pub mod supervisor;
 pub mod worker;

@@ -515,6 +515,17 @@ impl Wait {
     }
 }
 
+/// Sleeps while `word` holds `expected`, at most `timeout`, where `word` may
+/// be in memory another process maps (a spurious return is possible).
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    futex(word, libc::FUTEX_WAIT, expected, Some(timeout));
+}
+
+/// Wakes every thread, of any process, sleeping in [`futex_wait`] on `word`.
+pub fn futex_wake_all(word: &AtomicU32) {
+    futex(word, libc::FUTEX_WAKE, i32::MAX as u32, None);
+}
+
 fn futex(word: &AtomicU32, op: libc::c_int, value: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|t| libc::timespec { tv_sec: t.as_secs() as _, tv_nsec: t.subsec_nanos() as _ });
     let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);

@@ -10,6 +10,7 @@ use super::launcher::ReadyLaunch;
 use super::tables::{self, CtxEntry, Entry, Kind, Owner, Region};
 use super::Session;
 use crate::backend::{self, Obj};
+use crate::sched::Work;
 
 type R<T> = Result<T, CallError>;
 
@@ -82,7 +83,7 @@ impl Session {
         let p = self.primaries[dev];
         // The driver's primary contexts always map host memory.
         let obj = self.backend.ctx_create(self.devices[dev], p.flags | CU_CTX_MAP_HOST)?;
-        self.busy.context(obj);
+        self.seat.context(obj, self.devices[dev]);
         self.tables.contexts.insert(p.handle, CtxEntry { obj: Some(obj), device: dev as i32, primary: true });
         Ok(obj)
     }
@@ -136,7 +137,7 @@ impl Session {
             }
         }
         let obj = self.backend.stream_create(ctx, 0, 0)?;
-        self.busy.stream(ctx, obj);
+        self.seat.stream(ctx, obj);
         let handle = self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
         self.per_thread_streams.insert(key, handle);
         Ok((ctx, obj))
@@ -245,7 +246,7 @@ impl Api for Session {
     fn CtxCreate(&mut self, req: CtxCreate::Request) -> R<CtxCreate::Reply> {
         let device = self.device(req.dev)? as i32;
         let obj = self.backend.ctx_create(self.devices[device as usize], req.flags)?;
-        self.busy.context(obj);
+        self.seat.context(obj, self.devices[device as usize]);
         Ok(CtxCreate::Reply { ctx: Ctx(self.tables.add_ctx(CtxEntry { obj: Some(obj), device, primary: false })) })
     }
 
@@ -468,8 +469,9 @@ impl Api for Session {
         if req.data.is_empty() {
             return Ok(MemcpyHtoD::Reply {});
         }
-        self.backend.memcpy_htod(ctx, req.dst.0, &req.data, stream, req.sync)?;
-        self.busy.queued(!req.sync);
+        let backend = &self.backend;
+        self.seat
+            .submit(ctx, stream, Work::Copy, || backend.memcpy_htod(ctx, req.dst.0, &req.data, stream, req.sync))?;
         Ok(MemcpyHtoD::Reply {})
     }
 
@@ -484,12 +486,13 @@ impl Api for Session {
         if len == 0 {
             return Ok(MemcpyDtoH::Reply { data: Vec::new() });
         }
-        if let Some(pinned) = self.scratch.pinned(&*self.backend, ctx, len) {
-            self.backend.memcpy_dtoh(ctx, pinned, req.src.0, stream)?;
+        let (backend, seat) = (&self.backend, &self.seat);
+        if let Some(pinned) = self.scratch.pinned(&**backend, ctx, len) {
+            seat.submit(ctx, stream, Work::Copy, || backend.memcpy_dtoh(ctx, pinned, req.src.0, stream))?;
             return Ok(MemcpyDtoH::Reply { data: pinned.to_vec() });
         }
         let mut data = vec![0u8; len];
-        self.backend.memcpy_dtoh(ctx, &mut data, req.src.0, stream)?;
+        seat.submit(ctx, stream, Work::Copy, || backend.memcpy_dtoh(ctx, &mut data, req.src.0, stream))?;
         Ok(MemcpyDtoH::Reply { data })
     }
 
@@ -500,8 +503,10 @@ impl Api for Session {
         if req.size == 0 {
             return Ok(MemcpyDtoD::Reply {});
         }
-        self.backend.memcpy_dtod(ctx, req.dst.0, req.src.0, req.size, stream, req.sync)?;
-        self.busy.queued(!req.sync);
+        let backend = &self.backend;
+        self.seat.submit(ctx, stream, Work::Copy, || {
+            backend.memcpy_dtod(ctx, req.dst.0, req.src.0, req.size, stream, req.sync)
+        })?;
         Ok(MemcpyDtoD::Reply {})
     }
 
@@ -532,9 +537,11 @@ impl Api for Session {
         if req.size == 0 {
             return Ok(MemcpyHtoDShared::Reply {});
         }
-        // SAFETY: a checked range of a registered block the session holds.
-        unsafe { self.backend.memcpy_htod_host(ctx, req.dst.0, host.ptr, req.size as usize, stream, req.sync) }?;
-        self.busy.queued(!req.sync);
+        let backend = &self.backend;
+        self.seat.submit(ctx, stream, Work::Copy, || {
+            // SAFETY: a checked range of a registered block the session holds.
+            unsafe { backend.memcpy_htod_host(ctx, req.dst.0, host.ptr, req.size as usize, stream, req.sync) }
+        })?;
         if let Some(slot) = host.slot {
             self.shared.mark_slot(&*self.backend, slot, ctx, stream)?;
         }
@@ -548,9 +555,11 @@ impl Api for Session {
         if req.size == 0 {
             return Ok(MemcpyDtoHShared::Reply {});
         }
-        // SAFETY: as above.
-        unsafe { self.backend.memcpy_dtoh_host(ctx, host.ptr, req.src.0, req.size as usize, stream, req.sync) }?;
-        self.busy.queued(!req.sync);
+        let backend = &self.backend;
+        self.seat.submit(ctx, stream, Work::Copy, || {
+            // SAFETY: as above.
+            unsafe { backend.memcpy_dtoh_host(ctx, host.ptr, req.src.0, req.size as usize, stream, req.sync) }
+        })?;
         if let Some(slot) = host.slot {
             self.shared.mark_slot(&*self.backend, slot, ctx, stream)?;
         }
@@ -600,8 +609,8 @@ impl Api for Session {
         if op.is_empty() {
             return Ok(Memset::Reply {});
         }
-        self.backend.memset(ctx, &op, stream, req.sync)?;
-        self.busy.queued(!req.sync);
+        let backend = &self.backend;
+        self.seat.submit(ctx, stream, Work::Compute, || backend.memset(ctx, &op, stream, req.sync))?;
         Ok(Memset::Reply {})
     }
 
@@ -848,11 +857,10 @@ impl Api for Session {
         let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
         let launch = self.launch_config(dims, req.sharedMem, req.stream, &req.attrs)?;
         let ready = ReadyLaunch { ctx, func, launch, params: req.params };
-        self.busy.queued(true);
         if self.posting {
             self.launcher.push(ready);
         } else {
-            ready.run(&*self.backend)?;
+            ready.run(&*self.backend, &self.seat)?;
         }
         Ok(Launch::Reply {})
     }
@@ -873,7 +881,7 @@ impl Api for Session {
     fn cuStreamCreate(&mut self, req: cuStreamCreate::Request) -> R<cuStreamCreate::Reply> {
         let (h, ctx) = self.current_ctx()?;
         let obj = self.backend.stream_create(ctx, req.flags, 0)?;
-        self.busy.stream(ctx, obj);
+        self.seat.stream(ctx, obj);
         Ok(cuStreamCreate::Reply {
             phStream: Stream(self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) })),
         })
@@ -885,7 +893,7 @@ impl Api for Session {
     ) -> R<cuStreamCreateWithPriority::Reply> {
         let (h, ctx) = self.current_ctx()?;
         let obj = self.backend.stream_create(ctx, req.flags, req.priority)?;
-        self.busy.stream(ctx, obj);
+        self.seat.stream(ctx, obj);
         let s = self.tables.add(Kind::Stream, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
         Ok(cuStreamCreateWithPriority::Reply { phStream: Stream(s) })
     }
@@ -895,7 +903,7 @@ impl Api for Session {
             return Err(CallError::new(CuError::INVALID_HANDLE, "a default stream cannot be destroyed"));
         }
         let (ctx, stream) = self.stream(req.hStream)?;
-        self.busy.stream_gone(stream);
+        self.seat.stream_gone(ctx, stream);
         self.backend.stream_destroy(ctx, stream)?;
         self.tables.remove(Kind::Stream, req.hStream.0)?;
         Ok(cuStreamDestroy_v2::Reply {})
@@ -917,7 +925,6 @@ impl Api for Session {
         let (ctx, stream) = self.stream(req.hStream)?;
         let (_, event) = self.event(req.hEvent)?;
         self.backend.stream_wait_event(ctx, stream, event, req.flags)?;
-        self.busy.queued(true);
         Ok(cuStreamWaitEvent::Reply {})
     }
 
@@ -974,7 +981,6 @@ impl Api for Session {
         let (ctx, event) = self.event(req.hEvent)?;
         let (_, stream) = self.stream(req.hStream)?;
         self.backend.event_record(ctx, event, stream, 0)?;
-        self.busy.queued(true);
         Ok(cuEventRecord::Reply {})
     }
 
@@ -982,7 +988,6 @@ impl Api for Session {
         let (ctx, event) = self.event(req.hEvent)?;
         let (_, stream) = self.stream(req.hStream)?;
         self.backend.event_record(ctx, event, stream, req.flags)?;
-        self.busy.queued(true);
         Ok(cuEventRecordWithFlags::Reply {})
     }
 

@@ -43,6 +43,7 @@ use gpuplex_protocol::{CallError, CuError, Opcode};
 use tracing::{debug, warn};
 
 use crate::backend::{self, Backend, Obj};
+use crate::sched::{Seat, Work};
 
 /// Launches per hand-over at most: enough that the hand-over's cost
 /// vanishes, few enough that the first of them is not kept long from the
@@ -67,13 +68,17 @@ pub(super) struct ReadyLaunch {
 }
 
 impl ReadyLaunch {
-    pub fn run(&self, backend: &dyn Backend) -> Result<(), CallError> {
-        backend.launch(self.ctx, self.func, &self.launch, &self.params)
+    /// Launches it once the session's turn on the GPU allows.
+    pub fn run(&self, backend: &dyn Backend, seat: &Seat) -> Result<(), CallError> {
+        seat.submit(self.ctx, self.launch.stream, Work::Compute, || {
+            backend.launch(self.ctx, self.func, &self.launch, &self.params)
+        })
     }
 }
 
 pub(super) struct Launcher {
     backend: Arc<dyn Backend>,
+    seat: Arc<Seat>,
     /// Launches read and not yet handed over or run.
     batch: Vec<ReadyLaunch>,
     /// Started by the first hand-over.
@@ -125,8 +130,8 @@ impl Shared {
 }
 
 impl Launcher {
-    pub fn new(backend: Arc<dyn Backend>) -> Launcher {
-        Launcher { backend, batch: Vec::with_capacity(MAX_BATCH), worker: None }
+    pub fn new(backend: Arc<dyn Backend>, seat: Arc<Seat>) -> Launcher {
+        Launcher { backend, seat, batch: Vec::with_capacity(MAX_BATCH), worker: None }
     }
 
     /// Takes a launch read while the session posts.
@@ -197,7 +202,7 @@ impl Launcher {
     /// Runs the batch on the session's thread.
     fn run_here(&mut self, deferred: &mut Option<(Opcode, CallError)>) {
         for launch in self.batch.drain(..) {
-            if let Err(e) = launch.run(&*self.backend) {
+            if let Err(e) = launch.run(&*self.backend, &self.seat) {
                 debug!(code = e.code.0, detail = %e.detail, "posted launch failed");
                 deferred.get_or_insert((Opcode::Launch, e));
             }
@@ -215,8 +220,11 @@ impl Launcher {
                 session: std::thread::current(),
                 wake_session_at: AtomicU64::new(u64::MAX),
             });
-            let (theirs, backend) = (shared.clone(), self.backend.clone());
-            match std::thread::Builder::new().name("gpuplex-launch".into()).spawn(move || work(&theirs, &*backend)) {
+            let (theirs, backend, seat) = (shared.clone(), self.backend.clone(), self.seat.clone());
+            let spawned = std::thread::Builder::new()
+                .name("gpuplex-launch".into())
+                .spawn(move || work(&theirs, &*backend, &seat));
+            match spawned {
                 Ok(thread) => self.worker = Some(Worker { shared, thread }),
                 Err(e) => warn!("no launcher thread, launching on the session's: {e}"),
             }
@@ -261,7 +269,7 @@ fn launcher_lost() -> CallError {
 }
 
 /// The launcher: runs batches in order until told to stop.
-fn work(shared: &Shared, backend: &dyn Backend) {
+fn work(shared: &Shared, backend: &dyn Backend, seat: &Seat) {
     /// Wakes the session however the launcher ends, so that it never waits
     /// for one that is gone.
     struct Farewell<'a>(&'a Thread);
@@ -290,7 +298,7 @@ fn work(shared: &Shared, backend: &dyn Backend) {
         batches += 1;
         let mut failed = None;
         for launch in &batch {
-            if let Err(e) = launch.run(backend) {
+            if let Err(e) = launch.run(backend, seat) {
                 debug!(code = e.code.0, detail = %e.detail, "posted launch failed");
                 failed.get_or_insert(e);
             }

@@ -12,7 +12,6 @@
 //! allocates and exactly after every call.
 
 mod api;
-mod busy;
 mod images;
 pub mod lanes;
 mod launcher;
@@ -33,6 +32,7 @@ use tracing::{debug, info, warn};
 
 use crate::backend::{Backend, Obj};
 use crate::ledger::Account;
+use crate::sched::{Board, Seat};
 use lanes::{Hubs, LaneKey};
 use line::Line;
 use tables::{HandleMap, Kind, Tables};
@@ -43,6 +43,10 @@ pub struct Guest {
     pub tenant: String,
     /// The guest's slot in its tenant's ledger.
     pub account: Account,
+    /// The scheduling board, the guest's seat on it and its tenant's row.
+    pub board: Arc<Board>,
+    pub seat: usize,
+    pub row: usize,
     /// The key the guest's bulk lanes will present.
     pub lane_key: LaneKey,
     /// The guest's `Hello`, as the supervisor read it.
@@ -81,7 +85,8 @@ pub struct Session {
     images: images::Images,
     id: u64,
     account: Account,
-    busy: busy::Busy,
+    /// The gate of its work on the GPUs, and the meter of its GPU time.
+    seat: Arc<Seat>,
     /// The guest's protocol version: whether it takes frames it did not ask for.
     unsolicited: bool,
     device_output: bool,
@@ -127,9 +132,10 @@ impl Session {
                 flags: 0,
             })
             .collect();
-        let busy = busy::Busy::start(backend.clone(), guest.account.clone());
+        let seat =
+            Arc::new(Seat::start(backend.clone(), guest.board.clone(), guest.seat, guest.row, guest.account.clone()));
         Session {
-            launcher: launcher::Launcher::new(backend.clone()),
+            launcher: launcher::Launcher::new(backend.clone(), seat.clone()),
             backend,
             tables,
             devices: guest.devices.clone(),
@@ -142,7 +148,7 @@ impl Session {
             images: images::Images::default(),
             id: guest.id,
             account: guest.account.clone(),
-            busy,
+            seat,
             unsolicited: guest.hello_header.version.get() >= UNSOLICITED_VERSION,
             device_output: guest.device_output,
             lane_key: guest.lane_key,
@@ -387,7 +393,7 @@ impl Session {
 
     /// Forgets what died with a backend context.
     fn context_gone(&mut self, ctx: Obj) {
-        self.busy.context_gone(ctx);
+        self.seat.context_gone(ctx);
         self.shared.context_gone(ctx);
         self.scratch.context_gone(ctx);
         if let Some(lanes) = &mut self.lanes {
@@ -405,9 +411,9 @@ impl Drop for Session {
     /// registrations, libraries (they span contexts), then every live context, which takes its memory, modules,
     /// streams and events with it.
     fn drop(&mut self) {
-        // No launch may still run, and no stream be sampled, while its context goes.
+        // No launch may still run, and no stream be timed, while its context goes.
         self.launcher.stop();
-        self.busy.stop();
+        self.seat.stop();
         self.shared.teardown(&*self.backend);
         self.scratch.teardown(&*self.backend);
         if let Some(lanes) = &mut self.lanes {

@@ -169,13 +169,16 @@ pub fn run_in_worker(
         session: session.id,
         tenant: session.tenant.clone(),
         slot: session.slot as u32,
+        seat: session.seat as u32,
+        row: session.row as u32,
         socket: kind.as_u32(),
         lane_key: session.lane_key,
         hello_header: header_bytes(&opening.header),
         hello: codec::encode(&opening.hello),
         devices: Seq(opening.devices.iter().map(|&d| d as u32).collect()),
     };
-    if let Err(e) = pool::serve(&worker, &serve, &socket, account.ledger().fd()) {
+    let board = supervisor.registry.board().fd();
+    if let Err(e) = pool::serve(&worker, &serve, &socket, account.ledger().fd(), board) {
         warn!(session = session.id, "cannot hand the guest to worker {pid}: {e}");
         return pool::reap(worker);
     }

@@ -29,6 +29,7 @@ use gpuplex_transport::{Keyring, Listener, Peer, TransportError};
 use tracing::{error, info, warn};
 
 use crate::config::{Config, ConfigError};
+use crate::sched::{Board, DEFAULT_SLICE};
 use crate::worker::Host;
 pub use pool::{WorkerCommand, DEFAULT_IDLE};
 pub use registry::Registry;
@@ -113,6 +114,9 @@ impl Supervisor {
                 (Placer::InProcess(Host::new(backend)), info)
             }
         };
+        let policy = config.server.policy.unwrap_or_default();
+        let board =
+            Board::create(policy, DEFAULT_SLICE).map_err(|e| format!("cannot create the scheduling board: {e}"))?;
         let tenancy = Tenancy::new(config, backend.devices.len(), server_token).map_err(|e| e.to_string())?;
         let keys = Arc::new(Keyring::default());
         keys.replace(tenancy.keys());
@@ -121,7 +125,7 @@ impl Supervisor {
         let supervisor = Arc::new(Supervisor {
             placer,
             backend,
-            registry: Registry::default(),
+            registry: Registry::new(Arc::new(board)),
             tenancy: RwLock::new(tenancy),
             keys,
             connections: AtomicUsize::new(0),
@@ -148,14 +152,21 @@ impl Supervisor {
     }
 
     /// Takes a reloaded configuration: new peers are matched by it, and
-    /// tenants with live sessions get its limits and weights at once.
+    /// tenants with live sessions get its limits, weights and priorities,
+    /// and the server its policy, at once.
     pub fn reload(&self, config: Config) -> Result<(), ConfigError> {
         let server_token = self.tenancy().server_token();
+        let policy = config.server.policy.unwrap_or_default();
         let tenancy = Tenancy::new(config, self.backend.devices.len(), server_token)?;
-        for (name, ..) in self.registry.tenants() {
-            if let Some(plan) = tenancy.plan_named(&name) {
+        for tenant in self.registry.tenants() {
+            if let Some(plan) = tenancy.plan_named(&tenant.name) {
                 self.registry.update_tenant(&plan);
             }
+        }
+        let board = self.registry.board();
+        if board.policy() != policy {
+            info!(from = board.policy().name(), to = policy.name(), "scheduling policy changed");
+            board.set_policy(policy, board.slice());
         }
         self.keys.replace(tenancy.keys());
         *self.tenancy.write().unwrap_or_else(PoisonError::into_inner) = tenancy;
@@ -250,6 +261,9 @@ impl Supervisor {
                     id: session.id,
                     tenant: session.tenant.clone(),
                     account,
+                    board: self.registry.board().clone(),
+                    seat: session.seat,
+                    row: session.row,
                     lane_key: session.lane_key,
                     hello_header: guest.header,
                     hello: guest.hello,

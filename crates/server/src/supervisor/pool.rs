@@ -256,6 +256,7 @@ pub fn serve(
     serve: &link::Serve,
     socket: &OwnedFd,
     ledger: std::os::fd::BorrowedFd<'_>,
+    board: std::os::fd::BorrowedFd<'_>,
 ) -> std::io::Result<()> {
-    worker.link.send(Kind::Serve, serve, &[socket.as_fd(), ledger])
+    worker.link.send(Kind::Serve, serve, &[socket.as_fd(), ledger, board])
 }

@@ -12,6 +12,7 @@ use gpuplex_transport::Peer;
 
 use super::tenancy::Plan;
 use crate::ledger::{Account, Ledger, SLOTS};
+use crate::sched::{board, Board, Class};
 use crate::session::lanes::{random_key, LaneKey};
 use crate::worker::link::Link;
 
@@ -32,6 +33,10 @@ pub struct SessionEntry {
     pub id: u64,
     pub tenant: String,
     pub slot: usize,
+    /// Its seat on the scheduling board.
+    pub seat: usize,
+    /// Its tenant's row on the board.
+    pub row: usize,
     pub peer: Peer,
     pub program: String,
     /// The process serving it (the supervisor's own for in-process ones; 0
@@ -46,6 +51,9 @@ pub struct SessionEntry {
 pub struct TenantEntry {
     pub ledger: Arc<Ledger>,
     pub weight: u32,
+    pub class: Class,
+    /// Its row on the scheduling board, for as long as the server runs.
+    pub row: usize,
     /// Slots of the ledger its live sessions use.
     slots: BTreeSet<usize>,
     /// Calls of its sessions that have ended.
@@ -57,12 +65,27 @@ struct Book {
     sessions: BTreeMap<u64, SessionEntry>,
     tenants: BTreeMap<String, TenantEntry>,
     lanes: HashMap<LaneKey, u64>,
+    /// Board seats of live sessions.
+    seats: BTreeSet<usize>,
 }
 
-#[derive(Default)]
 pub struct Registry {
     next_id: AtomicU64,
     book: Mutex<Book>,
+    board: Arc<Board>,
+}
+
+/// A tenant as [`Registry::tenants`] lists it.
+pub struct TenantView {
+    pub name: String,
+    pub ledger: Arc<Ledger>,
+    pub weight: u32,
+    pub class: Class,
+    pub row: usize,
+    /// Live sessions.
+    pub sessions: usize,
+    /// Calls of its sessions that have ended.
+    pub ended_calls: u64,
 }
 
 /// Closes a session when dropped, so that no way out of serving it (a
@@ -80,11 +103,23 @@ impl Drop for Closing<'_> {
 pub enum OpenError {
     #[error("tenant {0} has {SLOTS} sessions already")]
     Full(String),
+    #[error("the server has {} sessions already", board::SEATS)]
+    NoSeat,
+    #[error("the server has seen {} tenants since it started", board::TENANTS)]
+    NoRow,
     #[error("cannot set up the tenant's ledger: {0}")]
     Ledger(std::io::Error),
 }
 
 impl Registry {
+    pub fn new(board: Arc<Board>) -> Registry {
+        Registry { next_id: AtomicU64::new(0), book: Mutex::default(), board }
+    }
+
+    pub fn board(&self) -> &Arc<Board> {
+        &self.board
+    }
+
     fn lock(&self) -> MutexGuard<'_, Book> {
         // A panicking thread must not take status down with it.
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
@@ -96,21 +131,38 @@ impl Registry {
         let lane_key = random_key().map_err(OpenError::Ledger)?;
         let mut book = self.lock();
         if !book.tenants.contains_key(&plan.tenant) {
+            let row = book.tenants.len();
+            if row >= board::TENANTS {
+                return Err(OpenError::NoRow);
+            }
             let ledger = Ledger::create(&plan.tenant, plan.memory_limit).map_err(OpenError::Ledger)?;
-            let entry =
-                TenantEntry { ledger: Arc::new(ledger), weight: plan.weight, slots: BTreeSet::new(), ended_calls: 0 };
+            self.board.set_tenant(row, plan.weight, plan.class);
+            let entry = TenantEntry {
+                ledger: Arc::new(ledger),
+                weight: plan.weight,
+                class: plan.class,
+                row,
+                slots: BTreeSet::new(),
+                ended_calls: 0,
+            };
             book.tenants.insert(plan.tenant.clone(), entry);
         }
+        let seat = (0..board::SEATS).find(|s| !book.seats.contains(s)).ok_or(OpenError::NoSeat)?;
         let tenant = book.tenants.get_mut(&plan.tenant).expect("inserted above");
         let slot =
             (0..SLOTS).find(|s| !tenant.slots.contains(s)).ok_or_else(|| OpenError::Full(plan.tenant.clone()))?;
         tenant.slots.insert(slot);
         tenant.ledger.claim(slot);
+        let row = tenant.row;
+        book.seats.insert(seat);
+        self.board.occupy(seat, row);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let entry = SessionEntry {
             id,
             tenant: plan.tenant.clone(),
             slot,
+            seat,
+            row,
             peer,
             program,
             worker_pid: 0,
@@ -155,6 +207,8 @@ impl Registry {
         let mut book = self.lock();
         let Some(s) = book.sessions.remove(&id) else { return };
         book.lanes.remove(&s.lane_key);
+        self.board.vacate(s.seat);
+        book.seats.remove(&s.seat);
         if let Some(tenant) = book.tenants.get_mut(&s.tenant) {
             tenant.ended_calls += tenant.ledger.slot(s.slot).calls.load(Ordering::Relaxed);
             tenant.ledger.release(s.slot);
@@ -169,6 +223,8 @@ impl Registry {
         if let Some(t) = self.lock().tenants.get_mut(&plan.tenant) {
             t.ledger.set_limit(plan.memory_limit);
             t.weight = plan.weight;
+            t.class = plan.class;
+            self.board.set_tenant(t.row, plan.weight, plan.class);
         }
     }
 
@@ -177,13 +233,20 @@ impl Registry {
         self.lock().sessions.values().cloned().collect()
     }
 
-    /// Every tenant that has had a session: `(name, ledger, weight, live
-    /// sessions, calls of ended sessions)`.
-    pub fn tenants(&self) -> Vec<(String, Arc<Ledger>, u32, usize, u64)> {
+    /// Every tenant that has had a session.
+    pub fn tenants(&self) -> Vec<TenantView> {
         self.lock()
             .tenants
             .iter()
-            .map(|(name, t)| (name.clone(), t.ledger.clone(), t.weight, t.slots.len(), t.ended_calls))
+            .map(|(name, t)| TenantView {
+                name: name.clone(),
+                ledger: t.ledger.clone(),
+                weight: t.weight,
+                class: t.class,
+                row: t.row,
+                sessions: t.slots.len(),
+                ended_calls: t.ended_calls,
+            })
             .collect()
     }
 
@@ -201,12 +264,16 @@ mod tests {
     use super::*;
 
     fn plan(tenant: &str) -> Plan {
-        Plan { tenant: tenant.into(), memory_limit: 0, weight: 1, devices: vec![0] }
+        Plan { tenant: tenant.into(), memory_limit: 0, weight: 1, class: Class::Normal, devices: vec![0] }
+    }
+
+    fn registry() -> Registry {
+        Registry::new(Arc::new(Board::create(crate::sched::Policy::Fair, crate::sched::DEFAULT_SLICE).unwrap()))
     }
 
     #[test]
     fn a_panic_while_serving_leaves_no_session_behind() {
-        let registry = Registry::default();
+        let registry = registry();
         let peer = Peer::Local { pid: 1, uid: 2, gid: 3 };
         let session = registry.open(&plan("t"), peer, "p".into()).unwrap();
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -220,7 +287,7 @@ mod tests {
 
     #[test]
     fn slots_are_reused_and_usage_of_closed_sessions_stops_counting() {
-        let registry = Registry::default();
+        let registry = registry();
         let peer = Peer::Local { pid: 1, uid: 2, gid: 3 };
         let a = registry.open(&plan("t"), peer, "a".into()).unwrap();
         let b = registry.open(&plan("t"), peer, "b".into()).unwrap();

@@ -12,9 +12,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use gpuplex_protocol::{Seq, ServerStatus, ServerSummary, SessionStatus, SessionSummary, TenantStatus};
+use gpuplex_protocol::{GpuTime, Seq, ServerStatus, ServerSummary, SessionStatus, SessionSummary, TenantStatus};
 
 use super::Supervisor;
+use crate::sched::board;
 
 /// The window rates are measured over.
 pub const INTERVAL: Duration = Duration::from_secs(5);
@@ -53,11 +54,11 @@ struct RatesInner {
     at: Option<Instant>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Sample {
     calls: u64,
-    samples: u64,
-    busy: u64,
+    /// GPU time its kernels took, as far as its meter has timed them (ns).
+    compute_ns: u64,
 }
 
 /// Samples every session's counters each [`INTERVAL`] while the supervisor lives.
@@ -79,18 +80,24 @@ impl Rates {
         let seconds = inner.at.map_or(INTERVAL, |at| now - at).as_secs_f32().max(1e-3);
         let mut last = HashMap::new();
         let mut rates = HashMap::new();
+        let interval_start = crate::sched::now_ns().saturating_sub((seconds * 1e9) as u64);
         for session in supervisor.registry.sessions() {
             let Some(ledger) = supervisor.registry.ledger(&session.tenant) else { continue };
             let slot = ledger.slot(session.slot);
             let now = Sample {
                 calls: slot.calls.load(Ordering::Relaxed),
-                samples: slot.samples.load(Ordering::Relaxed),
-                busy: slot.busy_samples.load(Ordering::Relaxed),
+                compute_ns: slot.compute_ns.load(Ordering::Relaxed),
             };
-            let before = inner.last.get(&session.id).copied().unwrap_or(Sample { calls: 0, samples: 0, busy: 0 });
+            let before = inner.last.get(&session.id).copied().unwrap_or_default();
             let calls = now.calls.saturating_sub(before.calls) as f32 / seconds;
-            let samples = now.samples.saturating_sub(before.samples);
-            let busy = if samples == 0 { 0.0 } else { now.busy.saturating_sub(before.busy) as f32 / samples as f32 };
+            // Work the meter still waits for (a long kernel) counts from
+            // when it was submitted, or from the interval's start.
+            let running = match slot.running_since.load(Ordering::Relaxed) {
+                0 => 0,
+                since => crate::sched::now_ns().saturating_sub(since.max(interval_start)),
+            };
+            let busy_ns = now.compute_ns.saturating_sub(before.compute_ns) + running;
+            let busy = (busy_ns as f32 / 1e9 / seconds).min(1.0);
             rates.insert(session.id, (calls, busy));
             last.insert(session.id, now);
         }
@@ -106,6 +113,7 @@ impl Rates {
 /// The status `viewer` may see.
 pub fn status(supervisor: &Supervisor, viewer: &Viewer) -> ServerStatus {
     let registry = &supervisor.registry;
+    let backend = supervisor.backend();
     let mut sessions = Vec::new();
     let mut per_tenant: HashMap<String, (f32, f32)> = HashMap::new();
     for s in registry.sessions().into_iter().filter(|s| viewer.sees(&s.tenant)) {
@@ -129,28 +137,40 @@ pub fn status(supervisor: &Supervisor, viewer: &Viewer) -> ServerStatus {
             calls_per_second,
             gpu_busy,
             seconds: s.started.elapsed().as_secs(),
+            compute_seconds: slot.compute_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            copy_seconds: slot.copy_ns.load(Ordering::Relaxed) as f64 / 1e9,
         });
     }
     let tenants = registry
         .tenants()
         .into_iter()
-        .filter(|(name, ..)| viewer.sees(name))
-        .map(|(name, ledger, weight, live, ended_calls)| {
-            let calls: u64 = sessions.iter().filter(|s| s.tenant == name).map(|s| s.calls).sum();
-            let (calls_per_second, gpu_busy) = per_tenant.get(&name).copied().unwrap_or_default();
+        .filter(|t| viewer.sees(&t.name))
+        .map(|t| {
+            let calls: u64 = sessions.iter().filter(|s| s.tenant == t.name).map(|s| s.calls).sum();
+            let (calls_per_second, gpu_busy) = per_tenant.get(&t.name).copied().unwrap_or_default();
+            let row = registry.board().tenant(t.row);
+            let gpu_time = (0..backend.devices.len().min(board::MAX_GPUS))
+                .map(|gpu| GpuTime {
+                    gpu: gpu as u32,
+                    compute_seconds: row.compute_ns[gpu].load(Ordering::Relaxed) as f64 / 1e9,
+                    copy_seconds: row.copy_ns[gpu].load(Ordering::Relaxed) as f64 / 1e9,
+                })
+                .filter(|g| g.compute_seconds + g.copy_seconds > 0.0)
+                .collect();
             TenantStatus {
-                sessions: live as u32,
-                memory_used: ledger.used(),
-                memory_limit: ledger.limit(),
-                weight,
-                calls: ended_calls + calls,
+                sessions: t.sessions as u32,
+                memory_used: t.ledger.used(),
+                memory_limit: t.ledger.limit(),
+                weight: t.weight,
+                calls: t.ended_calls + calls,
                 calls_per_second,
                 gpu_busy,
-                name,
+                priority: t.class.name().to_owned(),
+                gpu_time: Seq(gpu_time),
+                name: t.name,
             }
         })
         .collect();
-    let backend = supervisor.backend();
     ServerStatus {
         backend: backend.kind.clone(),
         driver_version: backend.driver_version,
@@ -161,6 +181,7 @@ pub fn status(supervisor: &Supervisor, viewer: &Viewer) -> ServerStatus {
         interval_seconds: INTERVAL.as_secs_f32(),
         tenants: Seq(tenants),
         sessions: Seq(sessions),
+        policy: registry.board().policy().name().to_owned(),
     }
 }
 
@@ -223,6 +244,19 @@ pub fn prometheus(supervisor: &Supervisor) -> String {
         "gauge",
         "Share of the last interval the tenant's work kept a GPU busy.",
         per_tenant(&|t| format!("{:.4}", t.gpu_busy)),
+    );
+    let gpu_time = |engine: &str, f: &dyn Fn(&GpuTime) -> f64| -> Vec<(String, String)> {
+        let rows = s.tenants.0.iter().flat_map(|t| t.gpu_time.0.iter().map(move |g| (t, g)));
+        rows.map(|(t, g)| (format!("{},gpu=\"{}\",engine=\"{engine}\"", tenant(t), g.gpu), format!("{:.6}", f(g))))
+            .collect()
+    };
+    let mut engines = gpu_time("compute", &|g| g.compute_seconds);
+    engines.extend(gpu_time("copy", &|g| g.copy_seconds));
+    family(
+        "tenant_gpu_seconds_total",
+        "counter",
+        "GPU time the tenant's work took on each GPU, kernels (engine=compute) and copies apart.",
+        engines,
     );
     let session = |t: &SessionStatus| {
         format!("tenant=\"{}\",session=\"{}\",worker_pid=\"{}\"", escape(&t.tenant), t.id, t.worker_pid)

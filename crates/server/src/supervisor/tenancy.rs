@@ -10,6 +10,7 @@
 use gpuplex_transport::{Peer, Token};
 
 use crate::config::{Config, ConfigError, TenantSettings};
+use crate::sched::Class;
 
 /// The tenant that peers proving the server's own token belong to.
 pub const REMOTE: &str = "remote";
@@ -23,6 +24,7 @@ pub struct Plan {
     /// Bytes of device memory for all its sessions together; 0: no limit.
     pub memory_limit: u64,
     pub weight: u32,
+    pub class: Class,
     /// The backend's device ordinals it may use, in the order its guests
     /// number them.
     pub devices: Vec<i32>,
@@ -99,6 +101,7 @@ impl Tenancy {
             tenant: tenant.to_owned(),
             memory_limit: settings.memory_limit.unwrap_or(0),
             weight: settings.weight,
+            class: settings.priority,
             devices,
         }
     }

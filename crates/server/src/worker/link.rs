@@ -45,13 +45,16 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// A guest for the worker to serve, with its socket and its tenant's
-    /// ledger attached.
+    /// A guest for the worker to serve, with its socket, its tenant's
+    /// ledger and the scheduling board attached.
     pub struct Serve {
         pub session: u64,
         pub tenant: String,
         /// The session's slot in the ledger.
         pub slot: u32,
+        /// The session's seat on the board, and its tenant's row there.
+        pub seat: u32,
+        pub row: u32,
         /// [`gpuplex_transport::SocketKind`] of the guest's socket.
         pub socket: u32,
         /// The key the session's lanes will present (see `session::lanes`).

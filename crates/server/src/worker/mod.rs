@@ -27,6 +27,7 @@ use tracing::{error, info, warn};
 
 use crate::backend::Backend;
 use crate::ledger::{Account, Ledger};
+use crate::sched::{board, Board};
 use crate::session::lanes::{run_lane, Hubs};
 use crate::session::{Guest, Session};
 use crate::BackendKind;
@@ -126,16 +127,22 @@ pub fn run(kind: BackendKind) -> i32 {
 /// The guest a `Serve` message hands over.
 fn guest(mut message: link::Message) -> Result<(Box<dyn Carrier>, Guest), String> {
     let serve: link::Serve = message.decode().map_err(|e| format!("undecodable: {e}"))?;
-    if message.fds.len() != 2 {
-        return Err(format!("{} descriptors, want the socket and the ledger", message.fds.len()));
+    if message.fds.len() != 3 {
+        return Err(format!("{} descriptors, want the socket, the ledger and the board", message.fds.len()));
     }
-    let ledger = message.fds.pop().expect("two descriptors");
-    let socket = message.fds.pop().expect("two descriptors");
+    let board = message.fds.pop().expect("three descriptors");
+    let ledger = message.fds.pop().expect("three descriptors");
+    let socket = message.fds.pop().expect("three descriptors");
     let carrier = adopt(serve.socket, socket)?;
     let ledger = Ledger::open(ledger).map_err(|e| format!("ledger: {e}"))?;
+    let board = Board::open(board).map_err(|e| format!("board: {e}"))?;
     let slot = serve.slot as usize;
     if slot >= crate::ledger::SLOTS {
         return Err(format!("ledger slot {slot}"));
+    }
+    let (seat, row) = (serve.seat as usize, serve.row as usize);
+    if seat >= board::SEATS || row >= board::TENANTS {
+        return Err(format!("board seat {seat}, row {row}"));
     }
     let header = Header::parse(&serve.hello_header).map_err(|e| format!("hello header: {e}"))?;
     let hello: Hello = codec::decode(&serve.hello).map_err(|e| format!("hello: {e}"))?;
@@ -143,6 +150,9 @@ fn guest(mut message: link::Message) -> Result<(Box<dyn Carrier>, Guest), String
         id: serve.session,
         tenant: serve.tenant,
         account: Account::new(Arc::new(ledger), slot),
+        board: Arc::new(board),
+        seat,
+        row,
         lane_key: serve.lane_key,
         hello_header: header,
         hello,

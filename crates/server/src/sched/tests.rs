@@ -1,0 +1,226 @@
+//! Turns and shares, with sessions on threads and the emulated device,
+//! whose "work" is the submitting closure itself: it takes the time it
+//! spins, and the meter's events (stamped when recorded) time it.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::board::{Board, Work};
+use super::{Class, Policy, Seat};
+use crate::backend::emulated::Emulated;
+use crate::backend::{Backend, Obj};
+use crate::ledger::{Account, Ledger};
+
+const LEGACY: Obj = Obj(1);
+
+fn board(policy: Policy) -> Arc<Board> {
+    Arc::new(Board::create(policy, Duration::from_millis(5)).unwrap())
+}
+
+/// A session's seat in tenant row `row`, with a context on GPU 0.
+fn seat(board: &Arc<Board>, seat: usize, row: usize) -> (Seat, Arc<dyn Backend>, Obj) {
+    let backend: Arc<dyn Backend> = Arc::new(Emulated::new());
+    let ledger = Arc::new(Ledger::create("t", 0).unwrap());
+    ledger.claim(0);
+    board.occupy(seat, row);
+    let s = Seat::start(backend.clone(), board.clone(), seat, row, Account::new(ledger, 0));
+    let ctx = backend.ctx_create(0, 0).unwrap();
+    s.context(ctx, 0);
+    (s, backend, ctx)
+}
+
+fn spin(d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// Runs `work`-long submissions from each seat until `stop`, and returns
+/// how many each made.
+fn compete(seats: &[(Seat, Arc<dyn Backend>, Obj)], work: Duration, run: Duration) -> Vec<u32> {
+    let stop = AtomicBool::new(false);
+    let counts: Vec<AtomicU32> = seats.iter().map(|_| AtomicU32::new(0)).collect();
+    thread::scope(|scope| {
+        for ((seat, _, ctx), count) in seats.iter().zip(&counts) {
+            let stop = &stop;
+            scope.spawn(move || {
+                while !stop.load(Relaxed) {
+                    seat.submit(*ctx, LEGACY, Work::Compute, || spin(work));
+                    count.fetch_add(1, Relaxed);
+                }
+            });
+        }
+        thread::sleep(run);
+        stop.store(true, Relaxed);
+    });
+    counts.iter().map(|c| c.load(Relaxed)).collect()
+}
+
+fn compute_ns(board: &Board, row: usize) -> u64 {
+    board.tenant(row).compute_ns[0].load(Relaxed)
+}
+
+#[test]
+fn an_uncontended_gpu_is_taken_and_a_waiter_gets_it_when_released() {
+    let board = board(Policy::Fair);
+    board.occupy(0, 0);
+    board.occupy(1, 1);
+    assert!(board.try_take(0, 0));
+    assert!(!board.try_take(0, 1));
+    let waiter = {
+        let board = board.clone();
+        thread::spawn(move || board.wait_turn(0, 1))
+    };
+    while board.waiters(0, Class::Normal) == (false, false) {
+        thread::yield_now();
+    }
+    board.release(0, 0);
+    waiter.join().unwrap();
+    assert!(board.holds(0, 1));
+    assert_eq!(board.waiters(0, Class::Low), (false, false), "the waiter stopped waiting");
+}
+
+/// Has `seats` wait for GPU 0 (held by seat 0) one after another, then
+/// releases it: the order the turns went in, each waiter releasing to the
+/// next as it gets its turn.
+fn turns(board: &Arc<Board>, seats: &[usize]) -> Vec<usize> {
+    assert!(board.try_take(0, 0));
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for &seat in seats {
+        let (b, order) = (board.clone(), order.clone());
+        waiters.push(thread::spawn(move || {
+            b.wait_turn(0, seat);
+            order.lock().unwrap().push(seat);
+            b.release(0, seat);
+        }));
+        while board.gpu(0).waiting_total() < waiters.len() as u32 {
+            thread::yield_now();
+        }
+    }
+    board.release(0, 0);
+    waiters.into_iter().for_each(|w| w.join().unwrap());
+    let order = order.lock().unwrap().clone();
+    order
+}
+
+#[test]
+fn the_next_holder_is_the_highest_class_then_the_least_virtual_time() {
+    let board = board(Policy::Fair);
+    for (row, class) in [Class::Normal, Class::Normal, Class::Low, Class::High, Class::Normal].into_iter().enumerate() {
+        board.set_tenant(row, 1, class);
+        board.occupy(row, row);
+    }
+    board.charge(1, 0, Work::Compute, 5_000);
+    board.charge(4, 0, Work::Compute, 1_000);
+    assert_eq!(turns(&board, &[2, 1, 3, 4]), vec![3, 4, 1, 2]);
+}
+
+#[test]
+fn copies_count_to_virtual_time_under_band_only() {
+    for (policy, first) in [(Policy::Fair, 1), (Policy::Band, 2)] {
+        let board = board(policy);
+        for row in 0..3 {
+            board.occupy(row, row);
+        }
+        board.charge(1, 0, Work::Copy, 9_000);
+        board.charge(2, 0, Work::Compute, 1_000);
+        assert_eq!(turns(&board, &[1, 2])[0], first, "{policy:?}");
+    }
+}
+
+#[test]
+fn fifo_serves_waiters_in_the_order_they_came() {
+    let board = board(Policy::Fifo);
+    for row in 0..4 {
+        board.set_tenant(row, 1 + 10 * row as u32, Class::Normal);
+        board.occupy(row, row);
+    }
+    // Under fifo, virtual time does not matter.
+    board.charge(1, 0, Work::Compute, 9_000_000);
+    assert_eq!(turns(&board, &[2, 1, 3]), vec![2, 1, 3]);
+}
+
+#[test]
+fn a_vacated_holder_gives_the_gpu_to_its_waiter() {
+    let board = board(Policy::Fair);
+    board.occupy(0, 0);
+    board.occupy(1, 1);
+    assert!(board.try_take(0, 0));
+    let waiter = {
+        let board = board.clone();
+        thread::spawn(move || board.wait_turn(0, 1))
+    };
+    while board.gpu(0).waiting_total() == 0 {
+        thread::yield_now();
+    }
+    // The supervisor reaping seat 0's worker.
+    board.vacate(0);
+    waiter.join().unwrap();
+    assert!(board.holds(0, 1));
+}
+
+#[test]
+fn a_holder_whose_seat_was_freed_without_a_release_is_passed_over() {
+    let board = board(Policy::Fair);
+    board.occupy(0, 0);
+    board.occupy(1, 1);
+    assert!(board.try_take(0, 0));
+    // A worker killed after the supervisor freed the seat but before it
+    // let go: the seat is free, the claim stale.
+    board.forget_seat(0);
+    let started = Instant::now();
+    board.wait_turn(0, 1);
+    assert!(board.holds(0, 1));
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn weights_divide_the_time_of_tenants_that_compete() {
+    let board = board(Policy::Fair);
+    board.set_tenant(0, 1, Class::Normal);
+    board.set_tenant(1, 3, Class::Normal);
+    let seats = vec![seat(&board, 0, 0), seat(&board, 1, 1)];
+    let counts = compete(&seats, Duration::from_millis(1), Duration::from_millis(1500));
+    drop(seats);
+    let (a, b) = (compute_ns(&board, 0) as f64, compute_ns(&board, 1) as f64);
+    assert!(a > 0.0 && b > 0.0, "both ran: {counts:?}");
+    let share = b / (a + b);
+    assert!((0.65..=0.85).contains(&share), "weight 3 of 4 got {share:.3} of the time ({counts:?})");
+}
+
+#[test]
+fn a_tenant_alone_is_not_held_back_and_its_time_is_measured() {
+    let board = board(Policy::Fair);
+    board.set_tenant(0, 1, Class::Normal);
+    board.set_tenant(1, 5, Class::Normal);
+    let seats = vec![seat(&board, 0, 0), seat(&board, 1, 1)];
+    let run = Duration::from_millis(600);
+    // Only the first submits: the weight-5 tenant's share is not reserved.
+    let started = Instant::now();
+    let counts = compete(&seats[..1], Duration::from_millis(1), run);
+    let wall = started.elapsed().as_nanos() as f64;
+    drop(seats);
+    let measured = compute_ns(&board, 0) as f64;
+    assert!(counts[0] as f64 >= 0.8 * run.as_millis() as f64, "{counts:?} submissions of 1 ms in {run:?}");
+    assert!((0.8..=1.05).contains(&(measured / wall)), "measured {measured} ns of {wall} ns busy");
+}
+
+#[test]
+fn the_none_policy_measures_without_holding_back() {
+    let board = board(Policy::None);
+    let seats = vec![seat(&board, 0, 0), seat(&board, 1, 1)];
+    let (a, b) = (&seats[0], &seats[1]);
+    a.0.submit(a.2, LEGACY, Work::Compute, || spin(Duration::from_millis(2)));
+    b.0.submit(b.2, LEGACY, Work::Compute, || spin(Duration::from_millis(2)));
+    assert_eq!((board.holder(0), board.gpu(0).waiting_total()), (None, 0));
+    drop(seats);
+    for row in 0..2 {
+        let ns = compute_ns(&board, row);
+        assert!((1_500_000..50_000_000).contains(&ns), "row {row}: {ns} ns");
+    }
+}
