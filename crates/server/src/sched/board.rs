@@ -290,9 +290,9 @@ impl Board {
         futex_wake_all(&g.turn);
     }
 
-    /// Whether seat `seat`, holding `gpu`, goes before every waiter, as if
-    /// it began waiting now: if so its turn starts over.
-    pub fn keeps_turn(&self, gpu: usize, seat: usize) -> bool {
+    /// Starts the turn of seat `seat`, which holds `gpu`, over if it goes
+    /// before every waiter as if it began waiting now; returns whether it did.
+    pub fn keep_turn(&self, gpu: usize, seat: usize) -> bool {
         let Some(next) = self.next_holder(gpu, None) else { return true };
         let mine = self.row_of(seat).map(|row| self.key_on(gpu, row, now_ns()));
         let keeps = match (mine, self.row_of(next)) {

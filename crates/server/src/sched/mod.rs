@@ -13,7 +13,7 @@
 //!   between consecutive events, kernels and copies apart. That is GPU
 //!   time as the GPU saw it, counted to the tenant per GPU.
 //! - **Turns.** A holder keeps the GPU while others wait for at most a
-//!   slice (10 ms by default); then, or as soon as its work has drained and
+//!   slice ([`DEFAULT_SLICE`]); then, or as soon as its work has drained and
 //!   it has sent nothing new for a moment (work-conserving: an idle holder
 //!   costs the others nothing), it lets its queued work finish and hands
 //!   the GPU to the waiter the policy puts first. Only one session's work is

@@ -8,14 +8,15 @@
 //! new work with one atomic or.
 //!
 //! The meter is a thread of the session's own. While the session is
-//! active it looks every [`POLL`]: on each stream with new work it records
+//! active it looks every `POLL` while another session waits for one of
+//! its GPUs, else every `POLL_ALONE`: on each stream with new work it records
 //! an event, waits for it, and counts the time from the stream's previous
 //! event to this one as the session's GPU time, bounded by the time since
 //! the first of that work was submitted (a stream that sat idle between
 //! the two events was not busy). An idle session's meter sleeps until the
 //! next submission wakes it. The meter also gives up a GPU whose turn the
 //! session holds but no longer uses: its work has finished and nothing new
-//! came for [`IDLE_GRACE`], or a waiter of a higher class is there, or the
+//! came for `IDLE_GRACE`, or a waiter of a higher class is there, or the
 //! slice is over.
 
 use std::collections::HashMap;
@@ -329,7 +330,7 @@ impl Shared {
     fn turn_is_over(&self, gpu: usize) -> bool {
         let board = &self.board;
         let (above, any) = board.waiters(gpu, board.class_of(self.seat));
-        above || (any && board.held_for(gpu) >= board.slice() && !board.keeps_turn(gpu, self.seat))
+        above || (any && board.held_for(gpu) >= board.slice() && !board.keep_turn(gpu, self.seat))
     }
 
     /// Lets the session's queued work on `gpu` finish, gives the turn to the
@@ -350,14 +351,11 @@ impl Shared {
         }
     }
 
-    /// The GPUs this session has contexts on.
-    fn gpus(&self) -> u32 {
-        self.ctxs
-            .iter()
-            .filter(|c| c.ctx.load(Relaxed) != 0)
-            .map(|c| c.gpu.load(Relaxed))
-            .filter(|&g| (g as usize) < MAX_GPUS)
-            .fold(0, |m, g| m | 1 << g)
+    /// The GPUs this session has contexts on, each once.
+    fn gpus(&self) -> impl Iterator<Item = usize> {
+        let live = self.ctxs.iter().filter(|c| c.ctx.load(Relaxed) != 0);
+        let mask = live.map(|c| c.gpu.load(Relaxed)).filter(|&g| (g as usize) < MAX_GPUS).fold(0u32, |m, g| m | 1 << g);
+        (0..MAX_GPUS).filter(move |g| mask & (1 << g) != 0)
     }
 }
 
@@ -394,13 +392,11 @@ fn meter(s: &Shared) {
 
 /// Whether another session waits for a GPU this one uses.
 fn contended(s: &Shared) -> bool {
-    let gpus = s.gpus();
-    (0..MAX_GPUS).any(|g| gpus & (1 << g) != 0 && s.board.gpu(g).waiting_total() > 0)
+    s.gpus().any(|g| s.board.gpu(g).waiting_total() > 0)
 }
 
 fn holds_any(s: &Shared) -> bool {
-    let gpus = s.gpus();
-    (0..MAX_GPUS).any(|g| gpus & (1 << g) != 0 && s.board.holds(g, s.seat))
+    s.gpus().any(|g| s.board.holds(g, s.seat))
 }
 
 /// Times the work submitted since the last look.
@@ -488,14 +484,10 @@ fn give_up_unused_turns(s: &Shared, idle_since: u64) {
     if s.fresh.load(Acquire) {
         return;
     }
-    let gpus = s.gpus();
     let board = &s.board;
     let active = idle_since.max(s.active_at.load(Relaxed));
     let idle = Duration::from_nanos(now_ns().saturating_sub(active));
-    for gpu in (0..MAX_GPUS).filter(|g| gpus & (1 << g) != 0) {
-        if !board.holds(gpu, s.seat) {
-            continue;
-        }
+    for gpu in s.gpus().filter(|&g| board.holds(g, s.seat)) {
         if idle >= IDLE_GRACE || s.turn_is_over(gpu) {
             board.release(gpu, s.seat);
         }
