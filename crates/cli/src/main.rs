@@ -41,7 +41,9 @@ const EXAMPLES: &str = "Examples:
 
   gpuplex run --backend emulated -- ./test   no GPU here: the host-memory test device
   gpuplex bench --json bench.json    microbenchmarks natively and through each carrier, side by side
-  gpuplex bench --backend emulated --quick --carriers socket   a quick check without a GPU";
+  gpuplex bench --backend emulated --quick --carriers socket   a quick check without a GPU
+  gpuplex bench --tenants 8 --high   8 tenants and a high-priority one sharing the GPU, natively
+                                     and through gpuplex (fair, none); run as root for uids";
 
 #[derive(Subcommand)]
 enum Command {
@@ -164,6 +166,23 @@ enum Command {
         /// (at least one).
         #[arg(long, value_name = "SECONDS")]
         time_limit: Option<u64>,
+        #[command(flatten)]
+        tenants: TenantArgs,
+    },
+    /// One tenant of `gpuplex bench --tenants`: a closed loop of the busy
+    /// kernel through the libcuda at PATH (or `system`) for SECONDS from
+    /// the wall-clock time START, then one JSON line.
+    #[command(hide = true)]
+    BenchTenant {
+        #[arg(long, value_name = "PATH|system")]
+        library: String,
+        #[arg(long, value_enum)]
+        kernel: bench::tenants::Kernel,
+        #[arg(long)]
+        seconds: f64,
+        /// Seconds since the epoch.
+        #[arg(long)]
+        start: f64,
     },
     /// One column of `gpuplex bench`: measures through the libcuda at PATH
     /// (or `system`: libcuda.so.1 as the dynamic linker finds it) and prints JSON.
@@ -185,6 +204,48 @@ enum Command {
     },
 }
 
+/// `gpuplex bench --tenants N`: how tenants share a GPU, instead of the
+/// microbenchmarks.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Tenants (instead of the microbenchmarks)")]
+struct TenantArgs {
+    /// N tenants, each a process running the same kernel loop: first one
+    /// alone, then all together, natively (and under MPS where there is
+    /// one) and through gpuplex under each --policy. Prints each tenant's
+    /// kernels per second, p50/p99 latency and share of GPU time, Jain's
+    /// index and the aggregate against one tenant alone.
+    #[arg(long, value_name = "N", conflicts_with_all = ["carriers", "quick", "rounds", "baseline", "time_limit"])]
+    tenants: Option<usize>,
+    /// Each tenant's weight, one per tenant (default: all 1).
+    #[arg(long, value_delimiter = ',', value_name = "W,W,...", requires = "tenants")]
+    weights: Vec<u32>,
+    /// The kernel every tenant runs (the --high tenant runs small).
+    #[arg(long, value_enum, default_value = "long", value_name = "long|small", requires = "tenants")]
+    kernel: bench::tenants::Kernel,
+    /// The gpuplex policies to run the tenants under, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "fair|fifo|band|none",
+        default_value = "fair,none",
+        requires = "tenants"
+    )]
+    policy: Vec<Policy>,
+    /// The last K tenants are configured (with their weights) but start no process.
+    #[arg(long, value_name = "K", default_value_t = 0, requires = "tenants")]
+    idle: usize,
+    /// One more tenant, of priority high, running the small kernel beside
+    /// the others: its p50/p99 latency alone and among them.
+    #[arg(long, requires = "tenants")]
+    high: bool,
+    /// Each run's window.
+    #[arg(long, value_name = "SECONDS", default_value_t = 4.0, requires = "tenants")]
+    seconds: f64,
+    /// Writes `sharing = VALUE` into each tenant's table of the servers' configuration.
+    #[arg(long, value_enum, value_name = "isolated|spatial", requires = "tenants")]
+    sharing: Option<bench::tenants::Sharing>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = if matches!(cli.command, Command::Serve { .. }) { "info" } else { "warn" };
@@ -201,9 +262,28 @@ fn main() -> ExitCode {
             run::run(server, token_file.as_deref(), backend, &command)
         }
         Command::Status { server, token_file, json } => info::status(server, token_file.as_deref(), json),
-        Command::Bench { backend, carriers, json, quick, rounds, baseline, time_limit } => {
-            let time_limit = time_limit.map(std::time::Duration::from_secs);
-            bench::bench(bench::Options { backend, carriers, json, quick, rounds, baseline, time_limit })
+        Command::Bench { backend, carriers, json, quick, rounds, baseline, time_limit, tenants: t } => {
+            match t.tenants {
+                Some(tenants) => bench::tenants::bench(bench::tenants::Options {
+                    backend,
+                    tenants,
+                    weights: t.weights,
+                    kernel: t.kernel,
+                    policies: t.policy,
+                    idle: t.idle,
+                    high: t.high,
+                    seconds: t.seconds,
+                    sharing: t.sharing,
+                    json,
+                }),
+                None => {
+                    let time_limit = time_limit.map(std::time::Duration::from_secs);
+                    bench::bench(bench::Options { backend, carriers, json, quick, rounds, baseline, time_limit })
+                }
+            }
+        }
+        Command::BenchTenant { library, kernel, seconds, start } => {
+            bench::tenants::child(&library, kernel, seconds, start)
         }
         Command::BenchWorker { library, quick, samples, part, turns } => {
             bench::worker::run(&library, quick, samples, part, turns)

@@ -129,3 +129,71 @@ fn a_baseline_within_a_time_limit_is_compared_round_by_round() {
         assert!(base.get("against_base").is_none(), "{row}");
     }
 }
+
+/// `--tenants` on the emulated backend: every tenant runs alone and
+/// together through a server under each policy, with a GPU-time share per
+/// tenant read from the server, Jain's index and the aggregate; no native
+/// column without a GPU. The numbers mean nothing here.
+#[test]
+fn tenants_on_the_emulated_backend() {
+    let gpuplex = PathBuf::from(env!("CARGO_BIN_EXE_gpuplex"));
+    common::frontend_dir();
+    let json = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-tenants.json");
+    let _ = std::fs::remove_file(&json);
+    let out = Command::new(&gpuplex)
+        .args(["bench", "--backend", "emulated", "--tenants", "3", "--weights", "1,2,4", "--idle", "1", "--high"])
+        .args(["--seconds", "0.5", "--policy", "fair,none", "--json"])
+        .arg(&json)
+        .output()
+        .expect("gpuplex runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "gpuplex bench failed: {}\n{stdout}\n{stderr}", out.status);
+    for text in ["gpuplex:fair", "gpuplex:none", "Jain's index", "aggregate", "emulated backend", "together  t0"] {
+        assert!(stdout.contains(text), "no {text:?} in:\n{stdout}");
+    }
+    assert!(!stdout.contains("\nnative"), "no native column on the emulated backend:\n{stdout}");
+
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
+    assert_eq!((report["tenants"].as_u64(), report["idle"].as_u64()), (Some(3), Some(1)));
+    assert!(report["native_alone"].is_null());
+    let columns = report["columns"].as_array().expect("columns");
+    let names: Vec<&str> = columns.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["gpuplex:fair", "gpuplex:none"]);
+    for c in columns {
+        assert_eq!(c["share_of"], "gpu_time", "{c}");
+        assert!(c["alone"]["per_second"].as_f64() > Some(0.0) && c["high_alone"]["kernels"].as_u64() > Some(0), "{c}");
+        assert!(c["jain"].as_f64().is_some_and(|j| j > 0.0 && j <= 1.0 + 1e-9), "{c}");
+        assert!(c["aggregate_vs_alone"].as_f64() > Some(0.0) && c["aggregate_vs_native"].is_null(), "{c}");
+        // The two running tenants (the weight-4 one idles), then the high one.
+        let rows = c["together"].as_array().expect("together");
+        let rows: Vec<(&str, &str, f64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap(),
+                    r["priority"].as_str().unwrap(),
+                    r["weight_share"].as_f64().unwrap_or(-1.0),
+                )
+            })
+            .collect();
+        assert_eq!(rows, [("t0", "normal", 1.0 / 3.0), ("t1", "normal", 2.0 / 3.0), ("high", "high", -1.0)], "{c}");
+        for r in c["together"].as_array().unwrap() {
+            assert!(r["kernels"].as_u64() > Some(0) && r["p99_us"].as_f64() >= r["p50_us"].as_f64(), "{r}");
+            assert!(r["gpu_seconds"].as_f64().is_some(), "the server's GPU time: {r}");
+        }
+    }
+}
+
+/// Weights are one per tenant, and the tenants' options need `--tenants`.
+#[test]
+fn tenants_options_are_checked() {
+    let gpuplex = PathBuf::from(env!("CARGO_BIN_EXE_gpuplex"));
+    let run = |args: &[&str]| Command::new(&gpuplex).arg("bench").args(args).output().expect("gpuplex runs");
+    let out = run(&["--backend", "emulated", "--tenants", "2", "--weights", "1,2,4"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--weights lists 3 weight(s) for 2 tenant(s)"));
+    let out = run(&["--backend", "emulated", "--weights", "1,2"]);
+    assert_eq!(out.status.code(), Some(2), "--weights without --tenants is a usage error");
+    let out = run(&["--backend", "emulated", "--tenants", "2", "--quick"]);
+    assert_eq!(out.status.code(), Some(2), "--quick is the microbenchmarks'");
+}

@@ -84,12 +84,39 @@ impl Server {
             }
         };
         client_env.push(("GPUPLEX_SERVER".to_owned(), address.clone()));
+        let mut all: Vec<OsString> = ["serve", "--backend", backend, "--listen", &address].map(OsString::from).into();
+        all.extend(args);
+        Server::spawn(exe, &all, &probe, dir, library_path, address, client_env)
+    }
+
+    /// `gpuplex ARGS` (a `serve` whose listeners the caller names), with its
+    /// log in `dir`, once its Unix socket `socket` accepts a connection.
+    /// Its `address` is that socket; its `client_env` is empty.
+    pub fn serve_on(
+        exe: &Path,
+        args: &[OsString],
+        socket: &Path,
+        dir: &Path,
+        library_path: &OsString,
+    ) -> Result<Server, String> {
+        let address = format!("unix:{}", socket.display());
+        Server::spawn(exe, args, &Probe::Unix(socket.to_owned()), dir, library_path, address, Vec::new())
+    }
+
+    fn spawn(
+        exe: &Path,
+        args: &[OsString],
+        probe: &Probe,
+        dir: &Path,
+        library_path: &OsString,
+        address: String,
+        client_env: Vec<(String, String)>,
+    ) -> Result<Server, String> {
         let log = dir.join("server.log");
         let out = File::create(&log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let child = Command::new(exe)
-            .args(["serve", "--backend", backend, "--listen", &address])
-            .args(&args)
+            .args(args)
             .env("LD_LIBRARY_PATH", library_path)
             .stdin(Stdio::null())
             .stdout(out)
@@ -97,7 +124,7 @@ impl Server {
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
         let mut server = Server { child, log, address, client_env };
-        server.wait_ready(&probe)?;
+        server.wait_ready(probe)?;
         Ok(server)
     }
 
@@ -130,7 +157,7 @@ impl Drop for Server {
 }
 
 /// A loopback port nobody listens on now (the server binds it moments later).
-fn free_port() -> std::io::Result<u16> {
+pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

@@ -190,6 +190,25 @@ impl Driver {
         self.check("cuLaunchKernel", code)
     }
 
+    /// Launches a kernel whose one parameter is a `u64` as `<<<grid, block>>>`
+    /// on the default stream.
+    pub fn launch_u64(&self, f: &Function<'_>, grid: u32, block: u32, arg: u64) -> Result<()> {
+        let mut arg = arg;
+        let mut params = [(&raw mut arg).cast::<c_void>()];
+        let (null, stream) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: the function takes one u64, which `params` points to for the
+        // call; the handle is live and the null stream is the default one.
+        let code =
+            unsafe { (self.e.launch_kernel)(f.handle, grid, 1, 1, block, 1, 1, 0, stream, params.as_mut_ptr(), null) };
+        self.check("cuLaunchKernel", code)
+    }
+
+    /// Waits for the default stream's work.
+    pub fn synchronize_default_stream(&self) -> Result<()> {
+        // SAFETY: the null stream is the default one, always valid.
+        self.check("cuStreamSynchronize", unsafe { (self.e.stream_synchronize)(std::ptr::null_mut()) })
+    }
+
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer<'_>> {
         let mut ptr = 0;
         // SAFETY: `ptr` is a valid out-pointer.

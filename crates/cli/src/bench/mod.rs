@@ -25,6 +25,9 @@
 //! columns take turns of about 10 ms at the machine, so that the spells in
 //! which this VM's driver calls ran slow fall on every column alike. Then
 //! each column's bandwidth rows, a worker each, in the round's order.
+//!
+//! `gpuplex bench --tenants N` measures something else, how tenants share a
+//! GPU, with processes of its own: see `tenants/`.
 
 mod carrier;
 mod driver;
@@ -32,6 +35,7 @@ mod lanes_alone;
 mod latency;
 mod report;
 mod table;
+pub mod tenants;
 pub mod worker;
 
 use std::collections::BTreeMap;

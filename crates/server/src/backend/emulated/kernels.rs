@@ -10,8 +10,8 @@
 //! path honestly: the parameter layout read from the cubin, the packed
 //! parameter buffer, and the kernel's effect on device memory. Any other
 //! kernel is refused with `CUDA_ERROR_NOT_SUPPORTED` by the caller. The
-//! empty kernel of `gpuplex bench` is registered too, so that the bench can
-//! check its paths without a GPU.
+//! empty and busy kernels of `gpuplex bench` are registered too, so that
+//! the bench can check its paths without a GPU.
 //!
 //! Parameters and memory come from the guest: every access is checked, and
 //! work is done in bounded chunks so that no launch makes the server allocate
@@ -57,6 +57,8 @@ pub fn lookup(name: &str) -> Option<ReferenceKernel> {
         "affine" => Some(affine),
         // `gpuplex bench`'s launch benchmarks (crates/cli/src/bench/worker.rs).
         "gpuplex_bench_empty" => Some(empty),
+        // `gpuplex bench --tenants` (crates/cli/src/bench/tenants/child.rs).
+        "gpuplex_bench_busy" => Some(busy),
         // tests/cuda/runtime: C++ kernels, by mangled name.
         "_Z9vectorAddPKfS0_Pfi" => Some(vector_add),
         "_Z8scaleAddPiPKiiii" => Some(scale_add),
@@ -314,6 +316,13 @@ fn mixed_params(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), 
 /// `gpuplex_bench_empty()`: does nothing, so a launch costs only its overhead.
 fn empty(_: &KernelLaunch<'_>, _: &mut dyn DeviceMemory) -> Result<(), CuError> {
     Ok(())
+}
+
+/// `gpuplex_bench_busy(u64 ns)`: on a GPU every thread waits `ns` on the
+/// GPU's clock. The emulated device has no GPU time to share, so it takes
+/// the parameter and returns: the bench checks its paths, not its numbers.
+fn busy(k: &KernelLaunch<'_>, _: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    k.u64_param(0).map(drop)
 }
 
 /// The longest `sleep_ms` the emulated device takes: a test kernel, not a
@@ -950,6 +959,7 @@ mod tests {
             "update_globals",
             "mixed_params",
             "gpuplex_bench_empty",
+            "gpuplex_bench_busy",
             "_Z8scaleAddPiPKiiii",
             "_Z4axpyIdEvT_PKS0_PS0_i",
         ] {
