@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use gpuplex_protocol::{codec, Header, Opcode, ServerStatus, ServerSummary, SessionSummary};
+use gpuplex_protocol::{codec, Header, Opcode, ServerStatus, ServerSummary, SessionStatus, SessionSummary};
 use gpuplex_server::config::format_size;
 use gpuplex_transport::{Address, Token, TransportError};
 use serde_json::json;
@@ -88,6 +88,7 @@ fn to_json(address: &Address, s: &ServerStatus) -> serde_json::Value {
                 "calls_per_second": t.calls_per_second,
                 "gpu_busy": t.gpu_busy,
                 "priority": t.priority,
+                "sharing": t.sharing,
                 "gpu_time": t.gpu_time.0.iter().map(|g| json!({
                     "gpu": g.gpu,
                     "compute_seconds": g.compute_seconds,
@@ -117,6 +118,7 @@ fn to_json(address: &Address, s: &ServerStatus) -> serde_json::Value {
                 "compute_seconds": t.compute_seconds,
                 "copy_seconds": t.copy_seconds,
                 "seconds": t.seconds,
+                "faults": faults(t),
             })
         })
         .collect();
@@ -151,21 +153,33 @@ fn print_tables(address: &Address, s: &ServerStatus) {
     let busy = |b: f32| format!("{:.0}%", b * 100.0);
     println!();
     println!(
-        "{:<16} {:>8} {:>12} {:>12} {:>6} {:>8} {:>12} {:>9} {:>6} {:>10} {:>10}",
-        "tenant", "sessions", "memory", "limit", "weight", "priority", "calls", "calls/s", "busy", "gpu s", "copy s"
+        "{:<16} {:>8} {:>12} {:>12} {:>6} {:>8} {:>8} {:>12} {:>9} {:>6} {:>10} {:>10}",
+        "tenant",
+        "sessions",
+        "memory",
+        "limit",
+        "weight",
+        "priority",
+        "sharing",
+        "calls",
+        "calls/s",
+        "busy",
+        "gpu s",
+        "copy s"
     );
     for t in &s.tenants.0 {
         let limit = if t.memory_limit == 0 { "-".to_owned() } else { format_size(t.memory_limit) };
         let (compute, copy) =
             t.gpu_time.0.iter().fold((0.0, 0.0), |(a, b), g| (a + g.compute_seconds, b + g.copy_seconds));
         println!(
-            "{:<16} {:>8} {:>12} {:>12} {:>6} {:>8} {:>12} {:>9} {:>6} {:>10.3} {:>10.3}",
+            "{:<16} {:>8} {:>12} {:>12} {:>6} {:>8} {:>8} {:>12} {:>9} {:>6} {:>10.3} {:>10.3}",
             t.name,
             t.sessions,
             format_size(t.memory_used),
             limit,
             t.weight,
             t.priority,
+            t.sharing,
             t.calls,
             rate(t.calls_per_second),
             busy(t.gpu_busy),
@@ -175,13 +189,13 @@ fn print_tables(address: &Address, s: &ServerStatus) {
     }
     println!();
     println!(
-        "{:>5} {:<16} {:>8} {:>6} {:>8} {:>4} {:>12} {:>10} {:>9} {:>6} {:>7}  program",
-        "id", "tenant", "pid", "uid", "worker", "ctx", "memory", "calls", "calls/s", "busy", "seconds"
+        "{:>5} {:<16} {:>8} {:>6} {:>8} {:>4} {:>12} {:>10} {:>9} {:>6} {:>7} {:<14}  program",
+        "id", "tenant", "pid", "uid", "worker", "ctx", "memory", "calls", "calls/s", "busy", "seconds", "faults"
     );
     let opt = |v: Option<u32>| v.map_or("-".to_owned(), |v| v.to_string());
     for t in &s.sessions.0 {
         println!(
-            "{:>5} {:<16} {:>8} {:>6} {:>8} {:>4} {:>12} {:>10} {:>9} {:>6} {:>7}  {}",
+            "{:>5} {:<16} {:>8} {:>6} {:>8} {:>4} {:>12} {:>10} {:>9} {:>6} {:>7} {:<14}  {}",
             t.id,
             t.tenant,
             opt(known(t.client_pid, SessionSummary::NO_PID)),
@@ -193,7 +207,17 @@ fn print_tables(address: &Address, s: &ServerStatus) {
             rate(t.calls_per_second),
             busy(t.gpu_busy),
             t.seconds,
+            faults(t),
             t.program
         );
+    }
+}
+
+/// Whose fatal GPU faults reach the session: its own only, or every
+/// spatial session's on one GPU (their shared MPS server).
+fn faults(s: &SessionStatus) -> String {
+    match s.mps_gpu {
+        SessionStatus::OWN_FAULT_DOMAIN => "own".to_owned(),
+        gpu => format!("shared (MPS, GPU {gpu})"),
     }
 }

@@ -85,6 +85,11 @@ enum Command {
         /// driver's own time-slicing).
         #[arg(long, value_name = "fair|band|fifo|none")]
         policy: Option<Policy>,
+        /// How long a tenant keeps a GPU that others wait for, such as
+        /// 10ms (the default): longer wastes less GPU time on hand-overs,
+        /// shorter makes waiters wait less.
+        #[arg(long, value_name = "TIME", value_parser = gpuplex_server::config::parse_slice)]
+        slice: Option<std::time::Duration>,
     },
     /// One guest's worker process, started by the server.
     #[command(hide = true)]
@@ -242,7 +247,7 @@ struct TenantArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 4.0, requires = "tenants")]
     seconds: f64,
     /// Writes `sharing = VALUE` into each tenant's table of the servers' configuration.
-    #[arg(long, value_enum, value_name = "isolated|spatial", requires = "tenants")]
+    #[arg(long, value_name = "isolated|spatial", requires = "tenants")]
     sharing: Option<bench::tenants::Sharing>,
 }
 
@@ -254,8 +259,18 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 
     let result = match cli.command {
-        Command::Serve { listen, token_file, backend, config, check_config, metrics, workers, policy } => {
-            serve::serve(serve::Options { listen, token_file, backend, config, check_config, metrics, workers, policy })
+        Command::Serve { listen, token_file, backend, config, check_config, metrics, workers, policy, slice } => {
+            serve::serve(serve::Options {
+                listen,
+                token_file,
+                backend,
+                config,
+                check_config,
+                metrics,
+                workers,
+                policy,
+                slice,
+            })
         }
         Command::Worker { backend } => return ExitCode::from(gpuplex_server::worker::run(backend) as u8),
         Command::Run { server, token_file, backend, command } => {

@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use gpuplex_server::config::Config;
 use gpuplex_server::sched::Policy;
@@ -27,8 +28,9 @@ pub struct Options {
     pub check_config: Option<PathBuf>,
     pub metrics: Option<String>,
     pub workers: Option<usize>,
-    /// Overrides `[server] policy`, at start and at every reload.
+    /// Override `[server] policy` and `slice`, at start and at every reload.
     pub policy: Option<Policy>,
+    pub slice: Option<Duration>,
 }
 
 pub fn serve(opts: Options) -> Result<ExitCode, Error> {
@@ -49,7 +51,8 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
         Some(path) => Config::load(path)?,
         None => Config::none(),
     };
-    config.server.policy = opts.policy.or(config.server.policy);
+    let scheduling = Scheduling { policy: opts.policy, slice: opts.slice };
+    scheduling.apply(&mut config);
     let mut addresses = opts.listen.clone();
     if addresses.is_empty() {
         addresses.push(config.server.listen.clone().unwrap_or_else(Address::default_local));
@@ -81,7 +84,7 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
             .map_err(|e| format!("cannot serve metrics on {at}: {e}"))?;
         info!("metrics at http://{bound}/metrics");
     }
-    signals.handle(supervisor.clone(), opts.config.clone(), opts.policy, addresses)?;
+    signals.handle(supervisor.clone(), opts.config.clone(), scheduling, addresses)?;
     let last = listeners.pop().expect("at least one address");
     for listener in listeners {
         let supervisor = supervisor.clone();
@@ -125,7 +128,7 @@ impl Signals {
         self,
         supervisor: Arc<Supervisor>,
         config: Option<PathBuf>,
-        policy: Option<Policy>,
+        scheduling: Scheduling,
         addresses: Vec<Address>,
     ) -> Result<(), Error> {
         std::thread::Builder::new().name("gpuplex-signals".into()).spawn(move || loop {
@@ -135,10 +138,11 @@ impl Signals {
                 continue;
             }
             match signal {
-                libc::SIGHUP => reload(&supervisor, config.as_deref(), policy),
+                libc::SIGHUP => reload(&supervisor, config.as_deref(), scheduling),
                 _ => {
                     let name = if signal == libc::SIGTERM { "SIGTERM" } else { "SIGINT" };
                     info!(sessions = supervisor.registry().len(), "{name}: stopping");
+                    supervisor.shutdown();
                     for address in &addresses {
                         if let Address::Unix(path) = address {
                             let _ = std::fs::remove_file(path);
@@ -152,12 +156,26 @@ impl Signals {
     }
 }
 
-fn reload(supervisor: &Supervisor, path: Option<&std::path::Path>, policy: Option<Policy>) {
+/// Scheduling settings from the command line, which win over the file's.
+#[derive(Clone, Copy)]
+struct Scheduling {
+    policy: Option<Policy>,
+    slice: Option<Duration>,
+}
+
+impl Scheduling {
+    fn apply(self, config: &mut Config) {
+        config.server.policy = self.policy.or(config.server.policy);
+        config.server.slice = self.slice.or(config.server.slice);
+    }
+}
+
+fn reload(supervisor: &Supervisor, path: Option<&std::path::Path>, scheduling: Scheduling) {
     let Some(path) = path else {
         return warn!("SIGHUP: no configuration file to reload (serve --config FILE)");
     };
     let loaded = Config::load(path).map(|mut c| {
-        c.server.policy = policy.or(c.server.policy);
+        scheduling.apply(&mut c);
         c
     });
     match loaded.map_err(|e| e.to_string()).and_then(|c| supervisor.reload(c).map_err(|e| e.to_string())) {

@@ -153,6 +153,9 @@ wire_struct! {
         /// GPU time its work took since the server started, on each GPU it
         /// used.
         pub gpu_time: Seq<GpuTime>,
+        /// `isolated` (each session in a fault domain of its own) or
+        /// `spatial` (sessions side by side under MPS).
+        pub sharing: String,
     }
 }
 
@@ -190,7 +193,16 @@ wire_struct! {
         /// GPU time its kernels and memsets took, and its copies.
         pub compute_seconds: f64,
         pub copy_seconds: f64,
+        /// For a spatial session, the GPU whose MPS server it shares (and
+        /// so whose fatal faults it shares) with the other spatial sessions
+        /// there; [`SessionStatus::OWN_FAULT_DOMAIN`] for an isolated one.
+        pub mps_gpu: u32,
     }
+}
+
+impl SessionStatus {
+    /// `mps_gpu` of a session whose faults are its own.
+    pub const OWN_FAULT_DOMAIN: u32 = u32::MAX;
 }
 
 wire_struct! {

@@ -12,10 +12,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use gpuplex_transport::{Address, Token};
 
-use crate::sched::{Class, Policy};
+use crate::sched::{Class, Policy, Sharing};
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use toml::Spanned;
@@ -79,6 +80,8 @@ pub struct ServerSettings {
     pub workers: Option<usize>,
     /// How GPU time is divided among tenants.
     pub policy: Option<Policy>,
+    /// How long a tenant keeps a GPU that others wait for.
+    pub slice: Option<Duration>,
 }
 
 /// What a tenant may use.
@@ -93,11 +96,23 @@ pub struct TenantSettings {
     pub weight: u32,
     /// Its priority class: who gets a GPU first when several wait.
     pub priority: Class,
+    /// Whether its sessions run alone or beside other spatial sessions.
+    pub sharing: Sharing,
+    /// For a spatial tenant, the percentage of a GPU's threads each of its
+    /// sessions may occupy (1..=100); `None` for all of them.
+    pub active_threads: Option<u8>,
 }
 
 impl Default for TenantSettings {
     fn default() -> TenantSettings {
-        TenantSettings { memory_limit: None, gpus: None, weight: 1, priority: Class::Normal }
+        TenantSettings {
+            memory_limit: None,
+            gpus: None,
+            weight: 1,
+            priority: Class::Normal,
+            sharing: Sharing::Isolated,
+            active_threads: None,
+        }
     }
 }
 
@@ -250,6 +265,7 @@ struct RawServer {
     metrics: Option<Spanned<String>>,
     workers: Option<Spanned<i64>>,
     policy: Option<Spanned<String>>,
+    slice: Option<Spanned<String>>,
 }
 
 impl RawServer {
@@ -270,11 +286,13 @@ impl RawServer {
             fits.ok_or_else(|| src.at(&w, format!("workers must be from 0 to {MAX_WORKERS}, not {n}")))
         });
         let policy = self.policy.map(|p| p.get_ref().parse::<Policy>().map_err(|e| src.at(&p, e))).transpose()?;
+        let slice = self.slice.map(|s| parse_slice(s.get_ref()).map_err(|e| src.at(&s, e))).transpose()?;
         Ok(ServerSettings {
             listen,
             metrics: self.metrics.map(Spanned::into_inner),
             workers: workers.transpose()?,
             policy,
+            slice,
         })
     }
 }
@@ -287,6 +305,8 @@ struct RawSettings {
     gpus: Option<Spanned<Vec<Spanned<u32>>>>,
     weight: Option<Spanned<i64>>,
     priority: Option<Spanned<String>>,
+    sharing: Option<Spanned<String>>,
+    active_threads: Option<Spanned<i64>>,
 }
 
 impl RawSettings {
@@ -309,7 +329,30 @@ impl RawSettings {
             Some(p) => p.get_ref().parse::<Class>().map_err(|e| src.at(&p, e))?,
             None => Class::Normal,
         };
-        Ok(TenantSettings { memory_limit: self.memory_limit.map(|m| m.0), gpus, weight, priority })
+        let sharing = match self.sharing {
+            Some(s) => s.get_ref().parse::<Sharing>().map_err(|e| src.at(&s, e))?,
+            None => Sharing::Isolated,
+        };
+        let active_threads = match self.active_threads {
+            Some(a) if sharing != Sharing::Spatial => {
+                return Err(src.at(&a, "active_threads applies to spatial tenants only (sharing = \"spatial\")"))
+            }
+            Some(a) => Some(
+                u8::try_from(*a.get_ref())
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| src.at(&a, format!("active_threads must be from 1 to 100, not {}", a.get_ref())))?,
+            ),
+            None => None,
+        };
+        Ok(TenantSettings {
+            memory_limit: self.memory_limit.map(|m| m.0),
+            gpus,
+            weight,
+            priority,
+            sharing,
+            active_threads,
+        })
     }
 }
 
@@ -326,6 +369,8 @@ struct RawTenant {
     gpus: Option<Spanned<Vec<Spanned<u32>>>>,
     weight: Option<Spanned<i64>>,
     priority: Option<Spanned<String>>,
+    sharing: Option<Spanned<String>>,
+    active_threads: Option<Spanned<i64>>,
 }
 
 impl RawTenant {
@@ -338,6 +383,8 @@ impl RawTenant {
             gpus: self.gpus,
             weight: self.weight,
             priority: self.priority,
+            sharing: self.sharing,
+            active_threads: self.active_threads,
         }
         .check(src)?;
         let uids = claims.claim(&self.uids.unwrap_or_default(), "uid", &name, src)?;
@@ -514,6 +561,31 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     bytes.and_then(|b| u64::try_from(b).ok()).ok_or_else(too_large)
 }
 
+/// The shortest and longest slice: below the first, hand-overs would take
+/// much of the GPU's time; above the second, a waiter would wait seconds.
+pub const SLICES: std::ops::RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(1);
+
+/// Reads a slice: a number and a unit, `us`, `ms` or `s` ("10ms",
+/// "2.5 ms"), within [`SLICES`].
+pub fn parse_slice(s: &str) -> Result<Duration, String> {
+    let text = s.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = (&text[..split], text[split..].trim_start());
+    let scale = match unit {
+        "us" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => return Err(format!("{s:?} is not a slice: expected a number and us, ms or s, such as \"10ms\"")),
+    };
+    let seconds =
+        number.parse::<f64>().map_err(|_| format!("{s:?} is not a slice: expected a number before {unit}"))?;
+    let slice = Duration::try_from_secs_f64(seconds * scale).map_err(|_| format!("{s:?} is not a slice"))?;
+    if !SLICES.contains(&slice) {
+        return Err(format!("slice must be from 1ms to 1s, not {s:?}"));
+    }
+    Ok(slice)
+}
+
 /// A size in binary units for people: "16 GiB", "1.5 GiB", "123 B" (two
 /// decimal places at most, rounded down).
 pub fn format_size(bytes: u64) -> String {
@@ -614,6 +686,7 @@ token_file = "carol.token"
                 metrics: Some("127.0.0.1:9400".into()),
                 workers: Some(2),
                 policy: None,
+                slice: None,
             }
         );
         assert_eq!(
@@ -622,23 +695,25 @@ token_file = "carol.token"
                 memory_limit: Some(8 << 30),
                 gpus: Some(vec![0]),
                 weight: 1,
-                priority: Class::Normal
+                ..TenantSettings::default()
             })
         );
         let names: Vec<_> = config.tenants.iter().map(|t| (t.name.as_str(), t.line)).collect();
         assert_eq!(names, [("bob", 12), ("alice", 16), ("carol.remote-1", 22)], "in the file's order");
         let bob = config.tenant("bob").unwrap();
         assert_eq!((bob.uids.as_slice(), bob.gids.as_slice()), (&[][..], &[100, 200][..]));
-        assert_eq!(
-            bob.settings,
-            TenantSettings { memory_limit: None, gpus: None, weight: 1000, priority: Class::Normal }
-        );
+        assert_eq!(bob.settings, TenantSettings { weight: 1000, ..TenantSettings::default() });
         assert!(bob.token.is_none());
         let alice = config.tenant("alice").unwrap();
         assert_eq!(alice.uids, [1000, 1001]);
         assert_eq!(
             alice.settings,
-            TenantSettings { memory_limit: Some(16 << 30), gpus: Some(vec![1, 0]), weight: 2, priority: Class::Normal }
+            TenantSettings {
+                memory_limit: Some(16 << 30),
+                gpus: Some(vec![1, 0]),
+                weight: 2,
+                ..TenantSettings::default()
+            }
         );
         let carol = config.tenant("carol.remote-1").unwrap();
         assert_eq!(carol.token, Some(Token::new(b"carol's secret, 32 bytes or so").unwrap()));
@@ -823,6 +898,9 @@ token_file = "carol.token"
         assert_eq!(server("metrics = \"[::1]:9400\"").unwrap().metrics.as_deref(), Some("[::1]:9400"));
         assert_eq!(server("workers = 0").unwrap().workers, Some(0));
         assert_eq!(server("workers = 64").unwrap().workers, Some(64));
+        assert_eq!(server("slice = \"25ms\"").unwrap().slice, Some(Duration::from_millis(25)));
+        assert_eq!(server("slice = \"2.5 ms\"").unwrap().slice, Some(Duration::from_micros(2500)));
+        assert_eq!(server("slice = \"1s\"").unwrap().slice, Some(Duration::from_secs(1)));
         for (text, says) in [
             ("listen = \"/run/g.sock\"", "expected unix:PATH or tcp:HOST:PORT"),
             ("listen = \"tcp:host\"", "expected unix:PATH or tcp:HOST:PORT"),
@@ -832,6 +910,10 @@ token_file = "carol.token"
             ("metrics = \"tcp:localhost:9400\"", "metrics must be HOST:PORT"),
             ("workers = 65", "workers must be from 0 to 64, not 65"),
             ("workers = -1", "workers must be from 0 to 64, not -1"),
+            ("slice = \"10\"", "expected a number and us, ms or s"),
+            ("slice = \"ms\"", "expected a number before ms"),
+            ("slice = \"500us\"", "slice must be from 1ms to 1s"),
+            ("slice = \"2s\"", "slice must be from 1ms to 1s"),
         ] {
             refused(&format!("[server]\n{text}\n[default]\n"), 2, says);
         }
@@ -857,6 +939,24 @@ token_file = "carol.token"
             refused(&format!("[default]\n\n{text}\n"), 3, says);
         }
         refused("[tenants.a]\nuids = [1]\ngpus = [\n  0,\n  1,\n  1,\n]\n", 6, "GPU 1 is listed twice");
+    }
+
+    #[test]
+    fn sharing_is_a_name_and_active_threads_a_spatial_percentage() {
+        let settings =
+            |text: &str| parse(&format!("[tenants.a]\nuids = [1]\n{text}\n")).map(|c| c.tenants[0].settings.clone());
+        assert_eq!(settings("").unwrap().sharing, Sharing::Isolated);
+        let spatial = settings("sharing = \"spatial\"\nactive_threads = 25").unwrap();
+        assert_eq!((spatial.sharing, spatial.active_threads), (Sharing::Spatial, Some(25)));
+        for (text, says) in [
+            ("sharing = \"mps\"", "unknown sharing \"mps\": expected isolated or spatial"),
+            ("active_threads = 50", "active_threads applies to spatial tenants only"),
+            ("sharing = \"spatial\"\nactive_threads = 0", "active_threads must be from 1 to 100, not 0"),
+            ("sharing = \"spatial\"\nactive_threads = 101", "active_threads must be from 1 to 100, not 101"),
+        ] {
+            let line = 3 + text.matches('\n').count();
+            refused(&format!("[tenants.a]\nuids = [1]\n{text}\n"), line, says);
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 use gpuplex_transport::shm::{futex_wait, futex_wake_all, Region};
+use tracing::trace;
 
 use super::{now_ns, Class, Policy};
 
@@ -55,8 +56,11 @@ pub struct Gpu {
     waiting: [AtomicU32; 3],
     /// When the holder took the GPU (CLOCK_MONOTONIC, ns).
     since: AtomicU64,
-    /// The virtual time of the tenant last given the GPU: a tenant that
-    /// starts waiting is brought up to it, so idling banks no credit.
+    /// The GPU's virtual time: that of each holder as it took the GPU
+    /// (the least of those that wanted it), and as it was charged while
+    /// nobody else wanted it; never going back. A tenant that begins to
+    /// want the GPU is brought up to it ([`Board::arrive`]), so it neither
+    /// banks credit by idling nor pays for time others had alone.
     clock: AtomicU64,
 }
 
@@ -217,8 +221,26 @@ impl Board {
         let taken = g.holder.compare_exchange(0, seat as u32 + 1, SeqCst, SeqCst).is_ok();
         if taken {
             g.since.store(now_ns(), Relaxed);
+            self.arrive(gpu, seat);
+            self.follow(gpu, seat);
         }
         taken
+    }
+
+    /// Brings the virtual time of seat `seat`'s tenant, which begins to
+    /// want `gpu`, up to the GPU's clock: time it did not want the GPU
+    /// banks no credit, and time others had it alone costs it nothing.
+    fn arrive(&self, gpu: usize, seat: usize) {
+        if let Some(row) = self.row_of(seat) {
+            self.tenant(row).vtime[gpu].fetch_max(self.gpu(gpu).clock.load(SeqCst), SeqCst);
+        }
+    }
+
+    /// Moves `gpu`'s clock up to the virtual time of seat `seat`, its new holder.
+    fn follow(&self, gpu: usize, seat: usize) {
+        if let Some(row) = self.row_of(seat) {
+            self.gpu(gpu).clock.fetch_max(self.tenant(row).vtime[gpu].load(SeqCst), SeqCst);
+        }
     }
 
     /// Waiters of a class above `class` on `gpu`, and waiters at all.
@@ -237,11 +259,7 @@ impl Board {
     pub fn wait_turn(&self, gpu: usize, seat: usize) {
         let (g, s) = (self.gpu(gpu), &self.page().seats[seat]);
         let class = self.class_of(seat);
-        let row = self.row_of(seat);
-        if let Some(row) = row {
-            // No credit for the time it did not want the GPU.
-            self.tenant(row).vtime[gpu].fetch_max(g.clock.load(SeqCst), SeqCst);
-        }
+        self.arrive(gpu, seat);
         s.ticket.store(now_ns(), SeqCst);
         s.class.store(class as u32, SeqCst);
         g.waiting[class as usize].fetch_add(1, SeqCst);
@@ -280,11 +298,10 @@ impl Board {
         if g.holder.compare_exchange(seat as u32 + 1, to, SeqCst, SeqCst).is_err() {
             return;
         }
+        trace!(gpu, from = seat, to = ?next, held = ?self.held_for(gpu), "turn released");
         if let Some(n) = next {
             g.since.store(now_ns(), Relaxed);
-            if let Some(row) = self.row_of(n) {
-                g.clock.fetch_max(self.tenant(row).vtime[gpu].load(SeqCst), SeqCst);
-            }
+            self.follow(gpu, n);
         }
         g.turn.fetch_add(1, SeqCst);
         futex_wake_all(&g.turn);
@@ -352,7 +369,12 @@ impl Board {
         };
         if work == Work::Compute || self.policy() == Policy::Band {
             let weight = t.weight.load(Relaxed).max(1) as u64;
-            t.vtime[gpu].fetch_add(ns.saturating_mul(VTIME_SCALE) / weight, SeqCst);
+            let step = ns.saturating_mul(VTIME_SCALE) / weight;
+            let vtime = t.vtime[gpu].fetch_add(step, SeqCst).saturating_add(step);
+            let alone = self.gpu(gpu).waiting_total() == 0;
+            if alone && self.holder(gpu).and_then(|h| self.row_of(h)) == Some(row) {
+                self.gpu(gpu).clock.fetch_max(vtime, SeqCst);
+            }
         }
     }
 

@@ -40,6 +40,21 @@ mod tests;
 pub use board::{Board, Work};
 pub use seat::Seat;
 
+/// Where a session sits on the board.
+#[derive(Clone)]
+pub struct Place {
+    pub board: std::sync::Arc<Board>,
+    pub seat: usize,
+    /// Its tenant's row.
+    pub row: usize,
+    /// The server's ordinal of each device the session's backend numbers,
+    /// by the backend's ordinal: a spatial worker sees one GPU as its 0.
+    pub gpus: Vec<usize>,
+    /// Spatial sessions run beside each other, so they are timed but not
+    /// held back.
+    pub sharing: Sharing,
+}
+
 /// How long a holder keeps a GPU that others wait for: each hand-over
 /// leaves the GPU idle while the next holder's first work arrives, so
 /// this trades that loss against how long a waiter waits.
@@ -120,6 +135,39 @@ impl std::str::FromStr for Class {
         let i = Class::NAMES.iter().position(|&n| n == s);
         i.map(|i| Class::from_u32(i as u32))
             .ok_or_else(|| format!("unknown priority {s:?}: expected low, normal or high"))
+    }
+}
+
+/// Whether a tenant's sessions run alone on a GPU or side by side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sharing {
+    /// Each session is a GPU context of its own process, in a fault domain
+    /// of its own, and takes turns with the others on the GPU.
+    #[default]
+    Isolated,
+    /// The tenant's sessions on a GPU run side by side with the other
+    /// spatial sessions there, as clients of one MPS server: small kernels
+    /// fill the GPU together, and a fatal fault in one ends them all.
+    Spatial,
+}
+
+impl Sharing {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sharing::Isolated => "isolated",
+            Sharing::Spatial => "spatial",
+        }
+    }
+}
+
+impl std::str::FromStr for Sharing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Sharing, String> {
+        match s {
+            "isolated" => Ok(Sharing::Isolated),
+            "spatial" => Ok(Sharing::Spatial),
+            _ => Err(format!("unknown sharing {s:?}: expected isolated or spatial")),
+        }
     }
 }
 

@@ -26,10 +26,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tracing::{debug, warn};
+use tracing::{debug, trace, warn};
 
 use super::board::{Board, Work, MAX_GPUS};
-use super::{now_ns, Policy};
+use super::{now_ns, Place, Policy, Sharing};
 use crate::backend::{Backend, Obj};
 use crate::ledger::Account;
 
@@ -82,6 +82,10 @@ struct Shared {
     board: Arc<Board>,
     seat: usize,
     row: usize,
+    /// The board's GPU of each backend ordinal.
+    gpus: Vec<usize>,
+    /// Whether submissions wait for the session's turn.
+    gated: bool,
     account: Account,
     ctxs: Vec<CtxSlot>,
     streams: Vec<StreamSlot>,
@@ -119,14 +123,15 @@ pub struct Seat {
 }
 
 impl Seat {
-    /// Takes seat `seat` for a session of the tenant in board row `row`, and
-    /// starts its meter.
-    pub fn start(backend: Arc<dyn Backend>, board: Arc<Board>, seat: usize, row: usize, account: Account) -> Seat {
+    /// Takes a session's place on the board, and starts its meter.
+    pub fn start(backend: Arc<dyn Backend>, place: Place, account: Account) -> Seat {
         let shared = Arc::new(Shared {
             backend,
-            board,
-            seat,
-            row,
+            board: place.board,
+            seat: place.seat,
+            row: place.row,
+            gpus: place.gpus,
+            gated: place.sharing == Sharing::Isolated,
             account,
             ctxs: (0..MAX_CTXS).map(|_| CtxSlot::default()).collect(),
             streams: (0..MAX_STREAMS).map(|_| StreamSlot::default()).collect(),
@@ -147,13 +152,14 @@ impl Seat {
         Seat { shared, meter: Mutex::new(meter) }
     }
 
-    /// A context that came to life on backend device `gpu`; its default
-    /// stream is timed.
-    pub fn context(&self, ctx: Obj, gpu: i32) {
+    /// A context that came to life on backend device `ordinal`; its
+    /// default stream is timed.
+    pub fn context(&self, ctx: Obj, ordinal: i32) {
         let s = &self.shared;
+        let gpu = usize::try_from(ordinal).ok().and_then(|o| s.gpus.get(o)).map_or(u32::MAX, |&g| g as u32);
         match s.ctxs.iter().find(|c| c.ctx.load(Relaxed) == 0) {
             Some(slot) => {
-                slot.gpu.store(gpu as u32, Relaxed);
+                slot.gpu.store(gpu, Relaxed);
                 slot.ctx.store(ctx.0, Release);
             }
             None => warn!("more than {MAX_CTXS} contexts: work on the others is neither gated nor timed"),
@@ -310,7 +316,7 @@ impl Shared {
     fn gate(&self, gpu: usize, work: Work) {
         let board = &self.board;
         let policy = board.policy();
-        if policy == Policy::None || (work == Work::Copy && policy != Policy::Band) {
+        if !self.gated || policy == Policy::None || (work == Work::Copy && policy != Policy::Band) {
             return;
         }
         if board.holds(gpu, self.seat) {
@@ -336,6 +342,7 @@ impl Shared {
     /// Lets the session's queued work on `gpu` finish, gives the turn to the
     /// next waiter, and waits for it to come back.
     fn hand_over(&self, gpu: usize) {
+        trace!(gpu, seat = self.seat, "handing the turn over at a submission");
         self.drain(gpu);
         self.board.release(gpu, self.seat);
         self.board.wait_turn(gpu, self.seat);
@@ -489,6 +496,7 @@ fn give_up_unused_turns(s: &Shared, idle_since: u64) {
     let idle = Duration::from_nanos(now_ns().saturating_sub(active));
     for gpu in s.gpus().filter(|&g| board.holds(g, s.seat)) {
         if idle >= IDLE_GRACE || s.turn_is_over(gpu) {
+            trace!(gpu, seat = s.seat, idle = ?idle, "giving up the turn from the meter");
             board.release(gpu, s.seat);
         }
     }

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::board::{Board, Work};
-use super::{Class, Policy, Seat};
+use super::{Class, Place, Policy, Seat, Sharing};
 use crate::backend::emulated::Emulated;
 use crate::backend::{Backend, Obj};
 use crate::ledger::{Account, Ledger};
@@ -26,11 +26,16 @@ fn seat(board: &Arc<Board>, seat: usize, row: usize) -> (Seat, Arc<dyn Backend>,
     let ledger = Arc::new(Ledger::create("t", 0).unwrap());
     ledger.claim(0);
     board.occupy(seat, row);
-    let s = Seat::start(backend.clone(), board.clone(), seat, row, Account::new(ledger, 0));
+    let place = Place { board: board.clone(), seat, row, gpus: vec![0], sharing: Sharing::Isolated };
+    let s = Seat::start(backend.clone(), place, Account::new(ledger, 0));
     let ctx = backend.ctx_create(0, 0).unwrap();
     s.context(ctx, 0);
     (s, backend, ctx)
 }
+
+/// Tests that time spinning threads run one at a time: on a machine of
+/// two cores, two of them at once starve each other's threads.
+static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn spin(d: Duration) {
     let start = Instant::now();
@@ -42,6 +47,7 @@ fn spin(d: Duration) {
 /// Runs `work`-long submissions from each seat until `stop`, and returns
 /// how many each made.
 fn compete(seats: &[(Seat, Arc<dyn Backend>, Obj)], work: Duration, run: Duration) -> Vec<u32> {
+    let _alone = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let stop = AtomicBool::new(false);
     let counts: Vec<AtomicU32> = seats.iter().map(|_| AtomicU32::new(0)).collect();
     thread::scope(|scope| {
@@ -84,10 +90,10 @@ fn an_uncontended_gpu_is_taken_and_a_waiter_gets_it_when_released() {
     assert_eq!(board.waiters(0, Class::Low), (false, false), "the waiter stopped waiting");
 }
 
-/// Has `seats` wait for GPU 0 (held by seat 0) one after another, then
-/// releases it: the order the turns went in, each waiter releasing to the
-/// next as it gets its turn.
-fn turns(board: &Arc<Board>, seats: &[usize]) -> Vec<usize> {
+/// Has `seats` wait for GPU 0 (held by seat 0) one after another, runs
+/// `meanwhile`, then releases the GPU: the order the turns went in, each
+/// waiter releasing to the next as it gets its turn.
+fn turns(board: &Arc<Board>, seats: &[usize], meanwhile: impl FnOnce()) -> Vec<usize> {
     assert!(board.try_take(0, 0));
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
@@ -102,6 +108,7 @@ fn turns(board: &Arc<Board>, seats: &[usize]) -> Vec<usize> {
             thread::yield_now();
         }
     }
+    meanwhile();
     board.release(0, 0);
     waiters.into_iter().for_each(|w| w.join().unwrap());
     let order = order.lock().unwrap().clone();
@@ -115,9 +122,38 @@ fn the_next_holder_is_the_highest_class_then_the_least_virtual_time() {
         board.set_tenant(row, 1, class);
         board.occupy(row, row);
     }
-    board.charge(1, 0, Work::Compute, 5_000);
-    board.charge(4, 0, Work::Compute, 1_000);
-    assert_eq!(turns(&board, &[2, 1, 3, 4]), vec![3, 4, 1, 2]);
+    let charge = || {
+        board.charge(1, 0, Work::Compute, 5_000);
+        board.charge(4, 0, Work::Compute, 1_000);
+    };
+    assert_eq!(turns(&board, &[2, 1, 3, 4], charge), vec![3, 4, 1, 2]);
+}
+
+#[test]
+fn time_a_tenant_had_the_gpu_alone_does_not_count_against_it() {
+    let board = board(Policy::Fair);
+    board.occupy(0, 0);
+    board.occupy(1, 1);
+    assert!(board.try_take(0, 0));
+    // A second alone on the GPU, then a newcomer.
+    board.charge(0, 0, Work::Compute, 1_000_000_000);
+    let wait = |seat: usize| {
+        let b = board.clone();
+        let waiter = thread::spawn(move || b.wait_turn(0, seat));
+        while board.gpu(0).waiting_total() == 0 {
+            thread::yield_now();
+        }
+        waiter
+    };
+    let newcomer = wait(1);
+    board.release(0, 0);
+    newcomer.join().unwrap();
+    let first = wait(0);
+    board.charge(1, 0, Work::Compute, 1_000_000);
+    assert!(!board.keep_turn(0, 1), "the newcomer's first slice is over: the two take turns");
+    board.release(0, 1);
+    first.join().unwrap();
+    assert!(board.holds(0, 0));
 }
 
 #[test]
@@ -127,9 +163,11 @@ fn copies_count_to_virtual_time_under_band_only() {
         for row in 0..3 {
             board.occupy(row, row);
         }
-        board.charge(1, 0, Work::Copy, 9_000);
-        board.charge(2, 0, Work::Compute, 1_000);
-        assert_eq!(turns(&board, &[1, 2])[0], first, "{policy:?}");
+        let charge = || {
+            board.charge(1, 0, Work::Copy, 9_000);
+            board.charge(2, 0, Work::Compute, 1_000);
+        };
+        assert_eq!(turns(&board, &[1, 2], charge)[0], first, "{policy:?}");
     }
 }
 
@@ -141,8 +179,7 @@ fn fifo_serves_waiters_in_the_order_they_came() {
         board.occupy(row, row);
     }
     // Under fifo, virtual time does not matter.
-    board.charge(1, 0, Work::Compute, 9_000_000);
-    assert_eq!(turns(&board, &[2, 1, 3]), vec![2, 1, 3]);
+    assert_eq!(turns(&board, &[2, 1, 3], || board.charge(1, 0, Work::Compute, 9_000_000)), vec![2, 1, 3]);
 }
 
 #[test]

@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use crate::backend::{Backend, Obj};
 use crate::ledger::Account;
-use crate::sched::{Board, Seat};
+use crate::sched::{Place, Seat};
 use lanes::{Hubs, LaneKey};
 use line::Line;
 use tables::{HandleMap, Kind, Tables};
@@ -43,10 +43,8 @@ pub struct Guest {
     pub tenant: String,
     /// The guest's slot in its tenant's ledger.
     pub account: Account,
-    /// The scheduling board, the guest's seat on it and its tenant's row.
-    pub board: Arc<Board>,
-    pub seat: usize,
-    pub row: usize,
+    /// The guest's place in GPU scheduling.
+    pub place: Place,
     /// The key the guest's bulk lanes will present.
     pub lane_key: LaneKey,
     /// The guest's `Hello`, as the supervisor read it.
@@ -132,8 +130,7 @@ impl Session {
                 flags: 0,
             })
             .collect();
-        let seat =
-            Arc::new(Seat::start(backend.clone(), guest.board.clone(), guest.seat, guest.row, guest.account.clone()));
+        let seat = Arc::new(Seat::start(backend.clone(), guest.place.clone(), guest.account.clone()));
         Session {
             launcher: launcher::Launcher::new(backend.clone(), seat.clone()),
             backend,

@@ -17,8 +17,10 @@ use zerocopy::IntoBytes;
 
 use super::pool::{self, Pool};
 use super::registry::{Route, SessionEntry};
+use super::tenancy::Plan;
 use super::Supervisor;
 use crate::ledger::Account;
+use crate::sched::Sharing;
 use crate::worker::link::{self, Kind};
 
 /// The most bytes a connection's first frame may carry (a `Hello` names a
@@ -34,8 +36,8 @@ pub const MAX_PENDING: usize = 256;
 pub struct Opening {
     pub header: Header,
     pub hello: Hello,
-    /// The backend's device ordinals its tenant may use.
-    pub devices: Vec<i32>,
+    /// What its tenant may use.
+    pub plan: Plan,
 }
 
 /// Serves one accepted connection to its end (for a guest, the end of its
@@ -140,7 +142,7 @@ fn open_session(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>, header: 
     };
     // However placing ends, a panic included, the session is closed.
     let _open = super::registry::Closing(&supervisor.registry, session.id);
-    let opening = Opening { header, hello, devices: plan.devices };
+    let opening = Opening { header, hello, plan };
     supervisor.place(carrier, &session, opening);
 }
 
@@ -153,8 +155,17 @@ pub fn run_in_worker(
     opening: Opening,
     account: &Account,
 ) {
-    let mut worker = match pool.take() {
-        Ok(w) => w,
+    let placed = match opening.plan.sharing {
+        Sharing::Isolated => pool.take().map(|w| Placed {
+            worker: w,
+            devices: opening.plan.devices.clone(),
+            gpus: (0..supervisor.backend.devices.len()).collect(),
+            mps_gpu: None,
+        }),
+        Sharing::Spatial => spatial_worker(supervisor, pool, &opening.plan),
+    };
+    let Placed { mut worker, devices, gpus, mps_gpu } = match placed {
+        Ok(p) => p,
         Err(why) => return refuse(carrier.as_mut(), &opening.header, CuError::DEVICE_UNAVAILABLE, &why),
     };
     let pid = worker.child.id();
@@ -175,7 +186,9 @@ pub fn run_in_worker(
         lane_key: session.lane_key,
         hello_header: header_bytes(&opening.header),
         hello: codec::encode(&opening.hello),
-        devices: Seq(opening.devices.iter().map(|&d| d as u32).collect()),
+        devices: Seq(devices.iter().map(|&d| d as u32).collect()),
+        gpus: Seq(gpus.iter().map(|&g| g as u32).collect()),
+        spatial: mps_gpu.is_some(),
     };
     let board = supervisor.registry.board().fd();
     if let Err(e) = pool::serve(&worker, &serve, &socket, account.ledger().fd(), board) {
@@ -185,7 +198,7 @@ pub fn run_in_worker(
     // The worker holds the guest's socket now: when it exits, the guest
     // must see the connection close.
     drop(socket);
-    supervisor.registry.placed(session.id, Route::Worker(worker.link.clone()), pid);
+    supervisor.registry.placed(session.id, Route::Worker(worker.link.clone()), pid, mps_gpu);
     info!(session = session.id, tenant = %session.tenant, peer = %session.peer, worker = pid, "guest placed");
     while let Ok(Some(message)) = worker.link.recv() {
         warn!(worker = pid, kind = ?message.kind, "unexpected message from a serving worker");
@@ -206,6 +219,26 @@ pub fn run_in_worker(
     } else {
         warn!(session = session.id, worker = pid, held, "worker ended its guest's session: {how}");
     }
+}
+
+/// A worker for a guest, and how its devices are numbered.
+struct Placed {
+    worker: pool::Worker,
+    /// The worker's device ordinals the guest may use.
+    devices: Vec<i32>,
+    /// The server's ordinal of each of the worker's devices.
+    gpus: Vec<usize>,
+    /// For a spatial session, the GPU whose MPS server the worker uses.
+    mps_gpu: Option<usize>,
+}
+
+/// A new worker that is an MPS client on the tenant's GPU with the fewest
+/// spatial sessions: it sees that one GPU, as its device 0.
+fn spatial_worker(supervisor: &Supervisor, pool: &Pool, plan: &Plan) -> Result<Placed, String> {
+    let gpu = supervisor.registry.least_spatial(&plan.devices).ok_or("the tenant has no GPU")?;
+    let env = supervisor.mps()?.client_env(gpu, plan)?;
+    let worker = pool.start_one(&env).map_err(|why| format!("no MPS client could start on GPU {gpu}: {why}"))?;
+    Ok(Placed { worker, devices: vec![0], gpus: vec![gpu], mps_gpu: Some(gpu) })
 }
 
 /// Sends a lane connection to the worker of the session it names.

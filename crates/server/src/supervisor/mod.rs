@@ -14,6 +14,7 @@
 //! they do to their worker only.
 
 mod admission;
+mod mps;
 mod pool;
 mod registry;
 pub mod status;
@@ -79,6 +80,8 @@ pub struct Supervisor {
     /// The user the server runs as: its peers see the whole server.
     owner: u32,
     rates: status::Rates,
+    /// The MPS daemons of spatial tenants, set up when the first needs one.
+    mps: std::sync::OnceLock<Result<mps::Mps, String>>,
 }
 
 /// Where a connection comes from, for the admission limits.
@@ -99,7 +102,9 @@ impl Supervisor {
         server_token: Option<gpuplex_transport::Token>,
     ) -> Result<Arc<Supervisor>, String> {
         let (placer, backend) = match placement {
-            Placement::Workers { command, keep_idle } => {
+            Placement::Workers { mut command, keep_idle } => {
+                let (key, value) = mps::ISOLATED_ENV;
+                command.env.push((key.into(), value.into()));
                 let (pool, ready) = pool::Pool::start(command, keep_idle)?;
                 let info =
                     BackendInfo { kind: ready.backend, driver_version: ready.driver_version, devices: ready.devices.0 };
@@ -115,8 +120,8 @@ impl Supervisor {
             }
         };
         let policy = config.server.policy.unwrap_or_default();
-        let board =
-            Board::create(policy, DEFAULT_SLICE).map_err(|e| format!("cannot create the scheduling board: {e}"))?;
+        let slice = config.server.slice.unwrap_or(DEFAULT_SLICE);
+        let board = Board::create(policy, slice).map_err(|e| format!("cannot create the scheduling board: {e}"))?;
         let tenancy = Tenancy::new(config, backend.devices.len(), server_token).map_err(|e| e.to_string())?;
         let keys = Arc::new(Keyring::default());
         keys.replace(tenancy.keys());
@@ -133,9 +138,27 @@ impl Supervisor {
             started: Instant::now(),
             owner,
             rates: status::Rates::default(),
+            mps: std::sync::OnceLock::new(),
         });
         status::start_sampling(Arc::downgrade(&supervisor));
         Ok(supervisor)
+    }
+
+    /// The MPS daemons for spatial sessions, or why there can be none.
+    fn mps(&self) -> Result<&mps::Mps, String> {
+        if self.backend.kind != "cuda" {
+            return Err(format!("spatial sharing needs the cuda backend, not {}", self.backend.kind));
+        }
+        let mps = self.mps.get_or_init(|| mps::Mps::new(&self.backend.devices));
+        mps.as_ref().map_err(Clone::clone)
+    }
+
+    /// Stops what the server started beside its workers (MPS daemons),
+    /// before the process exits.
+    pub fn shutdown(&self) {
+        if let Some(Ok(mps)) = self.mps.get() {
+            mps.stop();
+        }
     }
 
     /// The keys TCP peers prove; a TCP listener admits by these.
@@ -157,6 +180,7 @@ impl Supervisor {
     pub fn reload(&self, config: Config) -> Result<(), ConfigError> {
         let server_token = self.tenancy().server_token();
         let policy = config.server.policy.unwrap_or_default();
+        let slice = config.server.slice.unwrap_or(DEFAULT_SLICE);
         let tenancy = Tenancy::new(config, self.backend.devices.len(), server_token)?;
         for tenant in self.registry.tenants() {
             if let Some(plan) = tenancy.plan_named(&tenant.name) {
@@ -164,9 +188,9 @@ impl Supervisor {
             }
         }
         let board = self.registry.board();
-        if board.policy() != policy {
-            info!(from = board.policy().name(), to = policy.name(), "scheduling policy changed");
-            board.set_policy(policy, board.slice());
+        if (board.policy(), board.slice()) != (policy, slice) {
+            info!(policy = policy.name(), slice = ?slice, "scheduling changed");
+            board.set_policy(policy, slice);
         }
         self.keys.replace(tenancy.keys());
         *self.tenancy.write().unwrap_or_else(PoisonError::into_inner) = tenancy;
@@ -256,18 +280,22 @@ impl Supervisor {
         let account = self.registry.account(session);
         match &self.placer {
             Placer::InProcess(host) => {
-                self.registry.placed(session.id, Route::InProcess, std::process::id());
+                self.registry.placed(session.id, Route::InProcess, std::process::id(), None);
                 let guest = crate::session::Guest {
                     id: session.id,
                     tenant: session.tenant.clone(),
                     account,
-                    board: self.registry.board().clone(),
-                    seat: session.seat,
-                    row: session.row,
+                    place: crate::sched::Place {
+                        board: self.registry.board().clone(),
+                        seat: session.seat,
+                        row: session.row,
+                        gpus: (0..self.backend.devices.len()).collect(),
+                        sharing: crate::sched::Sharing::Isolated,
+                    },
                     lane_key: session.lane_key,
                     hello_header: guest.header,
                     hello: guest.hello,
-                    devices: guest.devices,
+                    devices: guest.plan.devices,
                     device_output: false,
                 };
                 host.serve(carrier, guest);

@@ -118,11 +118,22 @@ impl Pool {
         taken
     }
 
-    /// Starts one worker and waits for it to be ready.
+    /// Starts a worker for one guest with `env` added to its variables,
+    /// outside the pool: one that needs a setting the pool's have not.
+    pub fn start_one(&self, env: &[(OsString, OsString)]) -> Result<Worker, String> {
+        self.spawn_with(env)
+    }
+
     fn spawn(&self) -> Result<Worker, String> {
+        self.spawn_with(&[])
+    }
+
+    /// Starts one worker and waits for it to be ready.
+    fn spawn_with(&self, env: &[(OsString, OsString)]) -> Result<Worker, String> {
         let (supervisor_end, worker_end) = Link::pair().map_err(|e| format!("cannot make a link: {e}"))?;
         let mut command = Command::new(&self.command.program);
-        command.args(&self.command.args).envs(self.command.env.iter().cloned()).stdin(Stdio::null());
+        let env = self.command.env.iter().chain(env).cloned();
+        command.args(&self.command.args).envs(env).stdin(Stdio::null());
         // Anything a worker writes to its standard output or error (its
         // logs, or a driver message) lands in the server's log.
         if let Ok(log) = std::io::stderr().as_fd().try_clone_to_owned() {

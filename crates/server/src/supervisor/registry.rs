@@ -12,7 +12,7 @@ use gpuplex_transport::Peer;
 
 use super::tenancy::Plan;
 use crate::ledger::{Account, Ledger, SLOTS};
-use crate::sched::{board, Board, Class};
+use crate::sched::{board, Board, Class, Sharing};
 use crate::session::lanes::{random_key, LaneKey};
 use crate::worker::link::Link;
 
@@ -42,6 +42,8 @@ pub struct SessionEntry {
     /// The process serving it (the supervisor's own for in-process ones; 0
     /// until it is placed).
     pub worker_pid: u32,
+    /// For a spatial session, the GPU whose MPS server it is a client of.
+    pub mps_gpu: Option<usize>,
     pub started: Instant,
     pub lane_key: LaneKey,
     pub route: Route,
@@ -52,6 +54,8 @@ pub struct TenantEntry {
     pub ledger: Arc<Ledger>,
     pub weight: u32,
     pub class: Class,
+    /// How its new sessions share a GPU.
+    pub sharing: Sharing,
     /// Its row on the scheduling board, for as long as the server runs.
     pub row: usize,
     /// Slots of the ledger its live sessions use.
@@ -81,6 +85,7 @@ pub struct TenantView {
     pub ledger: Arc<Ledger>,
     pub weight: u32,
     pub class: Class,
+    pub sharing: Sharing,
     pub row: usize,
     /// Live sessions.
     pub sessions: usize,
@@ -141,6 +146,7 @@ impl Registry {
                 ledger: Arc::new(ledger),
                 weight: plan.weight,
                 class: plan.class,
+                sharing: plan.sharing,
                 row,
                 slots: BTreeSet::new(),
                 ended_calls: 0,
@@ -166,6 +172,7 @@ impl Registry {
             peer,
             program,
             worker_pid: 0,
+            mps_gpu: None,
             started: Instant::now(),
             lane_key,
             route: Route::Pending,
@@ -188,11 +195,19 @@ impl Registry {
     }
 
     /// Records where a session runs.
-    pub fn placed(&self, id: u64, route: Route, worker_pid: u32) {
+    pub fn placed(&self, id: u64, route: Route, worker_pid: u32, mps_gpu: Option<usize>) {
         if let Some(s) = self.lock().sessions.get_mut(&id) {
             s.route = route;
             s.worker_pid = worker_pid;
+            s.mps_gpu = mps_gpu;
         }
+    }
+
+    /// Of `gpus`, the one with the fewest spatial sessions.
+    pub fn least_spatial(&self, gpus: &[i32]) -> Option<usize> {
+        let book = self.lock();
+        let on = |g: usize| book.sessions.values().filter(|s| s.mps_gpu == Some(g)).count();
+        gpus.iter().filter_map(|&g| usize::try_from(g).ok()).min_by_key(|&g| on(g))
     }
 
     /// The live session whose lanes present `key`.
@@ -224,6 +239,7 @@ impl Registry {
             t.ledger.set_limit(plan.memory_limit);
             t.weight = plan.weight;
             t.class = plan.class;
+            t.sharing = plan.sharing;
             self.board.set_tenant(t.row, plan.weight, plan.class);
         }
     }
@@ -243,6 +259,7 @@ impl Registry {
                 ledger: t.ledger.clone(),
                 weight: t.weight,
                 class: t.class,
+                sharing: t.sharing,
                 row: t.row,
                 sessions: t.slots.len(),
                 ended_calls: t.ended_calls,
@@ -264,7 +281,15 @@ mod tests {
     use super::*;
 
     fn plan(tenant: &str) -> Plan {
-        Plan { tenant: tenant.into(), memory_limit: 0, weight: 1, class: Class::Normal, devices: vec![0] }
+        Plan {
+            tenant: tenant.into(),
+            memory_limit: 0,
+            weight: 1,
+            class: Class::Normal,
+            devices: vec![0],
+            sharing: Sharing::Isolated,
+            active_threads: None,
+        }
     }
 
     fn registry() -> Registry {

@@ -139,6 +139,7 @@ pub fn status(supervisor: &Supervisor, viewer: &Viewer) -> ServerStatus {
             seconds: s.started.elapsed().as_secs(),
             compute_seconds: slot.compute_ns.load(Ordering::Relaxed) as f64 / 1e9,
             copy_seconds: slot.copy_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            mps_gpu: s.mps_gpu.map_or(SessionStatus::OWN_FAULT_DOMAIN, |g| g as u32),
         });
     }
     let tenants = registry
@@ -167,6 +168,7 @@ pub fn status(supervisor: &Supervisor, viewer: &Viewer) -> ServerStatus {
                 gpu_busy,
                 priority: t.class.name().to_owned(),
                 gpu_time: Seq(gpu_time),
+                sharing: t.sharing.name().to_owned(),
                 name: t.name,
             }
         })

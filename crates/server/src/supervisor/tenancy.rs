@@ -10,7 +10,7 @@
 use gpuplex_transport::{Peer, Token};
 
 use crate::config::{Config, ConfigError, TenantSettings};
-use crate::sched::Class;
+use crate::sched::{Class, Sharing};
 
 /// The tenant that peers proving the server's own token belong to.
 pub const REMOTE: &str = "remote";
@@ -28,6 +28,9 @@ pub struct Plan {
     /// The backend's device ordinals it may use, in the order its guests
     /// number them.
     pub devices: Vec<i32>,
+    pub sharing: Sharing,
+    /// Percent of a GPU's threads a spatial session may occupy.
+    pub active_threads: Option<u8>,
 }
 
 pub struct Tenancy {
@@ -103,6 +106,8 @@ impl Tenancy {
             weight: settings.weight,
             class: settings.priority,
             devices,
+            sharing: settings.sharing,
+            active_threads: settings.active_threads,
         }
     }
 }

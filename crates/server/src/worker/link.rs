@@ -65,6 +65,12 @@ wire_struct! {
         /// The backend's device ordinals the tenant may use, in the order
         /// the guest will number them.
         pub devices: Seq<u32>,
+        /// The server's ordinal of each device the worker's backend
+        /// numbers, by the backend's ordinal.
+        pub gpus: Seq<u32>,
+        /// Whether the worker is a client of an MPS server (a spatial
+        /// tenant's session).
+        pub spatial: bool,
     }
 }
 

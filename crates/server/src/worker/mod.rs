@@ -27,7 +27,7 @@ use tracing::{error, info, warn};
 
 use crate::backend::Backend;
 use crate::ledger::{Account, Ledger};
-use crate::sched::{board, Board};
+use crate::sched::{board, Board, Place, Sharing};
 use crate::session::lanes::{run_lane, Hubs};
 use crate::session::{Guest, Session};
 use crate::BackendKind;
@@ -146,13 +146,13 @@ fn guest(mut message: link::Message) -> Result<(Box<dyn Carrier>, Guest), String
     }
     let header = Header::parse(&serve.hello_header).map_err(|e| format!("hello header: {e}"))?;
     let hello: Hello = codec::decode(&serve.hello).map_err(|e| format!("hello: {e}"))?;
+    let sharing = if serve.spatial { Sharing::Spatial } else { Sharing::Isolated };
+    let gpus = serve.gpus.0.iter().map(|&g| g as usize).collect();
     let guest = Guest {
         id: serve.session,
         tenant: serve.tenant,
         account: Account::new(Arc::new(ledger), slot),
-        board: Arc::new(board),
-        seat,
-        row,
+        place: Place { board: Arc::new(board), seat, row, gpus, sharing },
         lane_key: serve.lane_key,
         hello_header: header,
         hello,

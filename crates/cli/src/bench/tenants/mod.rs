@@ -29,6 +29,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuplex_server::sched::Policy;
+pub use gpuplex_server::sched::Sharing;
 use gpuplex_server::BackendKind;
 
 pub use child::run as child;
@@ -62,22 +63,6 @@ impl Kernel {
         match self {
             Kernel::Long => (528, 500),
             Kernel::Small => (8, 100),
-        }
-    }
-}
-
-/// A tenant's `sharing` key, written into each benched tenant's table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Sharing {
-    Isolated,
-    Spatial,
-}
-
-impl Sharing {
-    fn name(self) -> &'static str {
-        match self {
-            Sharing::Isolated => "isolated",
-            Sharing::Spatial => "spatial",
         }
     }
 }
