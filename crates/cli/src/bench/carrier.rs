@@ -169,7 +169,7 @@ pub fn random_token() -> std::io::Result<[u8; 32]> {
 }
 
 /// A random token, readable by this user only.
-fn write_token(path: &Path) -> std::io::Result<()> {
+pub fn write_token(path: &Path) -> std::io::Result<()> {
     let token = random_token()?;
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
     std::io::Write::write_all(&mut f, &token)

@@ -14,7 +14,7 @@
 //! they do to their worker only.
 
 mod admission;
-mod mps;
+pub mod mps;
 mod pool;
 mod registry;
 pub mod status;

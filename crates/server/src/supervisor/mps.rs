@@ -130,18 +130,7 @@ impl Mps {
     pub fn stop(&self) {
         let mut daemons = self.daemons.lock().unwrap_or_else(PoisonError::into_inner);
         for mut d in daemons.iter_mut().filter_map(Option::take) {
-            let quit = Command::new(CONTROL)
-                .env("CUDA_MPS_PIPE_DIRECTORY", &d.pipe)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .and_then(|mut c| {
-                    use std::io::Write;
-                    c.stdin.take().map(|mut s| s.write_all(b"quit\n"));
-                    c.wait()
-                });
-            if quit.is_err() || !exited_within(&mut d.child, Duration::from_secs(5)) {
+            if quit(&d.pipe).is_err() || !exited_within(&mut d.child, Duration::from_secs(5)) {
                 let _ = d.child.kill();
                 let _ = d.child.wait();
             }
@@ -154,6 +143,21 @@ impl Drop for Mps {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Asks the MPS control daemon listening in `pipe` to stop its servers and
+/// exit, and waits until it has taken the request.
+pub fn quit(pipe: &Path) -> std::io::Result<()> {
+    let mut control = Command::new(CONTROL)
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    if let Some(mut stdin) = control.stdin.take() {
+        std::io::Write::write_all(&mut stdin, b"quit\n")?;
+    }
+    control.wait().map(drop)
 }
 
 /// Starts `gpu`'s daemon in `root` and waits for its control socket.

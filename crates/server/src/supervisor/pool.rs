@@ -70,7 +70,7 @@ impl Pool {
     /// handle to it is dropped.
     pub fn start(command: WorkerCommand, keep_idle: usize) -> Result<(Arc<Pool>, link::Ready), String> {
         let pool = Arc::new(Pool { command, keep_idle, state: Mutex::default(), changed: Condvar::new() });
-        let first = pool.spawn()?;
+        let first = pool.start_one(&[])?;
         let ready = first.ready.clone();
         pool.lock().idle.push_back(first);
         let weak = Arc::downgrade(&pool);
@@ -118,18 +118,10 @@ impl Pool {
         taken
     }
 
-    /// Starts a worker for one guest with `env` added to its variables,
-    /// outside the pool: one that needs a setting the pool's have not.
+    /// Starts one worker with `env` added to its variables, and waits for
+    /// it to be ready. The pool's own have none added; a guest that needs a
+    /// setting theirs lack gets one started for it, outside the pool.
     pub fn start_one(&self, env: &[(OsString, OsString)]) -> Result<Worker, String> {
-        self.spawn_with(env)
-    }
-
-    fn spawn(&self) -> Result<Worker, String> {
-        self.spawn_with(&[])
-    }
-
-    /// Starts one worker and waits for it to be ready.
-    fn spawn_with(&self, env: &[(OsString, OsString)]) -> Result<Worker, String> {
         let (supervisor_end, worker_end) = Link::pair().map_err(|e| format!("cannot make a link: {e}"))?;
         let mut command = Command::new(&self.command.program);
         let env = self.command.env.iter().chain(env).cloned();
@@ -241,7 +233,7 @@ fn keep_filled(pool: Weak<Pool>) {
                 return;
             }
         }
-        match p.spawn() {
+        match p.start_one(&[]) {
             Ok(worker) => {
                 let mut state = p.lock();
                 if state.failure.take().is_some() {

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -34,9 +34,7 @@ pub struct Site<'a> {
 /// server requires; returns `dir`.
 pub fn write_tokens(dir: &Path, tenants: &[Tenant]) -> Result<PathBuf, Error> {
     for t in tenants {
-        let hex: String = carrier::random_token()?.iter().map(|b| format!("{b:02x}")).collect();
-        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(token_path(dir, t))?;
-        std::io::Write::write_all(&mut file, hex.as_bytes())?;
+        carrier::write_token(&token_path(dir, t))?;
     }
     Ok(dir.to_owned())
 }
@@ -171,6 +169,7 @@ pub fn on_path(program: &str) -> bool {
 pub struct Mps {
     /// What its clients and its control need to find it.
     pub env: Vec<(String, String)>,
+    pipe: PathBuf,
 }
 
 impl Mps {
@@ -191,23 +190,13 @@ impl Mps {
             let why = tail(&String::from_utf8_lossy(&out.stderr), 3);
             return Err(format!("nvidia-cuda-mps-control -d failed ({}):\n{why}", out.status));
         }
-        Ok(Mps { env })
+        Ok(Mps { env, pipe: dir.join("pipe") })
     }
 }
 
 impl Drop for Mps {
     fn drop(&mut self) {
-        let control = Command::new("nvidia-cuda-mps-control")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn();
-        if let Ok(mut control) = control {
-            if let Some(mut stdin) = control.stdin.take() {
-                let _ = std::io::Write::write_all(&mut stdin, b"quit\n");
-            }
-            let _ = control.wait();
-        }
+        let _ = gpuplex_server::supervisor::mps::quit(&self.pipe);
     }
 }
 
