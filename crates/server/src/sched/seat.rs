@@ -358,11 +358,13 @@ impl Shared {
         }
     }
 
-    /// The GPUs this session has contexts on, each once.
-    fn gpus(&self) -> impl Iterator<Item = usize> {
+    /// The GPUs this session has contexts on or holds the turn of, each
+    /// once: a turn outlives the contexts whose work took it, and must
+    /// still be given up.
+    fn gpus(&self) -> impl Iterator<Item = usize> + '_ {
         let live = self.ctxs.iter().filter(|c| c.ctx.load(Relaxed) != 0);
         let mask = live.map(|c| c.gpu.load(Relaxed)).filter(|&g| (g as usize) < MAX_GPUS).fold(0u32, |m, g| m | 1 << g);
-        (0..MAX_GPUS).filter(move |g| mask & (1 << g) != 0)
+        (0..MAX_GPUS).filter(move |&g| mask & (1 << g) != 0 || self.board.holds(g, self.seat))
     }
 }
 

@@ -261,3 +261,24 @@ fn the_none_policy_measures_without_holding_back() {
         assert!((1_500_000..50_000_000).contains(&ns), "row {row}: {ns} ns");
     }
 }
+
+#[test]
+fn a_turn_is_given_up_after_the_context_that_took_it_is_gone() {
+    let board = board(Policy::Fair);
+    let (a, b) = (seat(&board, 0, 0), Arc::new(seat(&board, 1, 1)));
+    a.0.submit(a.2, LEGACY, Work::Compute, || ());
+    assert!(board.holds(0, 0));
+    // The program ends: its context goes while its session still holds the turn.
+    a.0.context_gone(a.2);
+    a.1.ctx_destroy(a.2).unwrap();
+    let waiter = {
+        let b = b.clone();
+        thread::spawn(move || b.0.submit(b.2, LEGACY, Work::Compute, || ()))
+    };
+    let started = Instant::now();
+    while !board.holds(0, 1) && started.elapsed() < Duration::from_secs(2) {
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(board.holds(0, 1), "the other session still waits, {:?} later, for a turn nobody uses", started.elapsed());
+    waiter.join().unwrap();
+}
