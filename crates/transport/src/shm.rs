@@ -221,7 +221,7 @@ impl Rings {
             data: unsafe { base.add(CONTROL_BYTES + i * layout.ring_bytes) },
             cap,
             pos: 0,
-            wait: Wait { spin: Cell::new(SPIN), adaptive, socket: -1, patience: None },
+            wait: Wait { spin: Cell::new(SPIN), adaptive, long_before: Cell::new(false), socket: -1, patience: None },
         };
         let (out, inn) = match side {
             Side::Client => (0, 1),
@@ -454,6 +454,8 @@ struct Wait {
     /// Whether `spin` follows how long the waits last (the guest's wait for
     /// replies) or stays [`SPIN`].
     adaptive: bool,
+    /// Whether the last wait that ended was too long to spin through.
+    long_before: Cell<bool>,
     /// The connection's socket, polled for hang-up while sleeping.
     socket: RawFd,
     /// How long to wait at most (`None`: as long as the peer lives).
@@ -463,12 +465,21 @@ struct Wait {
 impl Wait {
     /// After a wait that slept and lasted `waited`: an adaptive wait spins
     /// 1.5 times as long next time, so that a run of like replies (large
-    /// synchronous copies) is met spinning; a wait too long to be worth
-    /// spinning through sends it back to the short spin.
+    /// synchronous copies) is met spinning. Two waits in a row too long to
+    /// be worth spinning through send it back to the short spin; one alone
+    /// does not, as a guest whose GPU turn came round waited once for it
+    /// and goes on with its short calls.
     fn adapt(&self, waited: Duration) {
-        if self.adaptive {
-            self.spin.set(if waited <= REPLY_SPIN_MAX { (waited * 3 / 2).min(REPLY_SPIN_MAX) } else { SPIN });
+        if !self.adaptive {
+            return;
         }
+        let long = waited > REPLY_SPIN_MAX;
+        if !long {
+            self.spin.set((waited * 3 / 2).min(REPLY_SPIN_MAX));
+        } else if self.long_before.get() {
+            self.spin.set(SPIN);
+        }
+        self.long_before.set(long);
     }
 
     /// Waits until `ready` returns a non-zero amount: spinning first, then
@@ -484,6 +495,7 @@ impl Wait {
         loop {
             let n = ready()?;
             if n > 0 {
+                self.long_before.set(false);
                 return Ok(n);
             }
             turns = turns.wrapping_add(1);
@@ -648,8 +660,12 @@ mod tests {
         // The server's ends never adapt.
         assert_eq!(server.reader.end.wait.spin.get(), SPIN);
         assert_eq!(client.writer.end.wait.spin.get(), SPIN);
-        // A wait too long to spin through goes back to the short spin.
+        // One wait too long to spin through keeps the spin; two in a row
+        // go back to the short spin.
         let wait = &client.reader.end.wait;
+        wait.adapt(Duration::from_millis(2));
+        wait.adapt(REPLY_SPIN_MAX * 2);
+        assert_eq!(wait.spin.get(), Duration::from_millis(3));
         wait.adapt(REPLY_SPIN_MAX * 2);
         assert_eq!(wait.spin.get(), SPIN);
         wait.adapt(Duration::from_millis(1));
