@@ -32,6 +32,11 @@ pub const SEATS: usize = crate::MAX_SESSIONS;
 /// Tenant rows: one per tenant the server has seen since it started.
 pub const TENANTS: usize = crate::MAX_SESSIONS;
 
+/// A waiter that has waited this many slices goes before every waiter
+/// that has not, whatever the classes: strict priority alone would let a
+/// busy high-priority tenant starve every other one for as long as it runs.
+pub const STARVATION_SLICES: u32 = 100;
+
 /// Virtual time advances by GPU nanoseconds times this over the tenant's
 /// weight, so that weights up to `MAX_WEIGHT` divide it evenly enough.
 const VTIME_SCALE: u64 = crate::config::MAX_WEIGHT as u64;
@@ -59,8 +64,9 @@ pub struct Gpu {
     /// The GPU's virtual time: that of each holder as it took the GPU
     /// (the least of those that wanted it), and as it was charged while
     /// nobody else wanted it; never going back. A tenant that begins to
-    /// want the GPU is brought up to it ([`Board::arrive`]), so it neither
-    /// banks credit by idling nor pays for time others had alone.
+    /// want the GPU is brought up to a slice behind it ([`Board::arrive`]),
+    /// so it banks little credit by idling and pays nothing for time others
+    /// had alone.
     clock: AtomicU64,
 }
 
@@ -228,11 +234,15 @@ impl Board {
     }
 
     /// Brings the virtual time of seat `seat`'s tenant, which begins to
-    /// want `gpu`, up to the GPU's clock: time it did not want the GPU
-    /// banks no credit, and time others had it alone costs it nothing.
+    /// want `gpu`, up to a slice behind the GPU's clock: time it did not
+    /// want the GPU banks at most a slice of credit, and time others had it
+    /// alone costs it nothing. The slice kept is what a busy tenant that
+    /// paused between two kernels, and lost its turn for it, is owed.
     fn arrive(&self, gpu: usize, seat: usize) {
         if let Some(row) = self.row_of(seat) {
-            self.tenant(row).vtime[gpu].fetch_max(self.gpu(gpu).clock.load(SeqCst), SeqCst);
+            let credit = (self.slice().as_nanos() as u64).saturating_mul(VTIME_SCALE);
+            let floor = self.gpu(gpu).clock.load(SeqCst).saturating_sub(credit);
+            self.tenant(row).vtime[gpu].fetch_max(floor, SeqCst);
         }
     }
 
@@ -340,12 +350,18 @@ impl Board {
         best.map(|(i, _)| i)
     }
 
-    /// Who goes first, lowest first: the class (descending), then the
-    /// virtual time (not under `fifo`), then when it began waiting.
+    /// Who goes first, lowest first: a waiter that has waited
+    /// [`STARVATION_SLICES`] (the longest waiting first), then the class
+    /// (descending), then the virtual time (not under `fifo`), then when it
+    /// began waiting.
     fn key_on(&self, gpu: usize, row: usize, ticket: u64) -> (u32, u64, u64) {
+        let bound = self.slice().saturating_mul(STARVATION_SLICES).as_nanos() as u64;
+        if now_ns().saturating_sub(ticket) >= bound {
+            return (0, 0, ticket);
+        }
         let t = self.tenant(row);
         let vtime = if self.policy() == Policy::Fifo { 0 } else { t.vtime[gpu].load(SeqCst) };
-        (2 - t.class.load(Relaxed).min(2), vtime, ticket)
+        (3 - t.class.load(Relaxed).min(2), vtime, ticket)
     }
 
     fn row_of(&self, seat: usize) -> Option<usize> {

@@ -21,12 +21,13 @@
 //!   driver rarely has to switch between contexts.
 //! - **Policies.** `fair` gives the turn to the waiting tenant with the
 //!   least weighted kernel time (its *virtual time*); a tenant that was
-//!   idle is brought up to the current virtual time when it returns, so
-//!   idling banks no credit. `band` is `fair` with copy time counted and
+//!   idle is brought up to a slice behind the current virtual time when it
+//!   returns, so idling banks at most a slice of credit. `band` is `fair` with copy time counted and
 //!   copies held back too. `fifo` serves waiters in the order they began
 //!   waiting, weights aside. `none` leaves the GPU to the driver's own
 //!   time-slicing and only measures. Under every policy, waiters of a
-//!   higher [`Class`] go first, and a holder yields to one at once.
+//!   higher [`Class`] go first, and a holder yields to one at once; a
+//!   waiter that has waited [`board::STARVATION_SLICES`] goes before all.
 //! - **What it cannot do.** A kernel cannot be preempted, and work already
 //!   queued to the driver cannot be recalled: a turn ends only after the
 //!   holder's queued work has finished, so a waiter may wait a slice plus

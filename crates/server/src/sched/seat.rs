@@ -3,9 +3,11 @@
 //!
 //! The session's threads (its own and its launcher) call [`Seat::submit`]
 //! around every driver call that puts work on a stream. That costs an
-//! uncontended session a few atomic loads: which GPU the context is on is
-//! found in a small lock-free table, and the stream is marked as having
-//! new work with one atomic or.
+//! uncontended session a few atomic operations and an uncontended lock:
+//! which GPU the context is on is found in a small lock-free table, the
+//! turn is checked under the seat's lock (so that it cannot end between
+//! the check and the driver call), and the stream is marked as having new
+//! work with one atomic or.
 //!
 //! The meter is a thread of the session's own. While the session is
 //! active it looks every `POLL` while another session waits for one of
@@ -93,10 +95,17 @@ struct Shared {
     last_stream: AtomicUsize,
     /// Set by a submission, cleared by the meter's look.
     fresh: AtomicBool,
-    /// When the last submission passed the gate (ns), or `u64::MAX` while
-    /// one is under way: a turn is not given up in the middle of one, nor
-    /// just after it was given.
+    /// When the last submission passed the gate (ns): a turn is not given
+    /// up just after it was used.
     active_at: AtomicU64,
+    /// Submissions that have passed the gate and not yet marked their work
+    /// fresh for the meter.
+    submitting: AtomicU32,
+    /// Held while a turn is given up, and by a submission while it checks
+    /// that it holds the turn and counts itself in `submitting`: work that
+    /// passed the gate reaches the driver before its session's turn ends,
+    /// so two sessions' work never shares the GPU.
+    turn: Mutex<()>,
     /// Whether the meter sleeps until woken.
     deep: AtomicBool,
     stopped: Mutex<bool>,
@@ -138,6 +147,8 @@ impl Seat {
             last_stream: AtomicUsize::new(0),
             fresh: AtomicBool::new(false),
             active_at: AtomicU64::new(0),
+            submitting: AtomicU32::new(0),
+            turn: Mutex::new(()),
             deep: AtomicBool::new(true),
             stopped: Mutex::new(false),
             wake: Condvar::new(),
@@ -213,12 +224,14 @@ impl Seat {
     /// policy lets the session use the context's GPU.
     pub fn submit<T>(&self, ctx: Obj, stream: Obj, work: Work, submit: impl FnOnce() -> T) -> T {
         let s = &self.shared;
-        if let Some(gpu) = s.gpu_of(ctx) {
-            s.gate(gpu, work);
+        match s.gpu_of(ctx) {
+            Some(gpu) if s.gates(work) => s.pass_gate(gpu),
+            _ => {
+                s.submitting.fetch_add(1, SeqCst);
+            }
         }
         let slot = s.stream_slot(ctx, default_as_legacy(stream));
         let started = now_ns();
-        s.active_at.store(u64::MAX, Relaxed);
         let result = submit();
         s.active_at.store(started, Relaxed);
         if let Some(i) = slot {
@@ -240,6 +253,7 @@ impl Seat {
                 }
             }
         }
+        s.submitting.fetch_sub(1, SeqCst);
         result
     }
 
@@ -312,21 +326,33 @@ impl Shared {
         Some(found)
     }
 
-    /// Returns once the session may submit `work` to `gpu`.
-    fn gate(&self, gpu: usize, work: Work) {
+    fn lock_turn(&self) -> MutexGuard<'_, ()> {
+        self.turn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the policy holds `work` back until the session's turn.
+    fn gates(&self, work: Work) -> bool {
+        let policy = self.board.policy();
+        self.gated && policy != Policy::None && (work == Work::Compute || policy == Policy::Band)
+    }
+
+    /// Returns once the session holds `gpu`, counted in `submitting`.
+    fn pass_gate(&self, gpu: usize) {
         let board = &self.board;
-        let policy = board.policy();
-        if !self.gated || policy == Policy::None || (work == Work::Copy && policy != Policy::Band) {
-            return;
-        }
-        if board.holds(gpu, self.seat) {
-            if self.turn_is_over(gpu) {
-                self.hand_over(gpu);
+        loop {
+            if board.holds(gpu, self.seat) {
+                if self.turn_is_over(gpu) {
+                    self.hand_over(gpu);
+                }
+            } else if !board.try_take(gpu, self.seat) {
+                board.wait_turn(gpu, self.seat);
             }
-            return;
-        }
-        if !board.try_take(gpu, self.seat) {
-            board.wait_turn(gpu, self.seat);
+            let _turn = self.lock_turn();
+            if board.holds(gpu, self.seat) {
+                self.submitting.fetch_add(1, SeqCst);
+                return;
+            }
+            // The meter gave the turn up meanwhile: wait for it again.
         }
     }
 
@@ -343,9 +369,19 @@ impl Shared {
     /// next waiter, and waits for it to come back.
     fn hand_over(&self, gpu: usize) {
         trace!(gpu, seat = self.seat, "handing the turn over at a submission");
+        self.give_up(gpu);
+        self.board.wait_turn(gpu, self.seat);
+    }
+
+    /// Gives up `gpu` once the session's work on it has finished: work of
+    /// its other threads that passed the gate, then everything queued.
+    fn give_up(&self, gpu: usize) {
+        let _turn = self.lock_turn();
+        while self.submitting.load(SeqCst) > 0 {
+            std::thread::yield_now();
+        }
         self.drain(gpu);
         self.board.release(gpu, self.seat);
-        self.board.wait_turn(gpu, self.seat);
     }
 
     fn drain(&self, gpu: usize) {
@@ -490,7 +526,7 @@ fn look(s: &Shared) {
 
 /// Gives up the turn on each GPU the session holds but does not use.
 fn give_up_unused_turns(s: &Shared, idle_since: u64) {
-    if s.fresh.load(Acquire) {
+    if s.fresh.load(Acquire) || s.submitting.load(SeqCst) > 0 {
         return;
     }
     let board = &s.board;
@@ -499,7 +535,7 @@ fn give_up_unused_turns(s: &Shared, idle_since: u64) {
     for gpu in s.gpus().filter(|&g| board.holds(g, s.seat)) {
         if idle >= IDLE_GRACE || s.turn_is_over(gpu) {
             trace!(gpu, seat = s.seat, idle = ?idle, "giving up the turn from the meter");
-            board.release(gpu, s.seat);
+            s.give_up(gpu);
         }
     }
 }

@@ -130,6 +130,20 @@ fn the_next_holder_is_the_highest_class_then_the_least_virtual_time() {
 }
 
 #[test]
+fn a_waiter_that_waited_too_long_goes_before_a_higher_class() {
+    let board = Arc::new(Board::create(Policy::Fair, Duration::from_millis(1)).unwrap());
+    for (row, class) in [Class::High, Class::Normal, Class::High].into_iter().enumerate() {
+        board.set_tenant(row, 1, class);
+        board.occupy(row, row);
+    }
+    let bound = Duration::from_millis(1) * super::board::STARVATION_SLICES;
+    // Both waited past the bound: the one that came first goes first.
+    assert_eq!(turns(&board, &[1, 2], || thread::sleep(bound)), vec![1, 2]);
+    // Neither did: the class decides.
+    assert_eq!(turns(&board, &[1, 2], || ()), vec![2, 1]);
+}
+
+#[test]
 fn time_a_tenant_had_the_gpu_alone_does_not_count_against_it() {
     let board = board(Policy::Fair);
     board.occupy(0, 0);
@@ -149,8 +163,12 @@ fn time_a_tenant_had_the_gpu_alone_does_not_count_against_it() {
     board.release(0, 0);
     newcomer.join().unwrap();
     let first = wait(0);
-    board.charge(1, 0, Work::Compute, 1_000_000);
-    assert!(!board.keep_turn(0, 1), "the newcomer's first slice is over: the two take turns");
+    // Arriving, the newcomer was a slice (5 ms) behind: it keeps the turn
+    // for that much, and no more.
+    board.charge(1, 0, Work::Compute, 4_000_000);
+    assert!(board.keep_turn(0, 1), "the newcomer still has credit");
+    board.charge(1, 0, Work::Compute, 2_000_000);
+    assert!(!board.keep_turn(0, 1), "the newcomer's credit is spent: the two take turns");
     board.release(0, 1);
     first.join().unwrap();
     assert!(board.holds(0, 0));
@@ -281,4 +299,65 @@ fn a_turn_is_given_up_after_the_context_that_took_it_is_gone() {
     }
     assert!(board.holds(0, 1), "the other session still waits, {:?} later, for a turn nobody uses", started.elapsed());
     waiter.join().unwrap();
+}
+
+#[test]
+fn a_turn_does_not_end_while_its_holder_submits() {
+    let _alone = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let board = board(Policy::Fair);
+    let (a, b) = (Arc::new(seat(&board, 0, 0)), Arc::new(seat(&board, 1, 1)));
+    let a_done = Arc::new(std::sync::Mutex::new(None));
+    // A's submission outlasts its slice of 5 ms while B waits.
+    let holder = {
+        let (a, a_done) = (a.clone(), a_done.clone());
+        thread::spawn(move || {
+            a.0.submit(a.2, LEGACY, Work::Compute, || {
+                thread::sleep(Duration::from_millis(30));
+                *a_done.lock().unwrap() = Some(Instant::now());
+            })
+        })
+    };
+    while !board.holds(0, 0) {
+        thread::yield_now();
+    }
+    let b_began = b.0.submit(b.2, LEGACY, Work::Compute, Instant::now);
+    holder.join().unwrap();
+    let a_done = a_done.lock().unwrap().expect("A's work ran");
+    assert!(b_began >= a_done, "B's work began {:?} before A's ended", a_done - b_began);
+}
+
+#[test]
+fn a_tenant_that_paused_keeps_a_slice_of_credit() {
+    let board = board(Policy::Fair);
+    board.occupy(0, 0);
+    board.occupy(1, 1);
+    let waiter = |seat: usize| {
+        let b = board.clone();
+        let w = thread::spawn(move || b.wait_turn(0, seat));
+        while board.gpu(0).waiting_total() == 0 {
+            thread::yield_now();
+        }
+        w
+    };
+    // Seat 0 runs 20 ms while seat 1 waits, then seat 1 runs 4 ms.
+    assert!(board.try_take(0, 0));
+    let w = waiter(1);
+    board.charge(0, 0, Work::Compute, 20_000_000);
+    board.release(0, 0);
+    w.join().unwrap();
+    board.charge(1, 0, Work::Compute, 4_000_000);
+    // Seat 1 pauses: the GPU goes to seat 0, and seat 1 comes back.
+    board.release(0, 1);
+    assert!(board.try_take(0, 0));
+    let w = waiter(1);
+    board.release(0, 0);
+    w.join().unwrap();
+    // 16 ms behind, it came back a slice (5 ms) behind, not level.
+    let w = waiter(0);
+    board.charge(1, 0, Work::Compute, 4_000_000);
+    assert!(board.keep_turn(0, 1), "the credit of a slice was kept");
+    board.charge(1, 0, Work::Compute, 2_000_000);
+    assert!(!board.keep_turn(0, 1), "no more than a slice was kept");
+    board.release(0, 1);
+    w.join().unwrap();
 }
