@@ -115,6 +115,17 @@ fn turns(board: &Arc<Board>, seats: &[usize], meanwhile: impl FnOnce()) -> Vec<u
     order
 }
 
+/// Seat `seat` waiting for GPU 0 on a thread, once it is counted waiting
+/// (and nobody else waits).
+fn wait(board: &Arc<Board>, seat: usize) -> thread::JoinHandle<()> {
+    let b = board.clone();
+    let waiter = thread::spawn(move || b.wait_turn(0, seat));
+    while board.gpu(0).waiting_total() == 0 {
+        thread::yield_now();
+    }
+    waiter
+}
+
 #[test]
 fn the_next_holder_is_the_highest_class_then_the_least_virtual_time() {
     let board = board(Policy::Fair);
@@ -151,18 +162,10 @@ fn time_a_tenant_had_the_gpu_alone_does_not_count_against_it() {
     assert!(board.try_take(0, 0));
     // A second alone on the GPU, then a newcomer.
     board.charge(0, 0, Work::Compute, 1_000_000_000);
-    let wait = |seat: usize| {
-        let b = board.clone();
-        let waiter = thread::spawn(move || b.wait_turn(0, seat));
-        while board.gpu(0).waiting_total() == 0 {
-            thread::yield_now();
-        }
-        waiter
-    };
-    let newcomer = wait(1);
+    let newcomer = wait(&board, 1);
     board.release(0, 0);
     newcomer.join().unwrap();
-    let first = wait(0);
+    let first = wait(&board, 0);
     // Arriving, the newcomer was a slice (5 ms) behind: it keeps the turn
     // for that much, and no more.
     board.charge(1, 0, Work::Compute, 4_000_000);
@@ -206,13 +209,7 @@ fn a_vacated_holder_gives_the_gpu_to_its_waiter() {
     board.occupy(0, 0);
     board.occupy(1, 1);
     assert!(board.try_take(0, 0));
-    let waiter = {
-        let board = board.clone();
-        thread::spawn(move || board.wait_turn(0, 1))
-    };
-    while board.gpu(0).waiting_total() == 0 {
-        thread::yield_now();
-    }
+    let waiter = wait(&board, 1);
     // The supervisor reaping seat 0's worker.
     board.vacate(0);
     waiter.join().unwrap();
@@ -331,17 +328,9 @@ fn a_tenant_that_paused_keeps_a_slice_of_credit() {
     let board = board(Policy::Fair);
     board.occupy(0, 0);
     board.occupy(1, 1);
-    let waiter = |seat: usize| {
-        let b = board.clone();
-        let w = thread::spawn(move || b.wait_turn(0, seat));
-        while board.gpu(0).waiting_total() == 0 {
-            thread::yield_now();
-        }
-        w
-    };
     // Seat 0 runs 20 ms while seat 1 waits, then seat 1 runs 4 ms.
     assert!(board.try_take(0, 0));
-    let w = waiter(1);
+    let w = wait(&board, 1);
     board.charge(0, 0, Work::Compute, 20_000_000);
     board.release(0, 0);
     w.join().unwrap();
@@ -349,11 +338,11 @@ fn a_tenant_that_paused_keeps_a_slice_of_credit() {
     // Seat 1 pauses: the GPU goes to seat 0, and seat 1 comes back.
     board.release(0, 1);
     assert!(board.try_take(0, 0));
-    let w = waiter(1);
+    let w = wait(&board, 1);
     board.release(0, 0);
     w.join().unwrap();
     // 16 ms behind, it came back a slice (5 ms) behind, not level.
-    let w = waiter(0);
+    let w = wait(&board, 0);
     board.charge(1, 0, Work::Compute, 4_000_000);
     assert!(board.keep_turn(0, 1), "the credit of a slice was kept");
     board.charge(1, 0, Work::Compute, 2_000_000);
