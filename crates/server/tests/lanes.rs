@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::lane::{ChunkHeader, Cut};
-use gpuplex_protocol::{codec, CuError, DevPtr, Event, Header, LaneJoin, LaneOffer, Opcode, Stream};
+use gpuplex_protocol::{codec, CuError, DevPtr, Event, Header, LaneJoin, LaneOffer, Opcode, ServerStatus, Stream};
 use gpuplex_transport::{Address, Lane, Token, TransportError};
 
 mod common;
@@ -136,6 +136,31 @@ fn large_copies_cross_the_lanes_and_failures_keep_them_in_step() {
     let other = pattern(size as usize, 9);
     lanes_htod(&mut c, &lanes, p, 5, &other).unwrap();
     assert_eq!(lanes_dtoh(&mut c, &lanes, p, 6, size).0, Ok(other));
+}
+
+/// The GPU time the server counted to every session's copies.
+fn copy_seconds(address: &Address, token: &Token) -> f64 {
+    let mut c = gpuplex_transport::connect(address, Some(token)).unwrap();
+    c.send(&Header::request(Opcode::Status, 1, 0, 0), &[]).unwrap();
+    let mut buf = Vec::new();
+    c.recv(&mut buf).unwrap();
+    let status: ServerStatus = codec::decode(&buf).unwrap();
+    status.sessions.0.iter().map(|s| s.copy_seconds).sum()
+}
+
+/// A copy across the lanes is the session's copy work like any other: the
+/// meter times it (and under `band` it waits for the session's turn).
+#[test]
+fn lane_copies_are_timed_as_the_sessions_copies() {
+    let t = token("a token for lanes, 32 bytes long");
+    let address = start_tcp_server(t.clone());
+    let mut c = Client::connect_with(&address, Some(&t));
+    let lanes = c.open_lanes(&address, Some(&t));
+    let size = lanes.chunk * (2 * lanes.lanes.len() as u64) + 99;
+    let p = c.alloc(size);
+    assert_eq!(copy_seconds(&address, &t), 0.0, "no copy yet");
+    lanes_htod(&mut c, &lanes, p, 1, &pattern(size as usize, 7)).unwrap();
+    wait_for("the lane copy's time to be counted", || copy_seconds(&address, &t) > 0.0);
 }
 
 /// Lanes run by threads of their own, as the client's are, one of them

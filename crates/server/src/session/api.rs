@@ -10,7 +10,7 @@ use super::launcher::ReadyLaunch;
 use super::tables::{self, CtxEntry, Entry, Kind, Owner, Region};
 use super::Session;
 use crate::backend::{self, Obj};
-use crate::sched::Work;
+use crate::sched::{Seat, Work};
 
 type R<T> = Result<T, CallError>;
 
@@ -34,6 +34,16 @@ fn packed_size(layout: &[backend::ParamSlot]) -> usize {
 
 fn invalid(detail: impl Into<String>) -> CallError {
     CallError::new(CuError::INVALID_VALUE, detail)
+}
+
+/// Runs a lane copy to or from `target` as the session's copy work: timed,
+/// and under `band` held back for the turn. A copy whose target failed its
+/// checks only drains the lanes, and reaches no GPU.
+fn copying<T>(seat: &Seat, target: &Result<(Obj, Obj), CallError>, copy: impl FnOnce() -> T) -> T {
+    match target {
+        Ok((ctx, stream)) => seat.submit(*ctx, *stream, Work::Copy, copy),
+        Err(_) => copy(),
+    }
 }
 
 impl Session {
@@ -570,14 +580,14 @@ impl Api for Session {
         // A failed check still takes the copy's chunks off the lanes.
         let target = self.tables.check_range(req.dst.0, req.size).and_then(|()| self.stream(req.stream));
         let lanes = self.lanes.as_mut().ok_or_else(|| invalid("no lanes are open"))?;
-        lanes.htod(&*self.backend, target, req.dst.0, req.size, req.copy)?;
+        copying(&self.seat, &target, || lanes.htod(&*self.backend, target.clone(), req.dst.0, req.size, req.copy))?;
         Ok(MemcpyHtoDLanes::Reply {})
     }
 
     fn MemcpyDtoHLanes(&mut self, req: MemcpyDtoHLanes::Request) -> R<MemcpyDtoHLanes::Reply> {
         let target = self.tables.check_range(req.src.0, req.size).and_then(|()| self.stream(req.stream));
         let lanes = self.lanes.as_mut().ok_or_else(|| invalid("no lanes are open"))?;
-        lanes.dtoh(&*self.backend, target, req.src.0, req.size, req.copy)?;
+        copying(&self.seat, &target, || lanes.dtoh(&*self.backend, target.clone(), req.src.0, req.size, req.copy))?;
         Ok(MemcpyDtoHLanes::Reply {})
     }
 
