@@ -249,6 +249,10 @@ struct TenantArgs {
     /// Writes `sharing = VALUE` into each tenant's table of the servers' configuration.
     #[arg(long, value_name = "isolated|spatial", requires = "tenants")]
     sharing: Option<bench::tenants::Sharing>,
+    /// The servers' slice (`serve --slice`; default theirs, 10ms): to weigh
+    /// hand-overs against how long waiters wait.
+    #[arg(long, value_name = "TIME", value_parser = gpuplex_server::config::parse_slice, requires = "tenants")]
+    slice: Option<std::time::Duration>,
 }
 
 fn main() -> ExitCode {
@@ -289,6 +293,7 @@ fn main() -> ExitCode {
                     high: t.high,
                     seconds: t.seconds,
                     sharing: t.sharing,
+                    slice: t.slice,
                     json,
                 }),
                 None => {

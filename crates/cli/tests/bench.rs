@@ -142,7 +142,7 @@ fn tenants_on_the_emulated_backend() {
     let _ = std::fs::remove_file(&json);
     let out = Command::new(&gpuplex)
         .args(["bench", "--backend", "emulated", "--tenants", "3", "--weights", "1,2,4", "--idle", "1", "--high"])
-        .args(["--seconds", "0.5", "--policy", "fair,none", "--json"])
+        .args(["--seconds", "0.5", "--policy", "fair,none", "--slice", "20ms", "--json"])
         .arg(&json)
         .output()
         .expect("gpuplex runs");
@@ -155,6 +155,8 @@ fn tenants_on_the_emulated_backend() {
 
     let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
     assert_eq!((report["tenants"].as_u64(), report["idle"].as_u64()), (Some(3), Some(1)));
+    // The servers started with it (one that refused it would have ended the run).
+    assert_eq!(report["slice_ms"].as_f64(), Some(20.0));
     assert!(report["native_alone"].is_null());
     let columns = report["columns"].as_array().expect("columns");
     let names: Vec<&str> = columns.iter().map(|c| c["name"].as_str().unwrap()).collect();
@@ -184,7 +186,8 @@ fn tenants_on_the_emulated_backend() {
     }
 }
 
-/// Weights are one per tenant, and the tenants' options need `--tenants`.
+/// Weights are one per tenant, slices are the server's, and the tenants'
+/// options need `--tenants`.
 #[test]
 fn tenants_options_are_checked() {
     let gpuplex = PathBuf::from(env!("CARGO_BIN_EXE_gpuplex"));
@@ -196,4 +199,6 @@ fn tenants_options_are_checked() {
     assert_eq!(out.status.code(), Some(2), "--weights without --tenants is a usage error");
     let out = run(&["--backend", "emulated", "--tenants", "2", "--quick"]);
     assert_eq!(out.status.code(), Some(2), "--quick is the microbenchmarks'");
+    let out = run(&["--backend", "emulated", "--tenants", "2", "--slice", "2s"]);
+    assert_eq!(out.status.code(), Some(2), "a slice over 1 s is refused");
 }

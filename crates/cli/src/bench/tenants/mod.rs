@@ -80,6 +80,8 @@ pub struct Options {
     pub high: bool,
     pub seconds: f64,
     pub sharing: Option<Sharing>,
+    /// The servers' slice, where not their default.
+    pub slice: Option<Duration>,
     pub json: Option<PathBuf>,
 }
 
@@ -201,7 +203,7 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
         let name = format!("gpuplex:{}", policy.name());
         let dir = scratch.subdir(&format!("gpuplex-{}", policy.name()))?;
         let config = Config { tenants: &tenants, identity, tokens: tokens.as_deref(), sharing: opts.sharing };
-        let server = TenantServer::start(&exe, backend, policy, &config, &dir, &bench.library_path)
+        let server = TenantServer::start(&exe, backend, policy, opts.slice, &config, &dir, &bench.library_path)
             .map_err(|e| format!("{name}: the server did not start: {e}"))?;
         let site = Site { library: frontend.clone().into_os_string(), env: Vec::new(), server: Some(&server) };
         columns.push(bench.column(&name, &site, &dir)?);
@@ -226,6 +228,7 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
             Identity::Tokens => "token, over loopback TCP (run as root for uids and shared memory)",
         },
         sharing: opts.sharing.map(Sharing::name),
+        slice_ms: opts.slice.map(|s| s.as_secs_f64() * 1e3),
         native_alone,
         columns,
     };
@@ -413,6 +416,7 @@ mod tests {
             high: false,
             seconds: 1.0,
             sharing: None,
+            slice: None,
             json: None,
         }
     }

@@ -250,6 +250,8 @@ pub struct Report {
     /// How the tenants are told apart through gpuplex.
     pub identity: &'static str,
     pub sharing: Option<&'static str>,
+    /// The servers' slice in milliseconds, where not their default.
+    pub slice_ms: Option<f64>,
     /// One tenant alone natively, kernels per second.
     pub native_alone: Option<f64>,
     pub columns: Vec<Column>,
@@ -283,6 +285,9 @@ impl Report {
         }
         if let Some(s) = self.sharing {
             let _ = write!(out, "; sharing = \"{s}\"");
+        }
+        if let Some(ms) = self.slice_ms {
+            let _ = write!(out, "; slice {ms} ms");
         }
         let _ = writeln!(out, "; through gpuplex, tenants by {}", self.identity);
         if self.backend == "emulated" {

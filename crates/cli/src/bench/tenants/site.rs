@@ -13,6 +13,7 @@ use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use gpuplex_server::sched::Policy;
 use gpuplex_transport::Address;
@@ -98,6 +99,7 @@ impl TenantServer {
         exe: &Path,
         backend: &str,
         policy: Policy,
+        slice: Option<Duration>,
         config: &Config<'_>,
         dir: &Path,
         library_path: &OsString,
@@ -108,7 +110,11 @@ impl TenantServer {
         let mut args: Vec<OsString> = vec!["serve".into(), "--backend".into(), backend.into(), "--config".into()];
         args.push(file.into_os_string());
         let workers = config.tenants.len().to_string();
-        args.extend(["--policy", policy.name(), "--workers", &workers, "--listen"].map(OsString::from));
+        args.extend(["--policy", policy.name(), "--workers", &workers].map(OsString::from));
+        if let Some(slice) = slice {
+            args.extend(["--slice".into(), format!("{}us", slice.as_micros()).into()]);
+        }
+        args.push("--listen".into());
         args.push(format!("unix:{}", socket.display()).into());
         let tcp = match config.identity {
             Identity::Tokens => {
