@@ -56,9 +56,50 @@ pub struct Row {
     pub aliases: Vec<String>,
     /// Sent without waiting for the reply.
     pub posted: bool,
+    /// How the front-end's memos take part in the call.
+    pub memo: Option<MemoUse>,
 }
 
+/// A row's part in one of the front-end's memos (`crate::memo`), named in
+/// lower case in the table and in upper case in the front-end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoUse {
+    /// `memo(NAME)`: a query whose answer the memo keeps. Its first handle
+    /// parameter names the group the answer belongs to, and a handle it
+    /// returns joins that group.
+    Keeps(String),
+    /// `changes(NAME)`: a call that changes what the memo knows of its
+    /// first handle parameter's group.
+    Changes(String),
+    /// `forgets(NAME)`: a call after which the memo forgets everything.
+    Forgets(String),
+}
+
+impl MemoUse {
+    fn parse(word: &str) -> Option<MemoUse> {
+        let (what, rest) = word.split_once('(')?;
+        let name = rest.strip_suffix(')').filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase()))?;
+        let name = name.to_owned();
+        match what {
+            "memo" => Some(MemoUse::Keeps(name)),
+            "changes" => Some(MemoUse::Changes(name)),
+            "forgets" => Some(MemoUse::Forgets(name)),
+            _ => None,
+        }
+    }
+}
+
+/// Handle types that name a memo group: what a function's answers may
+/// change with.
+const GROUP_TYPES: [&str; 4] = ["Func", "Kernel", "Module", "Library"];
+
 impl Row {
+    /// The parameter naming the row's memo group: its first handle of a
+    /// [`GROUP_TYPES`] type.
+    fn group_param(&self) -> Option<&Param> {
+        self.params.iter().find(|p| p.dir == Dir::In && GROUP_TYPES.contains(&p.ty.as_str()))
+    }
+
     /// Every symbol this row exports.
     pub fn exports(&self) -> Vec<String> {
         let mut names = match self.kind {
@@ -94,14 +135,29 @@ pub fn parse(text: &str) -> Result<Table, String> {
             "wire" => Kind::Wire,
             _ => return Err(fail("unknown kind")),
         };
-        let rest = rest.trim();
-        let (posted, rest) = match rest.strip_prefix("posted ") {
-            Some(r) if matches!(kind, Kind::Export | Kind::Ptsz) => (true, r.trim()),
-            Some(_) => return Err(fail("only export and ptsz rows can be posted")),
-            None => (false, rest),
-        };
+        let mut rest = rest.trim();
+        let (mut posted, mut memo) = (false, None);
+        loop {
+            let (word, after) = rest.split_once(' ').unwrap_or((rest, ""));
+            if word == "posted" {
+                posted = true;
+            } else if let Some(m) = MemoUse::parse(word) {
+                if memo.replace(m).is_some() {
+                    return Err(fail("a row takes part in one memo at most"));
+                }
+            } else {
+                break;
+            }
+            rest = after.trim();
+        }
+        if (posted || memo.is_some()) && !matches!(kind, Kind::Export | Kind::Ptsz) {
+            return Err(fail("only export and ptsz rows can be posted or use a memo"));
+        }
+        if posted && memo.is_some() {
+            return Err(fail("a posted row waits for nothing a memo could keep"));
+        }
         if kind == Kind::Control {
-            let row = Row { opcode, kind, name: rest.to_owned(), params: vec![], aliases: vec![], posted };
+            let row = Row { opcode, kind, name: rest.to_owned(), params: vec![], aliases: vec![], posted, memo };
             table.rows.push(row);
             continue;
         }
@@ -134,7 +190,11 @@ pub fn parse(text: &str) -> Result<Table, String> {
         if posted && params.iter().any(|p| p.dir != Dir::In) {
             return Err(fail("a posted row cannot have results"));
         }
-        table.rows.push(Row { opcode, kind, name, params, aliases, posted });
+        let row = Row { opcode, kind, name, params, aliases, posted, memo };
+        if matches!(row.memo, Some(MemoUse::Changes(_))) && row.group_param().is_none() {
+            return Err(fail("a row that changes a memo needs a handle parameter to name the group"));
+        }
+        table.rows.push(row);
     }
     table.check()?;
     Ok(table)
@@ -403,7 +463,28 @@ fn export_fn(s: &mut String, row: &Row, export: &str, ptsz: bool) {
     }
     let outs: Vec<&Param> = row.params.iter().filter(|p| p.dir != Dir::In).collect();
     let binding = if outs.is_empty() { "_reply" } else { "reply" };
-    writeln!(s, "        let {binding} = crate::client::call(req)?;").unwrap();
+    let group = match row.group_param() {
+        Some(p) => format!("crate::memo::group_of(req.{}.0)", p.name),
+        None => "0".to_owned(),
+    };
+    match &row.memo {
+        None => writeln!(s, "        let {binding} = crate::client::call(req)?;").unwrap(),
+        Some(MemoUse::Keeps(m)) => {
+            writeln!(s, "        let group = {group};").unwrap();
+            writeln!(s, "        let {binding} = crate::memo::{}.keep(group, req)?;", m.to_uppercase()).unwrap();
+            for p in outs.iter().filter(|p| GROUP_TYPES.contains(&p.ty.as_str())) {
+                writeln!(s, "        crate::memo::adopt(reply.{}.0, group);", p.name).unwrap();
+            }
+        }
+        Some(MemoUse::Changes(m)) => {
+            writeln!(s, "        let {binding} = crate::memo::{}.change({group}, req)?;", m.to_uppercase()).unwrap()
+        }
+        Some(MemoUse::Forgets(m)) => {
+            *s += "        let result = crate::client::call(req);\n";
+            writeln!(s, "        crate::memo::{}.forget();", m.to_uppercase()).unwrap();
+            writeln!(s, "        let {binding} = result?;").unwrap();
+        }
+    }
     for p in outs {
         let value = ty(&p.ty).to_c.replace("{}", &format!("reply.{}", p.name));
         writeln!(s, "        // SAFETY: NULL was refused or skipped; otherwise the caller vouches for the pointer.")
@@ -425,12 +506,17 @@ handwritten cuInit
 0x0110 export cuMemAlloc_v2(out dptr: DevPtr, bytesize: usize)
 0x0111 ptsz cuStreamQuery(hStream: Stream) also cuStreamQueryAlias
 0x0112 wire Copy(dst: DevPtr, data: Bytes) -> (n: u64)
+0x0113 export memo(things) cuThingGetFunction(out f: Func, lib: Library, name: Name)
+0x0114 export changes(things) cuThingSet(f: Func, value: i32)
+0x0115 export forgets(things) cuThingUnload(lib: Library)
 ";
 
     #[test]
     fn parses_rows() {
         let t = parse(SAMPLE).unwrap();
-        assert_eq!(t.rows.len(), 4);
+        assert_eq!(t.rows.len(), 7);
+        assert_eq!(t.rows[4].memo, Some(MemoUse::Keeps("things".into())));
+        assert_eq!(t.rows[5].memo, Some(MemoUse::Changes("things".into())));
         assert_eq!(t.rows[1].params[0].dir, Dir::Out);
         assert_eq!(t.rows[2].exports(), ["cuStreamQuery", "cuStreamQuery_ptsz", "cuStreamQueryAlias"]);
         assert_eq!(t.rows[3].params[2].dir, Dir::Out);
@@ -445,16 +531,34 @@ handwritten cuInit
         assert!(parse("0x0001 wire a(x: u32)").unwrap_err().contains("->"));
         assert!(parse("0x0000 export a()").unwrap_err().contains("reserved"));
         assert!(parse("handwritten a\n0x0001 export a()").unwrap_err().contains("twice"));
+        assert!(parse("0x0001 export posted memo(x) a(v: u32)").unwrap_err().contains("waits for nothing"));
+        assert!(parse("0x0001 wire memo(x) a(v: u32) -> ()").unwrap_err().contains("only export"));
+        assert!(parse("0x0001 export changes(x) a(v: u32)").unwrap_err().contains("handle parameter"));
+        assert!(parse("0x0001 export memo(x) forgets(x) a(v: u32)").unwrap_err().contains("one memo"));
     }
 
     #[test]
     fn frontend_stubs_everything_else() {
         let t = parse(SAMPLE).unwrap();
-        let all: Vec<String> =
-            ["cuInit", "cuMemAlloc_v2", "cuStreamQuery", "cuStreamQuery_ptsz", "cuStreamQueryAlias", "cuOther"]
-                .map(String::from)
-                .to_vec();
+        let all: Vec<String> = [
+            "cuInit",
+            "cuMemAlloc_v2",
+            "cuStreamQuery",
+            "cuStreamQuery_ptsz",
+            "cuStreamQueryAlias",
+            "cuThingGetFunction",
+            "cuThingSet",
+            "cuThingUnload",
+            "cuOther",
+        ]
+        .map(String::from)
+        .to_vec();
         let code = frontend_code(&t, &all).unwrap();
+        assert!(code.contains("let group = crate::memo::group_of(req.lib.0);"));
+        assert!(code.contains("let reply = crate::memo::THINGS.keep(group, req)?;"));
+        assert!(code.contains("crate::memo::adopt(reply.f.0, group);"));
+        assert!(code.contains("let _reply = crate::memo::THINGS.change(crate::memo::group_of(req.f.0), req)?;"));
+        assert!(code.contains("crate::memo::THINGS.forget();"));
         assert!(code.contains("pub unsafe extern \"C\" fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize)"));
         assert!(code.contains("crate::ffi::ptsz_stream(hStream)"));
         assert!(code.contains("    cuOther,\n"));

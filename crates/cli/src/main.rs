@@ -114,6 +114,11 @@ enum Command {
         /// The backend of the server started here when none is reachable.
         #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
         backend: BackendKind,
+        /// At the program's exit, print a table of every CUDA driver
+        /// function it called: calls, errors, how many waited for the
+        /// server, and the time spent waiting (sets GPUPLEX_TRACE=1).
+        #[arg(long)]
+        trace: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
         command: Vec<std::ffi::OsString>,
@@ -277,8 +282,8 @@ fn main() -> ExitCode {
             })
         }
         Command::Worker { backend } => return ExitCode::from(gpuplex_server::worker::run(backend) as u8),
-        Command::Run { server, token_file, backend, command } => {
-            run::run(server, token_file.as_deref(), backend, &command)
+        Command::Run { server, token_file, backend, trace, command } => {
+            run::run(server, token_file.as_deref(), backend, trace, &command)
         }
         Command::Status { server, token_file, json } => info::status(server, token_file.as_deref(), json),
         Command::Bench { backend, carriers, json, quick, rounds, baseline, time_limit, tenants: t } => {

@@ -52,6 +52,7 @@ pub fn run(
     server: Option<Address>,
     token_file: Option<&Path>,
     backend: BackendKind,
+    trace: bool,
     command: &[OsString],
 ) -> Result<ExitCode, Error> {
     let libdir = LibDir::create(&frontend()?)?;
@@ -99,6 +100,9 @@ pub fn run(
     program.args(&command[1..]).env("LD_LIBRARY_PATH", library_path).env("GPUPLEX_SERVER", address.to_string());
     if let Some(path) = token_file {
         program.env(TOKEN_FILE_ENV, std::path::absolute(path)?);
+    }
+    if trace {
+        program.env("GPUPLEX_TRACE", "1");
     }
     crate::relay::install();
     let mut child = program.spawn().map_err(|e| format!("cannot run {}: {e}", command[0].to_string_lossy()))?;

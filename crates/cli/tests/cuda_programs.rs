@@ -57,7 +57,55 @@ program_tests!(
     module_formats,
     contexts,
     expected_errors,
+    queries,
 );
+
+/// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.
+fn trace_table(stderr: &str) -> std::collections::HashMap<String, [u64; 4]> {
+    let table = stderr.split_once("trace: CUDA driver calls").expect("a trace table on stderr").1;
+    let mut rows = std::collections::HashMap::new();
+    for line in table.lines().skip(2) {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        let Some(counts) = cells.get(1..5).and_then(|c| c.iter().map(|n| n.parse().ok()).collect::<Option<Vec<u64>>>())
+        else {
+            continue;
+        };
+        rows.insert(cells[0].to_owned(), [counts[0], counts[1], counts[2], counts[3]]);
+    }
+    rows
+}
+
+/// The questions `queries` asks a thousand times each are answered by the
+/// front-end after the first; the same limit set again before each launch
+/// goes nowhere; launches within a raised shared memory limit are posted.
+/// The trace table shows it, and its stdout that every answer was right.
+#[test]
+fn repeated_questions_wait_for_the_server_once() {
+    let _serial = serial();
+    let Some(dir) = programs() else { return };
+    let mut cmd = Command::new(gpuplex());
+    cmd.args(["run", "--backend", "emulated", "--trace", "--"]).arg(dir.join("queries"));
+    let done = run_to_end(cmd);
+    let rows = trace_table(&done.stderr);
+    let row = |name: &str| *rows.get(name).unwrap_or_else(|| panic!("no {name} in the trace:\n{}", done.stderr));
+    for (name, asked, waits) in [
+        ("cuCtxGetDevice", 1001, 2),
+        ("cuDevicePrimaryCtxGetState", 1002, 3),
+        ("cuModuleGetFunction", 1001, 1),
+        ("cuOccupancyMaxActiveBlocksPerMultiprocessor", 1001, 1),
+        // The launches' own questions about the limit are theirs, not these.
+        ("cuFuncGetAttribute", 2004, 4),
+        // The first raise, the 100 repeats of it answered here, the lowering.
+        ("cuFuncSetAttribute", 102, 2),
+    ] {
+        let [calls, errors, waited, _] = row(name);
+        assert_eq!((calls, errors), (asked, 0), "{name}:\n{}", done.stderr);
+        assert!(waited <= waits, "{name} waited {waited} times, want at most {waits}:\n{}", done.stderr);
+    }
+    let [calls, errors, waited, posted] = row("cuLaunchKernel");
+    assert_eq!((calls, errors), (103, 3), "the three refused launches fail:\n{}", done.stderr);
+    assert!(posted >= 100 && waited <= 6, "launches: {posted} posted, {waited} waited:\n{}", done.stderr);
+}
 
 /// Device-dependent: checked for shape only.
 #[test]

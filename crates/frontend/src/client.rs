@@ -23,7 +23,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpuplex_protocol::{
     codec, Call, CuError, DeviceOutput, ErrorDetail, Header, Hello, LaneOffer, Opcode, SharedLayout, Welcome,
@@ -32,7 +32,7 @@ use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::{Address, Carrier, Token};
 
 use crate::memory::lanes::{LaneError, Lanes};
-use crate::{context, log};
+use crate::{context, log, trace};
 
 /// `CUDA_ERROR_DEVICE_UNAVAILABLE`: what a call gets once the server is gone.
 pub const SERVER_GONE: CuError = CuError::DEVICE_UNAVAILABLE;
@@ -380,7 +380,16 @@ impl Conn {
         if self.broken {
             return Err(SERVER_GONE);
         }
-        self.carrier.send(header, payload).map_err(|e| self.lose(&e.to_string()))?;
+        let sent = if trace::on() {
+            trace::sent(header.is_posted());
+            let start = Instant::now();
+            let sent = self.carrier.send(header, payload);
+            trace::blocked(start.elapsed());
+            sent
+        } else {
+            self.carrier.send(header, payload)
+        };
+        sent.map_err(|e| self.lose(&e.to_string()))?;
         Ok(header.request_id.get())
     }
 
@@ -391,6 +400,7 @@ impl Conn {
         }
         const HEARTBEAT: u16 = Opcode::Heartbeat as u16;
         const DEVICE_OUTPUT: u16 = Opcode::DeviceOutput as u16;
+        let start = trace::on().then(Instant::now);
         let header = loop {
             let header = self.carrier.recv(&mut self.buf).map_err(|e| self.lose(&e.to_string()))?;
             match header.opcode.get() {
@@ -399,6 +409,9 @@ impl Conn {
                 _ => break header,
             }
         };
+        if let Some(start) = start {
+            trace::blocked(start.elapsed());
+        }
         if header.request_id.get() != id || header.opcode.get() != opcode as u16 {
             return Err(self.lose("reply does not match the request"));
         }

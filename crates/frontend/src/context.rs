@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpuplex_protocol::{calls, Ctx, CuError};
 
-use crate::client;
 use crate::ffi::{check_out, entry, write_out, CUresult};
+use crate::{client, memo};
 
 thread_local! {
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
@@ -173,15 +173,18 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> CUresult {
 }
 
 fn release_primary(dev: i32) -> Result<(), CuError> {
-    let reply = client::call(calls::PrimaryCtxRelease::Request { dev })?;
-    if !reply.active {
+    let reply = client::call(calls::PrimaryCtxRelease::Request { dev });
+    memo::PRIMARY.forget();
+    if !reply?.active {
         gone(primary_handle(dev)?);
     }
     Ok(())
 }
 
 fn reset_primary(dev: i32) -> Result<(), CuError> {
-    client::call(calls::PrimaryCtxReset::Request { dev })?;
+    let reset = client::call(calls::PrimaryCtxReset::Request { dev });
+    memo::PRIMARY.forget();
+    reset?;
     gone(primary_handle(dev)?);
     Ok(())
 }
@@ -190,6 +193,27 @@ fn reset_primary(dev: i32) -> Result<(), CuError> {
 fn gone(ctx: u64) {
     crate::export_tables::context_gone(ctx);
     crate::memory::forget_allocations();
+    memo::CONTEXTS.forget();
+    memo::FUNCTIONS.forget();
+}
+
+/// # Safety
+/// `flags` and `active` are valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) -> CUresult {
+    entry("cuDevicePrimaryCtxGetState", || {
+        check_out(flags)?;
+        check_out(active)?;
+        // An inactive context is not kept: a reset one that is still
+        // retained comes back to life on its next use.
+        let reply = memo::PRIMARY.keep_if(0, calls::cuDevicePrimaryCtxGetState::Request { dev }, |r| r.active != 0)?;
+        // SAFETY: checked non-NULL; the caller vouches for them.
+        unsafe {
+            write_out(flags, reply.flags);
+            write_out(active, reply.active);
+        }
+        Ok(())
+    })
 }
 
 /// The session's primary context handle for a device.

@@ -15,13 +15,18 @@ pub const CUDA_SUCCESS: CUresult = 0;
 
 /// Runs one export's body.
 pub fn entry(name: &'static str, body: impl FnOnce() -> Result<(), CuError>) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let run = || match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e.0,
         Err(_) => {
             crate::log::error(&format!("{name} panicked; returning CUDA_ERROR_UNKNOWN"));
             CuError::UNKNOWN.0
         }
+    };
+    if crate::trace::on() {
+        crate::trace::export(name, run, |&rc| rc != CUDA_SUCCESS)
+    } else {
+        run()
     }
 }
 
@@ -72,6 +77,13 @@ pub fn stream(stream: *mut std::ffi::c_void) -> Stream {
 /// The answer of every export gpuplex does not implement yet: an error,
 /// never a pretended success, and one log line per function.
 pub fn unsupported(name: &'static str) -> CUresult {
+    if crate::trace::on() {
+        return crate::trace::export(name, || refuse(name), |_| true);
+    }
+    refuse(name)
+}
+
+fn refuse(name: &'static str) -> CUresult {
     static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
     let first = SEEN.lock().map(|mut seen| seen.get_or_insert_with(HashSet::new).insert(name)).unwrap_or(false);
     if first {

@@ -8,8 +8,8 @@
 //! list.
 //!
 //! A launch the client can see will be accepted (dimensions within the
-//! device's and the function's limits, no more than the default shared
-//! memory, no attributes) is posted: the program goes on at once, as with
+//! device's and the function's limits, dynamic shared memory within the
+//! default or the function's raised limit, no attributes) is posted: the program goes on at once, as with
 //! the driver's asynchronous launches. Any other launch is waited for, so
 //! that its error comes back from the launch itself, exactly as natively.
 
@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use gpuplex_protocol::{calls, CuError, Func, Stream};
 
-use crate::client;
 use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
+use crate::{client, memo};
 
 /// What the client knows of a function: where each parameter goes
 /// (`(offset, size)`), and the limits a launch is checked against.
@@ -77,8 +77,20 @@ fn device_limits() -> Result<Option<[u64; 7]>, CuError> {
     }))
 }
 
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+const MAX_DYNAMIC_SHARED: i32 = 8;
+
+/// The dynamic shared memory a launch of `func` may use: the function's
+/// attribute, which programs raise past the default before such launches.
+/// Kept in the memo, which forgets it when an attribute of the function's
+/// group is set.
+fn max_dynamic_shared(func: u64) -> Result<u64, CuError> {
+    let req = calls::cuFuncGetAttribute::Request { attrib: MAX_DYNAMIC_SHARED, hfunc: Func(func) };
+    Ok(memo::FUNCTIONS.keep(memo::group_of(func), req)?.pi.max(0) as u64)
+}
+
 /// Whether the driver is sure to accept this launch (so it can be posted).
-fn surely_accepted(info: &FuncInfo, g: &Grid, params: usize) -> Result<bool, CuError> {
+fn surely_accepted(func: u64, info: &FuncInfo, g: &Grid, params: usize) -> Result<bool, CuError> {
     let Some([threads, bx, by, bz, gx, gy, gz]) = device_limits()? else {
         return Ok(false);
     };
@@ -90,8 +102,13 @@ fn surely_accepted(info: &FuncInfo, g: &Grid, params: usize) -> Result<bool, CuE
         .chain(g.block.iter().zip([bx, by, bz]))
         .all(|(&d, max)| d >= 1 && d as u64 <= max);
     let threads_ok = b0 * b1 * b2 <= threads.min(info.max_threads as u64);
-    let shared_ok = info.static_shared as u64 + g.shared_mem as u64 <= DEFAULT_SHARED;
-    Ok(dims_ok && threads_ok && shared_ok && params == info.packed && crate::context::current() != 0)
+    let plain = dims_ok && threads_ok && params == info.packed && crate::context::current() != 0;
+    // Within the default, or within what the program raised the limit to.
+    let shared_ok = || {
+        info.static_shared as u64 + g.shared_mem as u64 <= DEFAULT_SHARED
+            || max_dynamic_shared(func).is_ok_and(|max| g.shared_mem as u64 <= max)
+    };
+    Ok(plain && shared_ok())
 }
 
 /// Packs `kernelParams` by the function's layout.
@@ -192,7 +209,7 @@ unsafe fn launch(
             Some(known) => known,
             None => info(func)?,
         };
-        surely_accepted(&known, &g, packed.len())?
+        surely_accepted(func, &known, &g, packed.len())?
     };
     let req = calls::Launch::Request {
         func: Func(func),

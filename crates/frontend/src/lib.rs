@@ -21,9 +21,11 @@ mod export_tables;
 mod ffi;
 mod launch;
 mod log;
+mod memo;
 mod memory;
 pub(crate) mod module;
 mod proc_address;
+mod trace;
 
 /// Marks this library as gpuplex's, so that a server never mistakes it for
 /// NVIDIA's driver (it refuses to start on it). The one export beyond the

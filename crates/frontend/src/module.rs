@@ -296,6 +296,10 @@ pub fn functions(hmod: *mut c_void) -> Result<Vec<*mut c_void>, CuError> {
         return Err(CuError::INVALID_HANDLE);
     }
     let r = client::call(calls::ModuleFunctions::Request { hmod: Module(hmod as u64) })?;
+    let group = crate::memo::group_of(hmod as u64);
+    for &f in &r.funcs.0 {
+        crate::memo::adopt(f, group);
+    }
     Ok(r.funcs.0.into_iter().map(|f| f as usize as *mut c_void).collect())
 }
 

@@ -55,6 +55,8 @@ pub fn lookup(name: &str) -> Option<ReferenceKernel> {
         "say" => Some(say),
         "check" => Some(check),
         "affine" => Some(affine),
+        // tests/cuda/queries.cu
+        "shared_reverse" => Some(shared_reverse),
         // `gpuplex bench`'s launch benchmarks (crates/cli/src/bench/worker.rs).
         "gpuplex_bench_empty" => Some(empty),
         // `gpuplex bench --tenants` (crates/cli/src/bench/tenants/child.rs).
