@@ -202,10 +202,26 @@ static int memory(CUdevice dev) {
     rc = cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     printf("virtual memory granularity: %s\n", err_name(rc));
     if (rc == CUDA_SUCCESS) {
-        CUmemGenericAllocationHandle handle;
-        rc = cuMemCreate(&handle, granularity, &prop, 0);
-        printf("virtual memory create: %s\n", err_name(rc));
-        if (rc == CUDA_SUCCESS) CHECK(cuMemRelease(handle));
+        // Physical memory counts from its creation until it is both
+        // released and unmapped: half the total, mapped and released, still
+        // leaves no room for the other half and a granule more.
+        CUmemGenericAllocationHandle half, rest;
+        size_t half_size = total / 2 / granularity * granularity;
+        size_t rest_size = (total - half_size) / granularity * granularity + granularity;
+        printf("virtual memory total + a granule: %s\n", err_name(cuMemCreate(&rest, rest_size + half_size, &prop, 0)));
+        CHECK(cuMemCreate(&half, half_size, &prop, 0));
+        CUdeviceptr range;
+        CHECK(cuMemAddressReserve(&range, half_size, 0, 0, 0));
+        CHECK(cuMemMap(range, half_size, 0, half, 0));
+        CHECK(cuMemRelease(half));
+        rc = cuMemCreate(&rest, rest_size, &prop, 0);
+        printf("virtual memory beside half, released but mapped: %s\n", err_name(rc));
+        if (rc == CUDA_SUCCESS) CHECK(cuMemRelease(rest));
+        CHECK(cuMemUnmap(range, half_size));
+        CHECK(cuMemAddressFree(range, half_size));
+        rc = cuMemCreate(&rest, rest_size, &prop, 0);
+        printf("the same once unmapped: %s\n", err_name(rc));
+        if (rc == CUDA_SUCCESS) CHECK(cuMemRelease(rest));
     }
     CUDA_ARRAY3D_DESCRIPTOR desc = {};
     desc.Width = 1024;

@@ -286,6 +286,8 @@ const TYPES: &[Type] = &[
     Type { name: "Bytes", wire: "Vec<u8>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u32>", wire: "Seq<u32>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u64>", wire: "Seq<u64>", c: "", from_c: "", to_c: "" },
+    Type { name: "AllocProp", wire: "AllocProp", c: "", from_c: "", to_c: "" },
+    Type { name: "Seq<AccessDesc>", wire: "Seq<AccessDesc>", c: "", from_c: "", to_c: "" },
 ];
 
 fn ty(name: &str) -> &'static Type {

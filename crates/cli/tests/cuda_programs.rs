@@ -58,6 +58,7 @@ program_tests!(
     contexts,
     expected_errors,
     queries,
+    vmm,
 );
 
 /// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.

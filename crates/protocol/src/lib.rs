@@ -64,6 +64,7 @@ mod handles;
 mod handshake;
 mod header;
 pub mod lane;
+mod vmm;
 
 pub use codec::{Seq, Wire};
 pub use digest::image_digest;
@@ -73,6 +74,7 @@ pub use handshake::*;
 pub use header::{
     Header, HEADER_SIZE, LANES_VERSION, MAGIC, MAX_PAYLOAD, MIN_VERSION, POSTED, UNSOLICITED_VERSION, VERSION,
 };
+pub use vmm::*;
 
 /// A request message and the reply it expects.
 pub trait Call: Wire {

@@ -11,6 +11,7 @@ mod host;
 pub mod lanes;
 mod parallel;
 mod streaming;
+mod vmm;
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;

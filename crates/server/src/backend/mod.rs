@@ -14,7 +14,7 @@
 pub mod cuda;
 pub mod emulated;
 
-use gpuplex_protocol::{CallError, DeviceInfo};
+use gpuplex_protocol::{AccessDesc, AllocProp, CallError, DeviceInfo};
 
 pub type BResult<T> = Result<T, CallError>;
 
@@ -159,6 +159,21 @@ pub trait Backend: Send + Sync {
     fn memcpy_dtoh(&self, ctx: Obj, dst: &mut [u8], src: u64, stream: Obj) -> BResult<()>;
     fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, sync: bool) -> BResult<()>;
     fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, sync: bool) -> BResult<()>;
+
+    // Virtual memory management. Locations name backend devices; `ctx`,
+    // where the guest has one current, is made current first.
+    fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64>;
+    /// A physical allocation, as the driver's handle.
+    fn mem_create(&self, ctx: Option<Obj>, size: u64, prop: &AllocProp, flags: u64) -> BResult<Obj>;
+    fn mem_release(&self, handle: Obj) -> BResult<()>;
+    /// The allocation mapped at `ptr`, with a reference more.
+    fn mem_retain(&self, ptr: u64) -> BResult<Obj>;
+    fn mem_address_reserve(&self, ctx: Option<Obj>, size: u64, alignment: u64, addr: u64, flags: u64) -> BResult<u64>;
+    fn mem_address_free(&self, ptr: u64, size: u64) -> BResult<()>;
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Obj, flags: u64) -> BResult<()>;
+    fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()>;
+    fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()>;
+    fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64>;
 
     // Host memory shared with a client.
     /// Pins and maps `len` bytes of host memory at `ptr`, from `ctx` (the

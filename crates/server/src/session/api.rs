@@ -56,7 +56,7 @@ impl Session {
     }
 
     /// The backend's ordinal of a device the guest names.
-    fn backend_device(&self, dev: i32) -> R<i32> {
+    pub(super) fn backend_device(&self, dev: i32) -> R<i32> {
         Ok(self.devices[self.device(dev)?])
     }
 
@@ -76,7 +76,7 @@ impl Session {
         }
     }
 
-    fn current_ctx(&mut self) -> R<(u64, Obj)> {
+    pub(super) fn current_ctx(&mut self) -> R<(u64, Obj)> {
         self.resolve_ctx(self.current.0)
     }
 
@@ -248,6 +248,50 @@ impl Session {
 
 #[allow(non_snake_case)]
 impl Api for Session {
+    fn MemGranularity(&mut self, req: MemGranularity::Request) -> R<MemGranularity::Reply> {
+        self.mem_granularity(req)
+    }
+
+    fn MemCreate(&mut self, req: MemCreate::Request) -> R<MemCreate::Reply> {
+        self.mem_create(req)
+    }
+
+    fn MemRelease(&mut self, req: MemRelease::Request) -> R<MemRelease::Reply> {
+        self.mem_release(req)
+    }
+
+    fn MemRetain(&mut self, req: MemRetain::Request) -> R<MemRetain::Reply> {
+        self.mem_retain(req)
+    }
+
+    fn MemProperties(&mut self, req: MemProperties::Request) -> R<MemProperties::Reply> {
+        self.mem_properties(req)
+    }
+
+    fn MemAddressReserve(&mut self, req: MemAddressReserve::Request) -> R<MemAddressReserve::Reply> {
+        self.mem_address_reserve(req)
+    }
+
+    fn MemAddressFree(&mut self, req: MemAddressFree::Request) -> R<MemAddressFree::Reply> {
+        self.mem_address_free(req)
+    }
+
+    fn MemMap(&mut self, req: MemMap::Request) -> R<MemMap::Reply> {
+        self.mem_map(req)
+    }
+
+    fn MemUnmap(&mut self, req: MemUnmap::Request) -> R<MemUnmap::Reply> {
+        self.mem_unmap(req)
+    }
+
+    fn MemSetAccess(&mut self, req: MemSetAccess::Request) -> R<MemSetAccess::Reply> {
+        self.mem_set_access(req)
+    }
+
+    fn MemGetAccess(&mut self, req: MemGetAccess::Request) -> R<MemGetAccess::Reply> {
+        self.mem_get_access(req)
+    }
+
     fn cuDeviceCanAccessPeer(&mut self, req: cuDeviceCanAccessPeer::Request) -> R<cuDeviceCanAccessPeer::Reply> {
         let (dev, peer) = (self.backend_device(req.dev)?, self.backend_device(req.peerDev)?);
         Ok(cuDeviceCanAccessPeer::Reply { canAccessPeer: self.backend.can_access_peer(dev, peer)? })

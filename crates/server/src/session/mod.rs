@@ -19,6 +19,7 @@ mod line;
 mod scratch;
 mod shared;
 pub mod tables;
+mod vmm;
 
 use std::sync::Arc;
 
@@ -416,6 +417,7 @@ impl Drop for Session {
         if let Some(lanes) = &mut self.lanes {
             lanes.teardown(&*self.backend);
         }
+        self.release_virtual_memory();
         for (_, lib) in self.tables.all(Kind::Library) {
             if let Err(e) = self.backend.library_unload(lib.obj) {
                 warn!("teardown: library unload failed: {e}");

@@ -11,6 +11,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use gpuplex_protocol::{CallError, CuError, FIRST_HANDLE};
 
+use super::vmm::Vmm;
 use crate::backend::Obj;
 
 /// A map keyed by handles and other small integers, hashed cheaply: every
@@ -65,6 +66,8 @@ pub enum Owner {
     Kernel(u64),
     /// Pinned host memory shared with the client, mapped for the device.
     HostBlock(u64),
+    /// A physical allocation mapped into a reserved range (`vmm.rs`).
+    Mapping(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +125,8 @@ pub struct Tables {
     footprints: HandleMap<u64, u64>,
     /// The sum of `footprints`.
     footprint: u64,
+    /// Reserved ranges, physical allocations and their mappings.
+    pub vmm: Vmm,
 }
 
 impl Tables {
@@ -129,7 +134,8 @@ impl Tables {
         Tables { next: FIRST_HANDLE, ..Tables::default() }
     }
 
-    fn issue(&mut self) -> u64 {
+    /// A new handle, of any kind.
+    pub fn issue(&mut self) -> u64 {
         let h = self.next;
         // Step by 16 so handles look like aligned pointers to C code that
         // checks them that way.
@@ -252,12 +258,25 @@ impl Tables {
     /// start inside one: whether the driver looks at the pointer of a call
     /// that moves no bytes is not documented, so such a pointer is held to
     /// the rule for one byte (and the call is answered without the driver).
+    ///
+    /// Mappings of virtual memory count as one where they follow each other
+    /// with no gap, as a pool that grows maps them.
     pub fn check_range(&self, ptr: u64, len: u64) -> Result<(), CallError> {
         let fail =
             || CallError::new(CuError::INVALID_VALUE, format!("{len} bytes at {ptr:#x} are not inside one allocation"));
         let (base, r) = self.region_containing(ptr).ok_or_else(fail)?;
         let end = ptr.checked_add(len).ok_or_else(fail)?;
-        if end > base + r.size {
+        let mapping = |r: &Region| matches!(r.owner, Some(Owner::Mapping(_)));
+        let mut reached = base + r.size;
+        if end > reached && mapping(&r) {
+            for (&next, r) in self.regions.range(reached..end) {
+                if next != reached || !mapping(r) {
+                    break;
+                }
+                reached = next + r.size;
+            }
+        }
+        if end > reached {
             return Err(fail());
         }
         Ok(())
@@ -279,7 +298,7 @@ impl Tables {
     /// Device memory the session holds: its allocations and what its
     /// modules and libraries take.
     pub fn charged_bytes(&self) -> u64 {
-        self.allocated + self.footprint
+        self.allocated + self.footprint + self.vmm.held_bytes()
     }
 }
 

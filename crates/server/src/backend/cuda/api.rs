@@ -27,6 +27,26 @@ pub(super) struct MemLocation {
     pub id: c_int,
 }
 
+/// `CUmemAllocationProp`.
+#[repr(C)]
+pub(super) struct AllocationProp {
+    pub kind: c_int,
+    pub handle_types: c_int,
+    pub location: MemLocation,
+    pub win32_metadata: *mut c_void,
+    pub compression: c_uchar,
+    pub rdma_capable: c_uchar,
+    pub usage: c_ushort,
+    pub reserved: [c_uchar; 4],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+pub(super) struct AccessDesc {
+    pub location: MemLocation,
+    pub flags: c_int,
+}
+
 /// `CUmemcpyAttributes`: how the copies of a batch that it applies to are
 /// made.
 #[repr(C)]
@@ -130,6 +150,16 @@ driver_api! {
         num_attrs: usize,
         stream: CUstream,
     );
+    cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const AllocationProp, option: c_int);
+    cuMemCreate(handle: *mut c_ulonglong, size: usize, prop: *const AllocationProp, flags: c_ulonglong);
+    cuMemRelease(handle: c_ulonglong);
+    cuMemRetainAllocationHandle(handle: *mut c_ulonglong, addr: *mut c_void);
+    cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong);
+    cuMemAddressFree(ptr: CUdeviceptr, size: usize);
+    cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: c_ulonglong, flags: c_ulonglong);
+    cuMemUnmap(ptr: CUdeviceptr, size: usize);
+    cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const AccessDesc, count: usize);
+    cuMemGetAccess(flags: *mut c_ulonglong, location: *const MemLocation, ptr: CUdeviceptr);
     cuMemsetD8Async(dst: CUdeviceptr, value: c_uchar, n: usize, stream: CUstream);
     cuMemsetD16Async(dst: CUdeviceptr, value: c_ushort, n: usize, stream: CUstream);
     cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream);

@@ -28,12 +28,13 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys;
-use gpuplex_protocol::{Attribute, CallError, CuError, DeviceInfo, Seq, DEVICE_ATTRIBUTE_COUNT};
+use gpuplex_protocol::{AccessDesc, AllocProp, Attribute, CallError, CuError, DeviceInfo, Seq, DEVICE_ATTRIBUTE_COUNT};
 
 use super::{one_by_one, BResult, Backend, ClusterQuery, HostCopy, Launch, Memset, Obj, ParamSlot, Way};
 
 mod api;
 mod image;
+mod vmm;
 
 use api::{check, or_older, Raw};
 use image::Image;
@@ -480,6 +481,49 @@ impl Backend for Cuda {
             sync_stream(stream)?;
         }
         Ok(())
+    }
+
+    fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64> {
+        ctx.map_or(Ok(()), enter)?;
+        vmm::granularity(prop, option)
+    }
+
+    fn mem_create(&self, ctx: Option<Obj>, size: u64, prop: &AllocProp, flags: u64) -> BResult<Obj> {
+        ctx.map_or(Ok(()), enter)?;
+        vmm::create(size, prop, flags)
+    }
+
+    fn mem_release(&self, handle: Obj) -> BResult<()> {
+        vmm::release(handle)
+    }
+
+    fn mem_retain(&self, ptr: u64) -> BResult<Obj> {
+        vmm::retain(ptr)
+    }
+
+    fn mem_address_reserve(&self, ctx: Option<Obj>, size: u64, alignment: u64, addr: u64, flags: u64) -> BResult<u64> {
+        ctx.map_or(Ok(()), enter)?;
+        vmm::address_reserve(size, alignment, addr, flags)
+    }
+
+    fn mem_address_free(&self, ptr: u64, size: u64) -> BResult<()> {
+        vmm::address_free(ptr, size)
+    }
+
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Obj, flags: u64) -> BResult<()> {
+        vmm::map(ptr, size, offset, handle, flags)
+    }
+
+    fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()> {
+        vmm::unmap(ptr, size)
+    }
+
+    fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()> {
+        vmm::set_access(ptr, size, access)
+    }
+
+    fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64> {
+        vmm::get_access(location_kind, location, ptr)
     }
 
     unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64> {

@@ -31,11 +31,20 @@ pub enum Owner {
     Global { module: u64 },
     /// Host memory registered from a context.
     Host { ctx: u64 },
+    /// A physical allocation mapped into a reserved range (`vmm.rs`).
+    Mapped { handle: u64 },
 }
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_READ`, and with it `_READWRITE`.
+pub const PROT_READ: u32 = 1;
+pub const PROT_READWRITE: u32 = 3;
 
 pub struct Block {
     data: Storage,
     pub owner: Owner,
+    /// What the device may do with the block: everything, but for a mapped
+    /// allocation what `cuMemSetAccess` granted.
+    access: u32,
 }
 
 enum Storage {
@@ -98,24 +107,100 @@ impl Memory {
     }
 
     pub fn alloc(&mut self, size: u64, owner: Owner, init: &[u8]) -> Result<u64, CuError> {
+        self.charge(size)?;
+        let mut data = match zeroed(size) {
+            Ok(data) => data,
+            Err(e) => {
+                self.used -= size;
+                return Err(e);
+            }
+        };
+        let n = init.len().min(data.len());
+        data[..n].copy_from_slice(&init[..n]);
+        let Some(addr) = self.reserve(size, ALIGN) else {
+            self.used -= size;
+            return Err(CuError::OUT_OF_MEMORY);
+        };
+        self.blocks.insert(addr, Block { data: Storage::Owned(data), owner, access: PROT_READWRITE });
+        Ok(addr)
+    }
+
+    /// Counts `size` bytes of the device's capacity as taken.
+    pub fn charge(&mut self, size: u64) -> Result<(), CuError> {
         if size == 0 || size > self.capacity - self.used {
             return Err(CuError::OUT_OF_MEMORY);
         }
-        let mut data = Vec::new();
-        data.try_reserve_exact(size as usize).map_err(|_| CuError::OUT_OF_MEMORY)?;
-        // Zeroed by doubling copies: `resize` writes a byte at a time in the
-        // unoptimized server the end-to-end tests run (3.5 s for 512 MiB).
-        data.push(0);
-        while data.len() < size as usize {
-            data.extend_from_within(..data.len().min(size as usize - data.len()));
-        }
-        let n = init.len().min(data.len());
-        data[..n].copy_from_slice(&init[..n]);
-        let addr = self.next;
-        self.next = (addr + size + GUARD).next_multiple_of(ALIGN);
         self.used += size;
-        self.blocks.insert(addr, Block { data: Storage::Owned(data), owner });
-        Ok(addr)
+        Ok(())
+    }
+
+    /// Gives back what [`Memory::charge`] took.
+    pub fn uncharge(&mut self, size: u64) {
+        self.used -= size;
+    }
+
+    /// An address range of `size` bytes, aligned to `align` (a power of
+    /// two), that no block or other range will ever take; None once the
+    /// address space is used up.
+    pub fn reserve(&mut self, size: u64, align: u64) -> Option<u64> {
+        let addr = self.next.checked_next_multiple_of(align)?;
+        self.next = addr.checked_add(size)?.checked_add(GUARD)?.checked_next_multiple_of(ALIGN)?;
+        Some(addr)
+    }
+
+    /// Whether any block has a byte in `[start, end)`.
+    pub fn any_in(&self, start: u64, end: u64) -> bool {
+        let before = self.blocks.range(..start).next_back().is_some_and(|(&b, blk)| b + blk.data.len() as u64 > start);
+        before || self.blocks.range(start..end).next().is_some()
+    }
+
+    /// Puts `data` at `addr` (in a reserved range, clear of every block) as
+    /// a mapped allocation, accessible to nobody yet.
+    pub fn map(&mut self, addr: u64, data: Vec<u8>, handle: u64) {
+        self.blocks.insert(addr, Block { data: Storage::Owned(data), owner: Owner::Mapped { handle }, access: 0 });
+    }
+
+    /// Takes the mapped allocation at `addr` out; its bytes.
+    pub fn unmap(&mut self, addr: u64) -> Option<Vec<u8>> {
+        match self.blocks.get(&addr)?.owner {
+            Owner::Mapped { .. } => match self.blocks.remove(&addr)?.data {
+                Storage::Owned(data) => Some(data),
+                Storage::Host { .. } => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The blocks that cover `[addr, addr + len)` back to back, as
+    /// `(base, block)`; None if a byte of it is in none.
+    pub fn covering(&self, addr: u64, len: u64) -> Option<Vec<(u64, &Block)>> {
+        let end = addr.checked_add(len)?;
+        let (&first, _) = self.blocks.range(..=addr).next_back()?;
+        let mut blocks = Vec::new();
+        let mut at = addr;
+        for (&base, block) in self.blocks.range(first..) {
+            if at >= end {
+                break;
+            }
+            if base > at || base + block.data.len() as u64 <= at {
+                return None;
+            }
+            blocks.push((base, block));
+            at = base + block.data.len() as u64;
+        }
+        (at >= end && len > 0).then_some(blocks)
+    }
+
+    /// What the device may do with the block at `base`.
+    pub fn access(&self, base: u64) -> u32 {
+        self.blocks.get(&base).map_or(0, |b| b.access)
+    }
+
+    /// Sets what the device may do with the mapped block at `base`.
+    pub fn set_access(&mut self, base: u64, access: u32) {
+        if let Some(b) = self.blocks.get_mut(&base).filter(|b| matches!(b.owner, Owner::Mapped { .. })) {
+            b.access = access;
+        }
     }
 
     /// Makes `len` bytes of host memory at `ptr` device memory at the same
@@ -130,7 +215,8 @@ impl Memory {
         if len == 0 || overlaps {
             return Err(CuError::INVALID_VALUE);
         }
-        self.blocks.insert(addr, Block { data: Storage::Host { ptr, len }, owner: Owner::Host { ctx } });
+        let block = Block { data: Storage::Host { ptr, len }, owner: Owner::Host { ctx }, access: PROT_READWRITE };
+        self.blocks.insert(addr, block);
         Ok(addr)
     }
 
@@ -168,34 +254,87 @@ impl Memory {
         });
     }
 
-    fn locate(&self, addr: u64, len: u64) -> Option<(u64, usize)> {
+    /// The block holding `[addr, addr + len)` if it grants `access`, and the offset there.
+    fn locate(&self, addr: u64, len: u64, access: u32) -> Option<(u64, usize)> {
         let (&base, block) = self.blocks.range(..=addr).next_back()?;
         let offset = addr - base;
-        (offset.checked_add(len)? <= block.data.len() as u64).then_some((base, offset as usize))
-    }
-
-    pub fn slice(&self, addr: u64, len: u64) -> Option<&[u8]> {
-        let (base, off) = self.locate(addr, len)?;
-        Some(&self.blocks[&base].data.bytes()[off..off + len as usize])
+        (offset.checked_add(len)? <= block.data.len() as u64 && block.access & access == access)
+            .then_some((base, offset as usize))
     }
 
     pub fn slice_mut(&mut self, addr: u64, len: u64) -> Option<&mut [u8]> {
-        let (base, off) = self.locate(addr, len)?;
+        let (base, off) = self.locate(addr, len, PROT_READWRITE)?;
         let block = self.blocks.get_mut(&base)?;
         Some(&mut block.data.bytes_mut()[off..off + len as usize])
     }
+
+    /// The pieces of `[addr, addr + len)` in the blocks that hold it back to
+    /// back (adjacent mappings of one reservation), each granting `access`:
+    /// `(base, offset, bytes)`.
+    fn pieces(&self, addr: u64, len: u64, access: u32) -> Option<Vec<(u64, usize, usize)>> {
+        if let Some((base, off)) = self.locate(addr, len, access) {
+            return Some(vec![(base, off, len as usize)]);
+        }
+        let blocks = self.covering(addr, len)?;
+        let end = addr + len;
+        let pieces = blocks.iter().map(|&(base, block)| {
+            let from = addr.max(base);
+            let to = end.min(base + block.data.len() as u64);
+            (block.access & access == access).then_some((base, (from - base) as usize, (to - from) as usize))
+        });
+        pieces.collect()
+    }
+
+    /// Reads `out.len()` bytes at `addr`, across adjacent blocks; false,
+    /// reading nothing, if any byte is not readable.
+    pub fn read_at(&self, addr: u64, out: &mut [u8]) -> bool {
+        let Some(pieces) = self.pieces(addr, out.len() as u64, PROT_READ) else { return false };
+        let mut done = 0;
+        for (base, off, n) in pieces {
+            out[done..done + n].copy_from_slice(&self.blocks[&base].data.bytes()[off..off + n]);
+            done += n;
+        }
+        true
+    }
+
+    /// Writes `data` at `addr`, across adjacent blocks; false, writing
+    /// nothing, if any byte is not writable.
+    pub fn write_at(&mut self, addr: u64, data: &[u8]) -> bool {
+        let Some(pieces) = self.pieces(addr, data.len() as u64, PROT_READWRITE) else { return false };
+        let mut done = 0;
+        for (base, off, n) in pieces {
+            let block = self.blocks.get_mut(&base).expect("a piece's block");
+            block.data.bytes_mut()[off..off + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+        true
+    }
 }
 
-/// What reference kernels see: any access outside a live block faults.
+/// `size` zero bytes, or OUT_OF_MEMORY if the host has no room for them.
+pub fn zeroed(size: u64) -> Result<Vec<u8>, CuError> {
+    let size = usize::try_from(size).map_err(|_| CuError::OUT_OF_MEMORY)?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(size).map_err(|_| CuError::OUT_OF_MEMORY)?;
+    // Zeroed by doubling copies: `resize` writes a byte at a time in the
+    // unoptimized server the end-to-end tests run (3.5 s for 512 MiB).
+    data.push(0);
+    while data.len() < size {
+        data.extend_from_within(..data.len().min(size - data.len()));
+    }
+    data.truncate(size);
+    Ok(data)
+}
+
+/// What reference kernels see: any access outside a live block, or beyond
+/// what a mapping grants, faults.
 impl DeviceMemory for Memory {
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), CuError> {
-        out.copy_from_slice(self.slice(addr, out.len() as u64).ok_or(CuError::ILLEGAL_ADDRESS)?);
-        Ok(())
+        self.read_at(addr, out).then_some(()).ok_or(CuError::ILLEGAL_ADDRESS)
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), CuError> {
-        self.slice_mut(addr, data.len() as u64).ok_or(CuError::ILLEGAL_ADDRESS)?.copy_from_slice(data);
-        Ok(())
+        self.write_at(addr, data).then_some(()).ok_or(CuError::ILLEGAL_ADDRESS)
     }
 }
 
@@ -210,9 +349,11 @@ mod tests {
         let b = m.alloc(100, Owner::Alloc { ctx: 1 }, &[7, 8]).unwrap();
         assert_eq!(a % ALIGN, 0);
         assert!(b >= a + 100 + GUARD);
-        assert_eq!(m.slice(b, 3).unwrap(), &[7, 8, 0]);
-        assert!(m.slice(a + 99, 2).is_none());
-        assert!(m.slice(a + 100, 1).is_none());
+        let mut three = [0u8; 3];
+        assert!(m.read_at(b, &mut three));
+        assert_eq!(three, [7, 8, 0]);
+        assert!(!m.read_at(a + 99, &mut [0; 2]));
+        assert!(!m.read_at(a + 100, &mut [0; 1]));
         let mut out = [0u8; 1];
         assert_eq!(m.read(a + 100, &mut out), Err(CuError::ILLEGAL_ADDRESS));
         assert_eq!(m.used(), 200);

@@ -13,17 +13,19 @@ mod device;
 
 pub mod kernels;
 mod memory;
+mod vmm;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use gpuplex_protocol::{CallError, CuError, DeviceInfo};
+use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError, DeviceInfo};
 
 use super::{BResult, Backend, ClusterQuery, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING};
 use crate::image::{self, Image, KernelInfo};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
+use vmm::Vmm;
 
 pub struct Emulated {
     devices: Vec<DeviceInfo>,
@@ -40,6 +42,7 @@ struct State {
     kernels: HashMap<u64, KernelRef>,
     streams: HashMap<u64, StreamState>,
     events: HashMap<u64, EventState>,
+    vmm: Vmm,
 }
 
 struct Context {
@@ -162,6 +165,7 @@ impl Emulated {
                 kernels: HashMap::new(),
                 streams: HashMap::new(),
                 events: HashMap::new(),
+                vmm: Vmm::default(),
             }),
         }
     }
@@ -475,23 +479,21 @@ impl Backend for Emulated {
     fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, _sync: bool) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        s.memory.slice_mut(dst, src.len() as u64).ok_or(CuError::INVALID_VALUE)?.copy_from_slice(src);
-        Ok(())
+        s.memory.write_at(dst, src).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
     }
 
     fn memcpy_dtoh(&self, ctx: Obj, dst: &mut [u8], src: u64, stream: Obj) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        dst.copy_from_slice(s.memory.slice(src, dst.len() as u64).ok_or(CuError::INVALID_VALUE)?);
-        Ok(())
+        s.memory.read_at(src, dst).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
     }
 
     fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, _sync: bool) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        let bytes = s.memory.slice(src, size).ok_or(CuError::INVALID_VALUE)?.to_vec();
-        s.memory.slice_mut(dst, size).ok_or(CuError::INVALID_VALUE)?.copy_from_slice(&bytes);
-        Ok(())
+        let mut bytes = memory::zeroed(size)?;
+        let copied = s.memory.read_at(src, &mut bytes) && s.memory.write_at(dst, &bytes);
+        copied.then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
     }
 
     /// The work is bounded by the bytes set: an empty memset returns at once
@@ -514,16 +516,80 @@ impl Backend for Emulated {
             return Err(err(CuError::INVALID_VALUE, "memset rows overlap"));
         }
         let extent = op.extent().ok_or(CuError::INVALID_VALUE)?;
-        let bytes = s.memory.slice_mut(op.dst, extent).ok_or(CuError::INVALID_VALUE)?;
-        if op.height == 1 || op.pitch == row {
-            fill(bytes, element);
-        } else {
-            // `pitch > row >= 1` and the extent fits a block: `height` is below its size.
-            for start in (0..bytes.len()).step_by(op.pitch as usize) {
-                fill(&mut bytes[start..start + row as usize], element);
+        let set = |bytes: &mut [u8]| {
+            if op.height == 1 || op.pitch == row {
+                fill(bytes, element);
+            } else {
+                // `pitch > row >= 1` and the extent fits in memory: `height` is below its size.
+                for start in (0..bytes.len()).step_by(op.pitch as usize) {
+                    fill(&mut bytes[start..start + row as usize], element);
+                }
             }
+        };
+        if let Some(bytes) = s.memory.slice_mut(op.dst, extent) {
+            set(bytes);
+            return Ok(());
         }
-        Ok(())
+        // Across adjacent mappings: set a copy of the extent and write it back.
+        let mut bytes = memory::zeroed(extent)?;
+        if !s.memory.read_at(op.dst, &mut bytes) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        set(&mut bytes);
+        s.memory.write_at(op.dst, &bytes).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
+    }
+
+    fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64> {
+        let mut s = self.state();
+        ctx.map_or(Ok(()), |c| s.ctx(c).map(drop))?;
+        s.vmm.granularity(prop, option, self.devices.len())
+    }
+
+    fn mem_create(&self, ctx: Option<Obj>, size: u64, prop: &AllocProp, flags: u64) -> BResult<Obj> {
+        let s = &mut *self.state();
+        ctx.map_or(Ok(()), |c| s.ctx(c).map(drop))?;
+        s.vmm.create(&mut s.memory, size, prop, flags, self.devices.len())
+    }
+
+    fn mem_release(&self, handle: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.release(&mut s.memory, handle)
+    }
+
+    fn mem_retain(&self, ptr: u64) -> BResult<Obj> {
+        let s = &mut *self.state();
+        s.vmm.retain(&s.memory, ptr)
+    }
+
+    fn mem_address_reserve(&self, ctx: Option<Obj>, size: u64, alignment: u64, _addr: u64, flags: u64) -> BResult<u64> {
+        let s = &mut *self.state();
+        ctx.map_or(Ok(()), |c| s.ctx(c).map(drop))?;
+        s.vmm.address_reserve(&mut s.memory, size, alignment, flags)
+    }
+
+    fn mem_address_free(&self, ptr: u64, size: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.address_free(&s.memory, ptr, size)
+    }
+
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Obj, flags: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.map(&mut s.memory, ptr, size, offset, handle, flags)
+    }
+
+    fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.unmap(&mut s.memory, ptr, size)
+    }
+
+    fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.set_access(&mut s.memory, ptr, size, access, self.devices.len())
+    }
+
+    fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64> {
+        let s = &*self.state();
+        s.vmm.get_access(&s.memory, location_kind, location, ptr, self.devices.len())
     }
 
     unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64> {

@@ -1,0 +1,227 @@
+//! Virtual memory management: address ranges reserved, physical allocations
+//! created and mapped into them, access granted to devices. Every call goes
+//! to the server, which checks ranges and handles against the session's own
+//! and charges physical memory to the tenant; this side only reads and
+//! writes the C structures.
+
+use std::ffi::c_void;
+
+use gpuplex_protocol::{calls, AccessDesc, AllocProp, CuError, DevPtr, Seq};
+
+use crate::client;
+use crate::ffi::{check_out, entry, write_out, CUresult};
+
+/// `CUmemLocation`.
+#[repr(C)]
+pub struct MemLocation {
+    kind: u32,
+    id: i32,
+}
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+pub struct AllocationProp {
+    kind: u32,
+    handle_types: u32,
+    location: MemLocation,
+    win32_metadata: *mut c_void,
+    compression: u8,
+    rdma_capable: u8,
+    usage: u16,
+    reserved: [u8; 4],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+pub struct MemAccessDesc {
+    location: MemLocation,
+    flags: u32,
+}
+
+/// The most descriptors one `cuMemSetAccess` sends; the server refuses more.
+const MAX_ACCESS_DESCS: usize = 64;
+
+/// # Safety
+/// `prop` is NULL or valid for a read.
+unsafe fn read_prop(prop: *const AllocationProp) -> Result<AllocProp, CuError> {
+    // SAFETY: NULL or valid, per the contract.
+    let p = unsafe { prop.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    Ok(AllocProp {
+        kind: p.kind,
+        handle_types: p.handle_types,
+        location_kind: p.location.kind,
+        location: p.location.id,
+        compression: p.compression.into(),
+        rdma_capable: p.rdma_capable.into(),
+        usage: p.usage.into(),
+    })
+}
+
+/// # Safety
+/// `granularity` is valid for a write, `prop` for a read.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const AllocationProp,
+    option: u32,
+) -> CUresult {
+    entry("cuMemGetAllocationGranularity", || {
+        check_out(granularity)?;
+        // SAFETY: per this function's contract.
+        let prop = unsafe { read_prop(prop)? };
+        let reply = client::call(calls::MemGranularity::Request { prop, option })?;
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(granularity, reply.granularity as usize) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `handle` is valid for a write, `prop` for a read.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const AllocationProp,
+    flags: u64,
+) -> CUresult {
+    entry("cuMemCreate", || {
+        check_out(handle)?;
+        // SAFETY: per this function's contract.
+        let prop = unsafe { read_prop(prop)? };
+        let reply = client::call(calls::MemCreate::Request { size: size as u64, prop, flags })?;
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(handle, reply.handle) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    entry("cuMemRelease", || client::call(calls::MemRelease::Request { handle }).map(drop))
+}
+
+/// # Safety
+/// `handle` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> CUresult {
+    entry("cuMemRetainAllocationHandle", || {
+        check_out(handle)?;
+        let reply = client::call(calls::MemRetain::Request { addr: DevPtr(addr as u64) })?;
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(handle, reply.handle) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `prop` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(prop: *mut AllocationProp, handle: u64) -> CUresult {
+    entry("cuMemGetAllocationPropertiesFromHandle", || {
+        check_out(prop)?;
+        let p = client::call(calls::MemProperties::Request { handle })?.prop;
+        // The server kept what the guest gave, so every field fits again.
+        let c = AllocationProp {
+            kind: p.kind,
+            handle_types: p.handle_types,
+            location: MemLocation { kind: p.location_kind, id: p.location },
+            win32_metadata: std::ptr::null_mut(),
+            compression: p.compression as u8,
+            rdma_capable: p.rdma_capable as u8,
+            usage: p.usage as u16,
+            reserved: [0; 4],
+        };
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(prop, c) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `ptr` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut u64,
+    size: usize,
+    alignment: usize,
+    addr: u64,
+    flags: u64,
+) -> CUresult {
+    entry("cuMemAddressReserve", || {
+        check_out(ptr)?;
+        let req = calls::MemAddressReserve::Request {
+            size: size as u64,
+            alignment: alignment as u64,
+            addr: DevPtr(addr),
+            flags,
+        };
+        let reply = client::call(req)?;
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(ptr, reply.ptr.0) };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> CUresult {
+    entry("cuMemAddressFree", || {
+        client::call(calls::MemAddressFree::Request { ptr: DevPtr(ptr), size: size as u64 }).map(drop)
+    })
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> CUresult {
+    entry("cuMemMap", || {
+        let req = calls::MemMap::Request { ptr: DevPtr(ptr), size: size as u64, offset: offset as u64, handle, flags };
+        client::call(req).map(drop)
+    })
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> CUresult {
+    entry("cuMemUnmap", || client::call(calls::MemUnmap::Request { ptr: DevPtr(ptr), size: size as u64 }).map(drop))
+}
+
+/// # Safety
+/// `desc` is valid for `count` reads.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const MemAccessDesc, count: usize) -> CUresult {
+    entry("cuMemSetAccess", || {
+        if desc.is_null() || count == 0 || count > MAX_ACCESS_DESCS {
+            return Err(CuError::INVALID_VALUE);
+        }
+        // SAFETY: `count` descriptors, per the contract.
+        let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+        let access = descs
+            .iter()
+            .map(|d| AccessDesc { location_kind: d.location.kind, location: d.location.id, flags: d.flags })
+            .collect();
+        let req = calls::MemSetAccess::Request { ptr: DevPtr(ptr), size: size as u64, access: Seq(access) };
+        client::call(req).map(drop)
+    })
+}
+
+/// # Safety
+/// `flags` is valid for a write, `location` for a read.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAccess(flags: *mut u64, location: *const MemLocation, ptr: u64) -> CUresult {
+    entry("cuMemGetAccess", || {
+        check_out(flags)?;
+        // SAFETY: NULL or valid, per the contract.
+        let loc = unsafe { location.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+        let req = calls::MemGetAccess::Request { locationKind: loc.kind, location: loc.id, ptr: DevPtr(ptr) };
+        let reply = client::call(req)?;
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(flags, reply.flags) };
+        Ok(())
+    })
+}
