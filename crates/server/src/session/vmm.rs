@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{AllocProp, CallError, CuError, DevPtr, HANDLE_TYPE_NONE, LOCATION_DEVICE};
+use gpuplex_protocol::{AllocProp, CallError, CuError, DevPtr, LOCATION_DEVICE};
 
 use super::tables::{HandleMap, Owner, Region};
 use super::Session;
@@ -111,15 +111,10 @@ impl Vmm {
 
 impl Session {
     /// An allocation's properties with the guest's device numbered as the
-    /// backend's; only handle type none is offered.
+    /// backend's. The handle types asked for go to the driver as they are:
+    /// programs ask for descriptors they never export, and the driver says
+    /// whether it can make them; exporting one is what is not offered.
     fn backend_prop(&self, prop: &AllocProp) -> R<AllocProp> {
-        if prop.handle_types != HANDLE_TYPE_NONE {
-            return Err(CallError::new(
-                CuError::NOT_SUPPORTED,
-                "allocations exportable as descriptors or fabric handles are not offered: the server's would mean \
-                 nothing to a guest",
-            ));
-        }
         let mut backend = prop.clone();
         if prop.location_kind == LOCATION_DEVICE {
             backend.location = self.backend_device(prop.location)?;

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuplex_protocol::{AccessDesc, AllocProp, CuError, ALLOCATION_PINNED, HANDLE_TYPE_NONE, LOCATION_DEVICE};
+use gpuplex_protocol::{AccessDesc, AllocProp, CuError, ALLOCATION_PINNED, HANDLE_TYPE_POSIX_FD, LOCATION_DEVICE};
 
 use super::memory::{self, Memory, Owner, PROT_READ, PROT_READWRITE};
 use super::{err, BResult, Obj};
@@ -41,8 +41,8 @@ fn check_prop(prop: &AllocProp, devices: usize) -> BResult<()> {
     if usize::try_from(prop.location).map_or(true, |d| d >= devices) {
         return Err(CuError::INVALID_DEVICE.into());
     }
-    if prop.handle_types != HANDLE_TYPE_NONE {
-        return Err(err(CuError::NOT_SUPPORTED, "the emulated device exports no allocation handles"));
+    if prop.handle_types & !HANDLE_TYPE_POSIX_FD != 0 {
+        return Err(err(CuError::NOT_SUPPORTED, "the emulated device makes no fabric or Windows handles"));
     }
     Ok(())
 }
