@@ -21,8 +21,38 @@ use gpuplex_transport::{Address, Token};
 #[derive(Parser)]
 #[command(version, propagate_version = true, after_help = EXAMPLES)]
 struct Cli {
+    /// How to log: `text` (coloured on a terminal only) or `json`, one
+    /// object a line. Default: GPUPLEX_LOG_FORMAT, else text. The level is
+    /// GPUPLEX_LOG (error, warn, info, debug).
+    #[arg(long, global = true, value_name = "text|json")]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr at GPUPLEX_LOG's level (else `default_level`), in the
+/// format asked for, which the server's worker processes inherit.
+fn init_logging(format: Option<LogFormat>, default_level: &str) {
+    const FORMAT_ENV: &str = "GPUPLEX_LOG_FORMAT";
+    let format = format.unwrap_or_else(|| match std::env::var(FORMAT_ENV).as_deref() {
+        Ok("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    });
+    // Still one thread: nothing reads the environment concurrently.
+    std::env::set_var(FORMAT_ENV, if format == LogFormat::Json { "json" } else { "text" });
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUPLEX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
 }
 
 const EXAMPLES: &str = "Examples:
@@ -119,8 +149,8 @@ enum Command {
         /// server, and the time spent waiting (sets GPUPLEX_TRACE=1).
         #[arg(long)]
         trace: bool,
-        /// The program and its arguments.
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
+        /// The program and its arguments (after `--` where they start with a `-`).
+        #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
         command: Vec<std::ffi::OsString>,
     },
     /// Show a server's devices, tenants and sessions.
@@ -262,10 +292,7 @@ struct TenantArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = if matches!(cli.command, Command::Serve { .. }) { "info" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUPLEX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    init_logging(cli.log_format, if matches!(cli.command, Command::Serve { .. }) { "info" } else { "warn" });
 
     let result = match cli.command {
         Command::Serve { listen, token_file, backend, config, check_config, metrics, workers, policy, slice } => {

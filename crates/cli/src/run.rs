@@ -105,7 +105,15 @@ pub fn run(
         program.env("GPUPLEX_TRACE", "1");
     }
     crate::relay::install();
-    let mut child = program.spawn().map_err(|e| format!("cannot run {}: {e}", command[0].to_string_lossy()))?;
+    let mut child = match program.spawn() {
+        Ok(child) => child,
+        // As shells and container runtimes report a program that is not
+        // there (127) or cannot be run (126).
+        Err(e) => {
+            eprintln!("gpuplex: cannot run {}: {e}", command[0].to_string_lossy());
+            return Ok(ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 }));
+        }
+    };
     crate::relay::program_started(child.id());
     let status = child.wait();
     crate::relay::program_ended();
@@ -131,7 +139,7 @@ fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, Embedded), 
     let serving = supervisor.clone();
     std::thread::Builder::new().name("gpuplex-server".into()).spawn(move || {
         if let Err(e) = serving.serve(listener.as_ref()) {
-            tracing::error!("embedded server stopped: {e}");
+            tracing::error!("embedded server stopped: {}", crate::chain(&e));
         }
     })?;
     Ok((address, Embedded(supervisor)))

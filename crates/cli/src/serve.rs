@@ -90,7 +90,7 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
         let supervisor = supervisor.clone();
         std::thread::Builder::new().name("gpuplex-accept".into()).spawn(move || {
             if let Err(e) = supervisor.serve(listener.as_ref()) {
-                error!("stopped listening on {}: {e}", listener.address());
+                error!("stopped listening on {}: {}", listener.address(), crate::chain(&e));
             }
         })?;
     }

@@ -154,6 +154,22 @@ fn device_output(payload: &[u8]) {
     }
 }
 
+/// Logs why a call failed. What gpuplex cannot do (`CUDA_ERROR_NOT_SUPPORTED`)
+/// is a warning the user should see, once per reason; other errors are the
+/// program's own business and go to the debug log.
+fn explain(opcode: Opcode, code: CuError, detail: &str) {
+    if code != CuError::NOT_SUPPORTED {
+        return log::debug(&format!("{} failed: {detail}", opcode.name()));
+    }
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+    // A bound on what a server could make the program remember.
+    if seen.len() < 64 && !seen.iter().any(|s| s == detail) {
+        seen.push(detail.to_owned());
+        log::warn(&format!("{} failed with CUDA_ERROR_NOT_SUPPORTED: {detail}", opcode.name()));
+    }
+}
+
 /// The connection, opened on first use.
 pub fn connection() -> Result<&'static Client, CuError> {
     let client = CLIENT.get_or_init(Client::connect);
@@ -422,7 +438,7 @@ impl Conn {
             code => {
                 if let Ok(ErrorDetail { detail }) = codec::decode(&self.buf) {
                     if !detail.is_empty() {
-                        log::debug(&format!("{} failed: {detail}", opcode.name()));
+                        explain(opcode, CuError(code), &detail);
                     }
                 }
                 Err(CuError(code))

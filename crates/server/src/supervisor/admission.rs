@@ -172,7 +172,7 @@ pub fn run_in_worker(
     let (kind, socket) = match carrier.into_socket() {
         Ok(s) => s,
         Err(e) => {
-            warn!(session = session.id, "cannot hand the guest over: {e}");
+            warn!(session = session.id, "cannot hand the guest over: {}", crate::chain(&e));
             return pool::reap(worker);
         }
     };
@@ -192,7 +192,7 @@ pub fn run_in_worker(
     };
     let board = supervisor.registry.board().fd();
     if let Err(e) = pool::serve(&worker, &serve, &socket, account.ledger().fd(), board) {
-        warn!(session = session.id, "cannot hand the guest to worker {pid}: {e}");
+        warn!(session = session.id, "cannot hand the guest to worker {pid}: {}", crate::chain(&e));
         return pool::reap(worker);
     }
     // The worker holds the guest's socket now: when it exits, the guest
@@ -250,11 +250,11 @@ fn route_lane(supervisor: &Supervisor, mut carrier: Box<dyn Carrier>, header: He
         Route::Worker(link) => {
             let (kind, socket) = match carrier.into_socket() {
                 Ok(s) => s,
-                Err(e) => return warn!(session = session.id, "cannot hand a lane over: {e}"),
+                Err(e) => return warn!(session = session.id, "cannot hand a lane over: {}", crate::chain(&e)),
             };
             let lane = link::Lane { socket: kind.as_u32(), header: header_bytes(&header), join };
             if let Err(e) = link.send(Kind::Lane, &lane, &[socket.as_fd()]) {
-                warn!(session = session.id, "cannot hand a lane to its worker: {e}");
+                warn!(session = session.id, "cannot hand a lane to its worker: {}", crate::chain(&e));
             }
         }
         Route::InProcess => match &supervisor.placer {

@@ -217,7 +217,7 @@ impl Supervisor {
                 // failing is broken.
                 Err(e) if failures < MAX_ACCEPT_FAILURES => {
                     failures += 1;
-                    warn!("accept failed: {e}");
+                    warn!("accept failed: {}", crate::chain(&e));
                     std::thread::sleep(std::time::Duration::from_millis(10));
                     continue;
                 }
@@ -235,7 +235,7 @@ impl Supervisor {
             });
             if let Err(e) = spawned {
                 self.connections.fetch_sub(1, Ordering::Relaxed);
-                error!("cannot start a connection thread: {e}");
+                error!("cannot start a connection thread: {}", crate::chain(&e));
             }
         }
     }

@@ -102,7 +102,7 @@ pub fn run(kind: BackendKind) -> i32 {
             return 1;
         }
         Err(e) => {
-            error!("the link to the supervisor failed: {e}");
+            error!("the link to the supervisor failed: {}", crate::chain(&e));
             return 1;
         }
     };
@@ -117,7 +117,7 @@ pub fn run(kind: BackendKind) -> i32 {
     let lanes = host.clone();
     let listening = std::thread::Builder::new().name("gpuplex-link".into()).spawn(move || follow(&link, &lanes));
     if let Err(e) = listening {
-        error!("cannot follow the link: {e}");
+        error!("cannot follow the link: {}", crate::chain(&e));
         return 1;
     }
     host.serve(carrier, guest);
@@ -180,7 +180,7 @@ fn follow(link: &Link, host: &Arc<Host>) {
                 std::process::exit(2);
             }
             Err(e) => {
-                error!("the link to the supervisor failed ({e}); ending the session");
+                error!("the link to the supervisor failed ({}); ending the session", crate::chain(&e));
                 std::process::exit(2);
             }
         };
@@ -191,7 +191,7 @@ fn follow(link: &Link, host: &Arc<Host>) {
         let lane: link::Lane = match message.decode() {
             Ok(lane) => lane,
             Err(e) => {
-                warn!("undecodable lane from the supervisor: {e}");
+                warn!("undecodable lane from the supervisor: {}", crate::chain(&e));
                 continue;
             }
         };
@@ -207,7 +207,7 @@ fn follow(link: &Link, host: &Arc<Host>) {
             .name("gpuplex-lane".into())
             .spawn(move || host.lane(carrier, &header, lane.join));
         if let Err(e) = spawned {
-            warn!("cannot start a lane thread: {e}");
+            warn!("cannot start a lane thread: {}", crate::chain(&e));
         }
     }
 }

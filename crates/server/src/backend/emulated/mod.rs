@@ -914,7 +914,10 @@ impl Backend for Emulated {
         let run = kernels::lookup(&name).ok_or_else(|| {
             err(
                 CuError::NOT_SUPPORTED,
-                format!("kernel {name:?} has no reference implementation on the emulated device"),
+                format!(
+                    "kernel {name} cannot run: the emulated backend is a host-memory test device, not a GPU, and \
+                     runs only the reference kernels of gpuplex's own tests (use --backend cuda on a GPU machine)"
+                ),
             )
         })?;
         let k = KernelLaunch {

@@ -585,7 +585,7 @@ pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, 
     }
     let lane = match carrier.into_lane() {
         Ok(lane) => lane,
-        Err(e) => return warn!(%peer, "cannot make a lane: {e}"),
+        Err(e) => return warn!(%peer, "cannot make a lane: {}", crate::chain(&e)),
     };
     let span = tracing::info_span!("lane", session = hub.session, index);
     let _enter = span.enter();
@@ -602,7 +602,7 @@ pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, 
             let read = ok.and_then(|()| read_chunks(&lane, &hub, index, reading));
             match read {
                 Ok(()) => debug!("lane closed"),
-                Err(e) => warn!("lane failed: {e}"),
+                Err(e) => warn!("lane failed: {}", crate::chain(&e)),
             }
         }
         Err(why) => {
