@@ -34,18 +34,26 @@ impl Drop for LibDir {
     }
 }
 
-/// The front-end library built next to this binary.
+/// Where the front-end is, relative to this binary: beside it, as cargo
+/// builds them, or in `../lib/gpuplex/`, as `scripts/install.sh` and the
+/// release tarball lay them out.
+const FRONTEND_PLACES: [&str; 2] = ["libcuda.so", "../lib/gpuplex/libcuda.so"];
+
+/// gpuplex's front-end library, found beside this binary.
 pub fn frontend() -> Result<PathBuf, Error> {
     let exe = std::env::current_exe()?;
-    let path = exe.with_file_name("libcuda.so");
-    if !path.exists() {
-        return Err(format!(
-            "gpuplex's front-end {} is missing; build the whole workspace (cargo build --release)",
-            path.display()
+    let dir = exe.parent().ok_or("the gpuplex binary is in no directory")?;
+    let places: Vec<PathBuf> = FRONTEND_PLACES.iter().map(|p| dir.join(p)).collect();
+    match places.iter().find(|p| p.exists()) {
+        Some(path) => Ok(path.canonicalize()?),
+        None => Err(format!(
+            "gpuplex's front-end is in neither {} nor {}: build the whole workspace (cargo build --release) or \
+             install with scripts/install.sh",
+            places[0].display(),
+            places[1].display()
         )
-        .into());
+        .into()),
     }
-    Ok(path)
 }
 
 pub fn run(

@@ -3,9 +3,10 @@
 //!
 //! Each table is a static array of function pointers at a stable address,
 //! found by a 16-byte id. Slot 0 holds the table's size in bytes, except in
-//! the context-local-storage table. What each slot does is undocumented; the
-//! facts used here are in `shared/design/driver-facts.md` and were checked
-//! against the real runtime. Slots nobody has needed are NULL where the real
+//! the context-local-storage table. What each slot does is undocumented;
+//! what is used here was read from the real driver with the probe in
+//! `tools/driver-facts/` (`data/export_tables.tsv`) and checked against the
+//! real runtime on a GPU. Slots nobody has needed are NULL where the real
 //! driver's callers accept that, or log their name once and answer
 //! `CUDA_ERROR_NOT_SUPPORTED`. Everything here runs in the client.
 

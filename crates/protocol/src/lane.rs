@@ -18,18 +18,11 @@
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-/// Chunks a client keeps unanswered on each lane, to the device. Before
-/// receipts, a lane took chunks as long as its sockets' buffers had room,
-/// about 8 chunks (Linux doubles the 1 MiB asked for each buffer), so a
-/// 64 MiB copy was shared out
-/// within its first millisecond and the fast lanes then idled while slow
-/// ones drained. Alternating tcp-only benches on the H100 machine, pinned,
-/// GB/s, at 64 and 256 MiB: 22.1-23.5 and 25.4-30.1 without receipts,
-/// 25.1-26.6 and 30.7-34.3 with 2 ahead, 26.0-27.8 and 31.2-37.2 with 1.
-/// Since the server batches its DMAs, 2 ahead still moved no more: at 64 MiB
-/// 0.52 and 0.56 of the same bench's lanes alone, against 0.57 twice. On
-/// a network with a long round trip, one chunk per lane per round trip
-/// would be the limit.
+/// Chunks a client keeps unanswered on each lane, to the device. Without a
+/// bound, a lane takes chunks as long as its sockets' buffers have room, so
+/// a large copy is shared out in its first millisecond and the fast lanes
+/// then idle while slow ones drain (`docs/performance.md`). On a network
+/// with a long round trip, one chunk per lane per round trip is the limit.
 pub const AHEAD: usize = 1;
 
 /// `"GPXC"` read as a little-endian u32.
@@ -129,16 +122,11 @@ const END_OFFSET: u64 = u64::MAX;
 /// From the device, a copy's first chunks (as many as there are lanes) and
 /// its last (twice as many) are a quarter of the lanes' chunk size. The
 /// session DMAs a copy's chunks in order, and a lane takes about a chunk's
-/// time to bring one (512 KiB at 1.5-2.5 GB/s a lane on the H100 machine):
-/// with every chunk full size, the first bytes reached the client that
-/// long after the copy began, and at its end the lanes that took the last
-/// chunks still carried them while the rest idled. Alternating tcp-only
-/// benches there, three runs, pinned, GB/s: 31.0-33.0 against 25.3-28.2 at
-/// 64 MiB (one more sample: 26.7), 34.0-37.4 against 31.6-36.9 at 256,
-/// 6.0-6.5 against 4.2-4.9 at 1 MiB. To the device, the same cut, or small
-/// chunks at either end only, moved no more than full chunks throughout
-/// (each lane there waits for a receipt per chunk, so small chunks cost it
-/// more round trips).
+/// time to bring one: with every chunk full size, the first bytes reach the
+/// client that long after the copy begins, and at its end the lanes that
+/// took the last chunks still carry them while the rest idle. To the
+/// device small chunks gain nothing (each lane waits for a receipt per
+/// chunk, so they cost it more round trips). Figures: `docs/performance.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cut {
     size: u64,

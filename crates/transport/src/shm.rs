@@ -17,9 +17,8 @@
 //! costs no CPU. Sleeps wake every few milliseconds to check, through the
 //! socket, that the peer is still alive. A guest waiting for a reply
 //! spins longer when its recent replies came soon after it fell asleep
-//! (`Wait::adapt`): waking a sleeping thread cost about 35 µs on the H100
-//! machine's VM, 3% of a 64 MiB copy, and the native driver spins through
-//! such waits too.
+//! (`Wait::adapt`): waking a sleeping thread costs tens of microseconds on
+//! a virtual machine, and the native driver spins through such waits too.
 
 use std::cell::Cell;
 use std::io::{self, Read};

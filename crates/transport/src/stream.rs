@@ -69,8 +69,7 @@ pub(crate) fn send_parts_with(socket: &impl AsRawFd, parts: &[&[u8]], flags: i32
 
 /// How long a receiver polls its socket before it sleeps in the kernel.
 /// Waking a sleeping thread costs tens of microseconds on a virtual
-/// machine (a TCP loopback round trip on the build VM: 66 µs sleeping,
-/// 7 µs polling), and the reply to a call usually comes sooner than this.
+/// machine, and the reply to a call usually comes sooner than this.
 pub(crate) const SPIN: Duration = Duration::from_micros(50);
 
 /// Polls `socket` for up to [`SPIN`] until it has bytes to read or is

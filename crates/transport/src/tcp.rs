@@ -38,14 +38,9 @@ const SOCKET_BUFFER: usize = 4 << 20;
 /// lane can take many more than its reader has read. With
 /// [`SOCKET_BUFFER`] each lane of a 64 MiB copy took an even share at once
 /// into its buffers, and the copy then waited for the slowest reader.
-/// Alternating tcp-only benches on the H100 machine, 8 lanes of 512 KiB
-/// chunks, 4 MiB buffers against 1 MiB: to the device 19.0-21.3 against
-/// 24.9-25.7 GB/s at 64 MiB and 25.1-29.0 against 29.7-32.5 at 256 MiB;
-/// from it about the same (20.7-26.5 against 19.9-26.5 at 64 MiB, 19.8-26.2
-/// against 21.8-27.4 at 256). 512 KiB and 2 MiB buffers moved no more.
-/// (Since protocol 5 a lane to the device also waits for the receipt of its
-/// last chunk, `lane::AHEAD`, which bounds it more tightly; these figures
-/// are from before.)
+/// A lane to the device also waits for the receipt of its last chunk
+/// (`lane::AHEAD`), which bounds it more tightly. Figures:
+/// `docs/performance.md`.
 const LANE_BUFFER: usize = 1 << 20;
 
 pub struct TcpCarrier {

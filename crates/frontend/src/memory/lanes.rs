@@ -22,10 +22,7 @@
 //!
 //! Sending splices the caller's pages into the socket instead of copying
 //! them (`vmsplice`): the client spends no CPU copy on an upload, and on a
-//! loopback the server's read is the only one. (With the server's
-//! pipelined rounds, alternating runs on the H100 machine moved 19.5-22.7
-//! GB/s to the device over TCP loopback, against 16.1-19.9 before.) The
-//! kernel reads those pages until the server has read the chunk, so `send`
+//! loopback the server's read is the only one. The kernel reads those pages until the server has read the chunk, so `send`
 //! returns only once every chunk is answered; then the caller's buffer is
 //! free, and a copy that may be posted needs no reply.
 
@@ -43,13 +40,7 @@ use crate::log;
 
 /// Bytes a lane receives at a time before it writes them to the caller's
 /// buffer (see [`streaming`]): small enough to stay in the core's cache.
-/// Three alternating tcp-only benches on the H100 machine, pinned from the
-/// device at 64 and 256 MiB, GB/s: 28.0-28.9 and 30.7-31.4 with 64 KiB,
-/// 28.4-29.4 and 31.3-33.8 with 256, 28.0-30.0 and 32.4-34.7 with a whole
-/// 512 KiB chunk at a time. Copies to the device, which this does not
-/// touch, spread about as widely in the same runs (26.0-32.4 at 64 MiB,
-/// 39.6-41.3 at 256), and pageable 256 MiB ones from the device fell to
-/// 27.0 in one with 512 (31.9-37.1 otherwise): too little to choose on yet.
+/// Larger ones measured within the noise (`docs/performance.md`).
 const BOUNCE: usize = 64 << 10;
 
 pub struct Lanes {

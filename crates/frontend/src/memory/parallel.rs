@@ -1,10 +1,9 @@
 //! memcpy on several cores, for staged copies.
 //!
 //! One core cannot move bytes between ordinary memory and the staging
-//! slots as fast as the DMA engine drains them (on the H100 machine, staged
-//! 256 MiB copies with one copying thread reached about 6 GB/s, the
-//! driver's own pageable path about 9), so large chunks are split over a few helper
-//! threads, started on first use and parked between copies.
+//! slots as fast as the DMA engine drains them, nor as fast as the driver's
+//! own pageable path, so large chunks are split over a few helper threads,
+//! started on first use and parked between copies.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Mutex, OnceLock, PoisonError};

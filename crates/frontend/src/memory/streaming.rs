@@ -6,15 +6,8 @@
 //! read from memory and later written back, while the GPU is writing the
 //! server's slots: memory, not the cores, is what runs out. So each lane
 //! receives into a small buffer that stays in its core's cache and writes
-//! it out with streaming (non-temporal) stores, which skip that read. On
-//! the H100 machine, 16 threads copying 512 KiB pieces into a 256 MiB
-//! buffer, with a full-speed GPU copy to the host beside: 29.5-30.6 GB/s
-//! in 4 KiB pieces as the kernel copies, 60.5-66.5 GB/s through a 64 KiB
-//! cached buffer and streaming stores (32-byte AVX ones there; this uses
-//! the 16-byte ones every x86-64 has, as did the benches below). In
-//! alternating tcp-only benches the lanes' copies from the device gained
-//! less, as they also wait on the socket: 19.0-19.9 GB/s became 21.5-22.1
-//! at 64 MiB on one machine, and moved within the noise on another.
+//! it out with streaming (non-temporal) stores, which skip that read: the
+//! 16-byte ones every x86-64 has. What it gained: `docs/performance.md`.
 
 /// Copies `src` to `dst` (of equal length), bypassing the cache for what
 /// it can; the bytes are visible to other threads once it returns.

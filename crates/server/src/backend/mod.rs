@@ -216,9 +216,8 @@ pub trait Backend: Send + Sync {
 
     /// Several copies between registered host memory and the device, all
     /// one way, in `stream`'s order (the batch as a whole; within it, in any
-    /// order). The driver takes a batch in one call: on the H100 machine,
-    /// 64 MiB in 512 KiB DMAs moved 43.5 GB/s one call each, 50.5 in calls
-    /// of 4 and 53-54 in calls of 32 (one 64 MiB DMA: 54.7).
+    /// order). The driver takes a batch in one call, and the copy engine
+    /// moves it faster than one call per copy.
     ///
     /// # Safety
     /// Each copy's `host` is registered host memory, valid for `len` bytes,

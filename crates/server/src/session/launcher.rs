@@ -1,10 +1,10 @@
 //! Posted launches run on a thread of the session's own, its launcher,
 //! while the session reads and checks the frames that follow them.
 //!
-//! Reading, checking and resolving a launch costs the session about 0.2-0.3
-//! µs, and the driver's launch itself 3-4 µs on the H100 machine. On one
-//! thread the two add up; here they overlap, and the launcher's core runs
-//! nothing but the driver's launch path, as a native program's loop does.
+//! Reading, checking and resolving a launch costs the session a fraction of
+//! what the driver's launch itself costs. On one thread the two add up;
+//! here they overlap, and the launcher's core runs nothing but the driver's
+//! launch path, as a native program's loop does.
 //!
 //! - **Batches.** A posted launch read while more frames wait joins a batch
 //!   (up to [`MAX_BATCH`]); the batch goes to the launcher when it is full
@@ -26,12 +26,8 @@
 //!
 //! A side that waits spins for [`SPIN`], then sleeps until the other wakes
 //! it, so an idle launcher costs no CPU; a session held back by
-//! backpressure sleeps at once, its wait being long and known.
-//!
-//! Measured on the H100 machine, 100 000 empty launches a run, in six
-//! alternating triples: natively 2.67-3.60 µs per launch, with launches held
-//! and run on the session's thread (the design before this one) 2.97-3.55,
-//! with the launcher 2.48-3.80, below native in four of the six.
+//! backpressure sleeps at once, its wait being long and known. What it
+//! measured against native: `docs/performance.md`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,7 +43,7 @@ use crate::sched::{Seat, Work};
 
 /// Launches per hand-over at most: enough that the hand-over's cost
 /// vanishes, few enough that the first of them is not kept long from the
-/// GPU (each is read in about 0.2 µs).
+/// GPU.
 const MAX_BATCH: usize = 32;
 /// Launches handed over and not yet run, at most.
 const MAX_IN_FLIGHT: u64 = 256;

@@ -1,9 +1,8 @@
 //! A small pinned buffer for a session's short device-to-host reads.
 //!
 //! The bytes of a short read travel in the reply frame either way, but the
-//! driver copies into pinned memory faster than into the heap: on the H100,
-//! a 4-byte `cuMemcpyDtoH` takes about 7.9 µs into pinned memory and 9.3 µs
-//! into pageable memory. Registered as the session's other memory is (see
+//! driver copies into pinned memory faster than into the heap
+//! (`docs/performance.md`). Registered as the session's other memory is (see
 //! `shared.rs`): from the copy's context, again after that context ends.
 //! Where it cannot be registered, reads go through the heap as before.
 

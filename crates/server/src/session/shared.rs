@@ -29,10 +29,9 @@ use crate::backend::{Backend, Obj, CU_EVENT_DISABLE_TIMING};
 /// Ring size: big enough that a burst of posted launches never waits for
 /// the session, small next to the staging area.
 const RING_BYTES: usize = 4 << 20;
-/// Staging for pageable copies: slots of this size, this many. Only this
-/// one setting has been measured (on an H100 it moves 256 MiB pageable
-/// copies faster than the driver's own path); no sweep over sizes and
-/// depths has been made yet.
+/// Staging for pageable copies: slots of this size, this many, enough to
+/// keep the copy engine busy while the client fills the next slots. Only
+/// this one setting has been measured (`docs/performance.md`).
 const SLOT_BYTES: usize = 2 << 20;
 const SLOTS: usize = 8;
 /// Pinned host memory one session may hold.

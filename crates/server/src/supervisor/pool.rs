@@ -1,7 +1,7 @@
 //! Worker processes, started ahead of the guests that will need them.
 //!
-//! Starting a worker costs what initializing the CUDA driver costs (about
-//! 0.1 s on the H100 machine), so the pool keeps a few started and ready
+//! Starting a worker costs what initializing the CUDA driver costs (a
+//! tenth of a second or so), so the pool keeps a few started and ready
 //! (`--workers`, default [`DEFAULT_IDLE`]); a guest takes one at once and a
 //! thread of the pool starts its replacement. A worker is used once: it
 //! serves one guest and exits with it, so nothing of one guest survives

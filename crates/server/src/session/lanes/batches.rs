@@ -1,25 +1,13 @@
 //! A copy's DMAs in small batches, each issued in one driver call and
 //! marked by an event, so that every batch's slots go back (to their
 //! lane's reader, or out to its writer) as soon as its DMAs are done, while
-//! later batches still run.
-//!
-//! Before, DMAs went in rounds of one chunk per lane with two rounds in
-//! flight, and a round's slots came back only once the next round had been
-//! issued: from the device, the first chunk of a copy reached its lane
-//! after about 32 chunks' worth of DMA, and the lanes started one after the
-//! other. Checking batches of a few chunks with `cuEventQuery` after every
-//! chunk lets the first lanes send within tens of microseconds.
+//! later batches still run: the first lanes send within tens of
+//! microseconds instead of waiting for a whole round of chunks.
 //!
 //! A batch's DMAs wait until it is sealed (full, or the session is about to
 //! wait) and then go to the driver together ([`Backend::memcpy_host_batch`]):
-//! the copy engine took 512 KiB DMAs at 43.5 GB/s one call each and 50.5 in
-//! calls of four. End to end, in five pairs of alternating tcp-only benches
-//! on the H100 machine (pinned, GB/s, one call per DMA first): to the device
-//! at 64 MiB 28.2/30.9, 25.2/26.5, 26.7/32.0, 19.1/25.9, 26.0/19.8, at 256
-//! 28.5/41.2, 34.6/36.1, 36.7/41.2, 25.4/28.6, 33.4/22.8; from it at 64 MiB
-//! 21.0/27.2, 25.6/27.6, 28.4/29.5, 17.3/20.6, 26.8/16.3, and no better at
-//! 256 (28.4/30.4, 29.2/27.4, 33.7/30.1, 20.0/23.9, 23.4/20.6). The last two
-//! pairs came in a slow spell of the machine.
+//! the copy engine takes DMAs faster in one call than one call each
+//! (`docs/performance.md`, *Bulk lanes*).
 
 use std::collections::VecDeque;
 
@@ -29,13 +17,8 @@ use tracing::warn;
 use crate::backend::{Backend, HostCopy, Obj, CU_EVENT_DISABLE_TIMING};
 
 /// Chunks per batch: one event per batch, recorded and queried by the
-/// session's thread between chunks. (Device to host, a batch of one, so
-/// that each chunk went out as soon as its DMA was done, moved no more;
-/// nor did batches of 8 or 16, though the copy engine alone takes 32
-/// DMAs per call at 53-54 GB/s: read against the lanes alone of the same
-/// bench, pinned 64 MiB copies to the device moved 0.57-0.62 of that with
-/// 4 and 0.49-0.68 with 8, in four alternating tcp-only benches, and 0.62
-/// and 0.67 with 16, in two.)
+/// session's thread between chunks. Smaller and larger batches moved no
+/// more (`docs/performance.md`).
 const BATCH: usize = 4;
 /// Batches in flight at most (one event each); a session that would issue
 /// more waits for the oldest.

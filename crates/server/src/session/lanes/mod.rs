@@ -18,14 +18,8 @@
 //! device to host the session DMAs chunks into any free out slot and puts
 //! each finished one in an outbox, where the first writer whose lane is
 //! ready takes it (`outbox.rs`), a copy cut with small chunks at its ends
-//! (`lane::Cut`).
-//! Lanes on one machine are far from equal (on the H100 machine the
-//! fastest of 8 bare TCP loopback streams carried up to 1.8 times the
-//! slowest's chunks), and in turn they would all wait for the slowest.
-//! Bare TCP there, with a full-speed DMA beside, moved 25.6-32.0 GB/s
-//! taking chunks as they came and 19.4-24.3 in turn; gpuplex's 256 MiB
-//! TCP copies went from 12.9-19.2 GB/s to the device (and 14.0-19.0 back)
-//! to 22.9-23.9 (and 23.1-23.3).
+//! (`lane::Cut`). Lanes on one machine are far from equal, and in turn they
+//! would all wait for the slowest.
 //!
 //! Device to host, a writer splices its slot's pages into the socket
 //! (`vmsplice`) instead of copying them, as the client does the other way:
@@ -36,10 +30,7 @@
 //! session passes out its oldest batch of DMAs once done, so the client
 //! can answer them. The other way, a reader answers each chunk it has read
 //! with a receipt, and a client lane sends its next chunk only then
-//! (`lane::AHEAD`).
-//! Alternating tcp-only benches on the H100 machine: from the device at
-//! 256 MiB, 14.0-19.8 GB/s copying against 21.8-23.8 splicing (pinned),
-//! 17.4-19.5 against 23.2-24.0 (pageable).
+//! (`lane::AHEAD`). How each choice measured: `docs/performance.md`.
 //!
 //! Joining: `OpenLanes` makes a [`Hub`] under a random key; each lane
 //! connects like any client (over TCP, proving the token), and its first
@@ -74,41 +65,9 @@ pub type LaneKey = [u8; 32];
 
 /// Lanes per session and bytes per chunk, unless `GPUPLEX_LANES` and
 /// `GPUPLEX_LANE_CHUNK_KIB` say otherwise (the server reads them when a client
-/// opens lanes). Measured on the 16-core H100 machine over TCP loopback. While
-/// chunks went on the lanes in turn and every lane's socket buffered megabytes,
-/// 8 lanes of 512 KiB moved the most (4 to 12 lanes of 256 KiB to 4 MiB tried):
-/// more lanes only took longer to get going. Since chunks go on whichever lane
-/// is ready, lanes buffer about two chunks and the server splices what it
-/// sends, 16 lanes moved more than 8 at every large size, in 3 alternating
-/// pairs of tcp-only benches (GB/s, 16 against 8): to the device 23.4-26.8
-/// against 21.8-23.1 at 64 MiB and 30.4-35.8 against 25.7-26.6 at 256; from it
-/// 25.0-29.7 against 21.0-26.4 at 64 and 25.9-31.1 against 22.1-23.9 at 256
-/// (one more pair, in a slow spell, left out: 8 lanes moved 15-19 there). 12
-/// lanes moved less than 16; with receipts both ways, neither 24 or 32 lanes
-/// nor chunks of 256 KiB or 1 MiB moved more than 16 of 512 KiB. They cost 64 MiB of pinned slots per session that
-/// opens lanes and 3 threads per lane (2 here, 1 in the client); copies of 1
-/// MiB from the device, 2 chunks, lost 10% in the one clean pair (4.9 against
-/// 5.5). What limits lanes is TCP itself: the same lanes with no GPU (`gpuplex
-/// bench`'s "lanes alone") moved 21-47 GB/s from run to run with 8 lanes, 37-63
-/// with 16, and a full-speed DMA beside bare TCP cut it by a fifth to a third.
-/// Under TCP lies host memory, which every byte crosses twice more here
-/// than in a native copy (read out of the socket, written to a slot, then
-/// DMAed): on the H100 machine (a VM of 16 cores), 16 threads copying
-/// memory moved 24.9-48.7 GB/s in all between runs of one session, the
-/// TCP lanes alone 28.2-59.5, with 1-3% of the time stolen. A standalone
-/// pipeline with no sockets at all, 16 threads sharing 64 MiB, each copying
-/// its part into 4 pinned 512 KiB slots of its own that the GPU DMAs, moved
-/// 33.8-39.6 GB/s (0.62-0.73 of native); with 2 slots 28.7-30.0, with 8 slots
-/// or 1 MiB ones no more, with 256 KiB slots 28.6-29.3, and 8-16 with slots
-/// of 32-128 KiB (one DMA call each). Beside 16 copying threads, 512 KiB
-/// DMAs to the device slowed from 42.5-43.1 GB/s to 34.5-42.0; those from it
-/// kept 44.6-45.6.
-/// Tried and dropped, for no gain beyond the run-to-run noise: flushing the
-/// slots or filling them with streaming stores (faster DMAs, slower readers), a
-/// stream per lane, 4 MiB of slots per lane, 256 KiB chunks, lane threads that
-/// poll for 100 µs for their next job or chunk before they sleep. A session
-/// that polled for filled chunks for 50 µs before it slept moved less (10-20
-/// GB/s where 18-22 did not): it takes a core the lanes need.
+/// opens lanes). TCP itself is the limit, and host memory under it: 16 lanes
+/// of 512 KiB moved the most over loopback, while each lane costs pinned slots
+/// and three threads (measured in `docs/performance.md`, *Bulk lanes*).
 const LANES: usize = 16;
 const CHUNK_BYTES: usize = 512 << 10;
 /// Pinned bytes per lane and direction, cut into chunk-sized slots (at

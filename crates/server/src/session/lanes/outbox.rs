@@ -1,21 +1,13 @@
 //! Chunks from the device whose DMAs are done, for whichever lane is ready
 //! first.
 //!
-//! The session used to fill a slot of one chosen lane, so each chunk's lane
-//! was fixed the moment its DMA was issued, up to four chunks before the
-//! lane could send it. At the end of a copy every lane still held what it
-//! had been given, and the copy waited for the slowest to drain its share
-//! (lanes on one machine differ up to 1.8 times). Now the session puts
-//! each finished chunk here, in copy order, and a lane's writer takes the
-//! next one only when its lane has fewer than [`AHEAD`] unanswered: chunks
-//! go to the lanes that drain, as they do the other way (`lane::AHEAD`).
-//! Each writer then ends its lane's share of the copy once none are left.
-//! Alternating tcp-only benches on the H100 machine, pinned, GB/s, from
-//! the device at 64 and 256 MiB: 25.4, 25.2 and 15.9 (a slow spell) and
-//! 29.6, 27.2 and 24.6 before; 27.9, 25.1 and 23.8 and 33.5, 30.4 and 25.8
-//! with the outbox. 1 or 3 chunks ahead instead of 2 were no clearly
-//! better (one noisy pair each); nor was 3 once DMAs went in batches (at 64
-//! MiB, 0.36 and 0.40 of the same bench's lanes alone, against 0.38-0.43).
+//! The session puts each finished chunk here, in copy order, and a lane's
+//! writer takes the next one only when its lane has fewer than [`AHEAD`]
+//! unanswered: chunks go to the lanes that drain, as they do the other way
+//! (`lane::AHEAD`). A chunk's lane fixed when its DMA is issued would leave
+//! every lane holding its share at the end of a copy, and the copy waiting
+//! for the slowest. Each writer ends its lane's share of the copy once none
+//! are left. Figures: `docs/performance.md`.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
