@@ -59,6 +59,7 @@ program_tests!(
     expected_errors,
     queries,
     vmm,
+    attributes,
 );
 
 /// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.

@@ -280,6 +280,11 @@ pub trait Backend: Send + Sync {
     fn stream_wait_event(&self, ctx: Obj, stream: Obj, event: Obj, flags: u32) -> BResult<()>;
     fn stream_priority(&self, ctx: Obj, stream: Obj) -> BResult<i32>;
     fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32>;
+    /// A stream attribute's value, `CUstreamAttrValue`'s 64 bytes.
+    fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()>;
+    fn stream_get_attribute(&self, ctx: Obj, stream: Obj, attr: u32) -> BResult<[u8; 64]>;
+    /// `cuProfilerStart` (or `Stop`) in `ctx`.
+    fn profiler(&self, ctx: Obj, start: bool) -> BResult<()>;
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64>;
     /// `CUstreamCaptureStatus` (0: not capturing).
     fn stream_capture_status(&self, ctx: Obj, stream: Obj) -> BResult<u32>;

@@ -32,6 +32,18 @@ fn packed_size(layout: &[backend::ParamSlot]) -> usize {
     layout.iter().map(|p| (p.offset + p.size) as usize).max().unwrap_or(0)
 }
 
+/// A launch or stream attribute id that carries only a plain value.
+fn plain_attribute(attr: u32) -> R<u32> {
+    if PLAIN_LAUNCH_ATTRS.contains(&attr) {
+        Ok(attr)
+    } else {
+        Err(CallError::new(
+            CuError::NOT_SUPPORTED,
+            format!("attribute {attr} holds handles gpuplex does not translate"),
+        ))
+    }
+}
+
 fn invalid(detail: impl Into<String>) -> CallError {
     CallError::new(CuError::INVALID_VALUE, detail)
 }
@@ -990,6 +1002,33 @@ impl Api for Session {
     fn cuStreamIsCapturing(&mut self, req: cuStreamIsCapturing::Request) -> R<cuStreamIsCapturing::Reply> {
         let (ctx, stream) = self.stream(req.hStream)?;
         Ok(cuStreamIsCapturing::Reply { captureStatus: self.backend.stream_capture_status(ctx, stream)? })
+    }
+
+    fn StreamSetAttribute(&mut self, req: StreamSetAttribute::Request) -> R<StreamSetAttribute::Reply> {
+        let attr = plain_attribute(req.attr)?;
+        let value: &[u8; 64] =
+            req.value.as_slice().try_into().map_err(|_| invalid("a stream attribute is 64 bytes"))?;
+        let (ctx, stream) = self.stream(req.hStream)?;
+        self.backend.stream_set_attribute(ctx, stream, attr, value)?;
+        Ok(StreamSetAttribute::Reply {})
+    }
+
+    fn StreamGetAttribute(&mut self, req: StreamGetAttribute::Request) -> R<StreamGetAttribute::Reply> {
+        let attr = plain_attribute(req.attr)?;
+        let (ctx, stream) = self.stream(req.hStream)?;
+        Ok(StreamGetAttribute::Reply { value: self.backend.stream_get_attribute(ctx, stream, attr)?.to_vec() })
+    }
+
+    fn cuProfilerStart(&mut self, _: cuProfilerStart::Request) -> R<cuProfilerStart::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        self.backend.profiler(ctx, true)?;
+        Ok(cuProfilerStart::Reply {})
+    }
+
+    fn cuProfilerStop(&mut self, _: cuProfilerStop::Request) -> R<cuProfilerStop::Reply> {
+        let (_, ctx) = self.current_ctx()?;
+        self.backend.profiler(ctx, false)?;
+        Ok(cuProfilerStop::Reply {})
     }
 
     fn cuStreamGetFlags(&mut self, req: cuStreamGetFlags::Request) -> R<cuStreamGetFlags::Reply> {

@@ -246,6 +246,10 @@ driver_api! {
     cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
     cuStreamGetPriority(stream: CUstream, priority: *mut c_int);
     cuStreamGetFlags(stream: CUstream, flags: *mut c_uint);
+    cuStreamSetAttribute(stream: CUstream, attr: c_int, value: *const c_void);
+    cuStreamGetAttribute(stream: CUstream, attr: c_int, value: *mut c_void);
+    cuProfilerStart();
+    cuProfilerStop();
     cuStreamGetId(stream: CUstream, id: *mut c_ulonglong);
     cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
     cuEventCreate(event: *mut CUevent, flags: c_uint);

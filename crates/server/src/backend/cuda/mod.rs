@@ -931,6 +931,32 @@ impl Backend for Cuda {
         query(|f| unsafe { api::cuStreamGetFlags(raw(stream), f) })
     }
 
+    fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()> {
+        enter(ctx)?;
+        // SAFETY: the stream is live or special; the value is the 64-byte union the driver reads.
+        check(unsafe { api::cuStreamSetAttribute(raw(stream), attr as c_int, value.as_ptr().cast()) })
+    }
+
+    fn stream_get_attribute(&self, ctx: Obj, stream: Obj, attr: u32) -> BResult<[u8; 64]> {
+        enter(ctx)?;
+        let mut value = [0u8; 64];
+        // SAFETY: the stream is live or special; the driver writes at most the 64-byte union.
+        check(unsafe { api::cuStreamGetAttribute(raw(stream), attr as c_int, value.as_mut_ptr().cast()) })?;
+        Ok(value)
+    }
+
+    fn profiler(&self, ctx: Obj, start: bool) -> BResult<()> {
+        enter(ctx)?;
+        // SAFETY: no arguments.
+        check(unsafe {
+            if start {
+                api::cuProfilerStart()
+            } else {
+                api::cuProfilerStop()
+            }
+        })
+    }
+
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64> {
         enter(ctx)?;
         // SAFETY: the stream is live or special; out-pointer to a local.

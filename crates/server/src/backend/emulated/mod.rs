@@ -137,6 +137,8 @@ struct StreamState {
     ctx: u64,
     flags: u32,
     priority: i32,
+    /// Attributes set, by id: kept and given back, having no effect here.
+    attributes: HashMap<u32, [u8; 64]>,
 }
 
 struct EventState {
@@ -146,6 +148,11 @@ struct EventState {
 }
 
 const DEFAULT_LIMITS: [u64; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
+
+/// Stream attributes (`CUstreamAttrID`): an access policy window, a
+/// synchronization policy, a priority, memory synchronization domains.
+const STREAM_ATTRIBUTES: [u32; 5] = [1, 3, STREAM_PRIORITY, 9, 10];
+const STREAM_PRIORITY: u32 = 8;
 
 fn err(code: CuError, detail: impl Into<String>) -> CallError {
     CallError::new(code, detail)
@@ -948,7 +955,7 @@ impl Backend for Emulated {
         let (least, greatest) = device::PRIORITY_RANGE;
         let priority = priority.clamp(greatest, least);
         let id = s.id();
-        s.streams.insert(id, StreamState { ctx: ctx.0, flags, priority });
+        s.streams.insert(id, StreamState { ctx: ctx.0, flags, priority, attributes: HashMap::new() });
         Ok(Obj(id))
     }
 
@@ -982,6 +989,41 @@ impl Backend for Emulated {
         let mut s = self.state();
         s.stream(ctx, stream)?;
         Ok(s.streams.get(&stream.0).map_or(0, |st| st.flags))
+    }
+
+    /// The stream attributes a device takes: an access policy window, a
+    /// synchronization policy, a priority and memory synchronization domains.
+    fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        if !STREAM_ATTRIBUTES.contains(&attr) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        match s.streams.get_mut(&stream.0) {
+            Some(st) => st.attributes.insert(attr, *value),
+            None => {
+                return Err(err(CuError::INVALID_VALUE, "the emulated device keeps no attributes of default streams"))
+            }
+        };
+        Ok(())
+    }
+
+    fn stream_get_attribute(&self, ctx: Obj, stream: Obj, attr: u32) -> BResult<[u8; 64]> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        if !STREAM_ATTRIBUTES.contains(&attr) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let st = s.streams.get(&stream.0);
+        let mut value = st.and_then(|st| st.attributes.get(&attr).copied()).unwrap_or([0; 64]);
+        if attr == STREAM_PRIORITY && st.is_some_and(|st| !st.attributes.contains_key(&attr)) {
+            value[..4].copy_from_slice(&st.map_or(0, |st| st.priority).to_le_bytes());
+        }
+        Ok(value)
+    }
+
+    fn profiler(&self, ctx: Obj, _start: bool) -> BResult<()> {
+        self.state().ctx(ctx).map(drop)
     }
 
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64> {
