@@ -282,6 +282,21 @@ const TYPES: &[Type] = &[
         to_c: "{}.0 as *mut c_void",
     },
     Type { name: "Kernel", wire: "Kernel", c: "*mut c_void", from_c: "Kernel({} as u64)", to_c: "{}.0 as *mut c_void" },
+    Type { name: "Graph", wire: "Graph", c: "*mut c_void", from_c: "Graph({} as u64)", to_c: "{}.0 as *mut c_void" },
+    Type {
+        name: "GraphExec",
+        wire: "GraphExec",
+        c: "*mut c_void",
+        from_c: "GraphExec({} as u64)",
+        to_c: "{}.0 as *mut c_void",
+    },
+    Type {
+        name: "GraphNode",
+        wire: "GraphNode",
+        c: "*mut c_void",
+        from_c: "GraphNode({} as u64)",
+        to_c: "{}.0 as *mut c_void",
+    },
     Type { name: "Name", wire: "String", c: "*const c_char", from_c: "crate::ffi::c_name({})?", to_c: "" },
     Type { name: "Bytes", wire: "Vec<u8>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u32>", wire: "Seq<u32>", c: "", from_c: "", to_c: "" },
@@ -453,7 +468,12 @@ fn export_fn(s: &mut String, row: &Row, export: &str, ptsz: bool) {
         let handles: Vec<&str> = row
             .params
             .iter()
-            .filter(|p| matches!(p.ty.as_str(), "Ctx" | "Module" | "Func" | "Event" | "Library" | "Kernel"))
+            .filter(|p| {
+                matches!(
+                    p.ty.as_str(),
+                    "Ctx" | "Module" | "Func" | "Event" | "Library" | "Kernel" | "Graph" | "GraphExec"
+                )
+            })
             .map(|p| p.name.as_str())
             .collect();
         for h in handles {

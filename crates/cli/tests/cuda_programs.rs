@@ -60,6 +60,7 @@ program_tests!(
     queries,
     vmm,
     attributes,
+    graphs,
 );
 
 /// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.

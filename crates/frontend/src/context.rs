@@ -17,8 +17,8 @@ use crate::{client, memo};
 thread_local! {
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     /// The thread's stream capture mode (`CU_STREAM_CAPTURE_MODE_*`, global
-    /// by default). Only kept and exchanged: gpuplex starts no captures, so
-    /// no call is ever refused for it.
+    /// by default), told to the server as it changes: the server's driver
+    /// judges the thread's calls during a capture by it.
     static CAPTURE_MODE: Cell<u32> = const { Cell::new(0) };
     static THREAD_ID: u64 = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
 }
@@ -267,6 +267,10 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CU
             return Err(CuError::INVALID_VALUE);
         }
         let old = CAPTURE_MODE.with(|m| m.replace(wanted));
+        // Before cuInit there is no server to tell, nor a capture for the mode to matter to.
+        if old != wanted && client::client().is_ok() {
+            client::post(calls::CaptureMode::Request { mode: wanted })?;
+        }
         // SAFETY: as above.
         unsafe { write_out(mode, old) };
         Ok(())

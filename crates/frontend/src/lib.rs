@@ -19,6 +19,7 @@ mod context;
 mod device;
 mod export_tables;
 mod ffi;
+mod graph;
 mod launch;
 mod log;
 mod memo;
@@ -38,7 +39,9 @@ mod generated {
     use std::ffi::{c_char, c_void};
 
     #[allow(unused_imports)]
-    use gpuplex_protocol::{calls, Ctx, DevPtr, Event, Func, Kernel, Library, Module, Stream};
+    use gpuplex_protocol::{
+        calls, Ctx, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Kernel, Library, Module, Stream,
+    };
 
     use crate::ffi::CUresult;
 

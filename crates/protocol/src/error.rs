@@ -31,6 +31,9 @@ impl CuError {
     pub const ASSERT: CuError = CuError(710);
     pub const LAUNCH_OUT_OF_RESOURCES: CuError = CuError(701);
     pub const LAUNCH_FAILED: CuError = CuError(719);
+    pub const STREAM_CAPTURE_UNSUPPORTED: CuError = CuError(900);
+    pub const STREAM_CAPTURE_INVALIDATED: CuError = CuError(901);
+    pub const ILLEGAL_STATE: CuError = CuError(401);
     pub const PRIMARY_CONTEXT_ACTIVE: CuError = CuError(708);
     pub const CONTEXT_IS_DESTROYED: CuError = CuError(709);
     pub const NOT_PERMITTED: CuError = CuError(800);

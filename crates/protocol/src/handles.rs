@@ -50,6 +50,12 @@ handles! {
     Library,
     /// `CUkernel`.
     Kernel,
+    /// `CUgraph`.
+    Graph,
+    /// `CUgraphExec`: an instantiated graph.
+    GraphExec,
+    /// `CUgraphNode`.
+    GraphNode,
     /// `CUdeviceptr`: a real device address in one of the session's contexts.
     DevPtr,
 }

@@ -134,6 +134,24 @@ impl Region {
     }
 }
 
+impl Region {
+    /// Unmaps the region but keeps its addresses taken, by a mapping nobody
+    /// may access, so that a pointer to it kept elsewhere (in a captured
+    /// graph, say) faults instead of reaching whatever would come next.
+    pub fn unmap_leaving_guard(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
+        // SAFETY: our own mapping, replaced in place; nothing of it is used after.
+        let p = unsafe { libc::mmap(this.base.cast(), this.len, libc::PROT_NONE, flags, -1, 0) };
+        if p == libc::MAP_FAILED {
+            // SAFETY: as in `drop`: without a guard, at least no mapping is left.
+            unsafe { libc::munmap(this.base.cast(), this.len) };
+        }
+        // SAFETY: read once from a value that is never dropped: the descriptor closes here.
+        drop(unsafe { std::ptr::read(&this.fd) });
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: our own mapping, made in `map`.

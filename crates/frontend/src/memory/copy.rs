@@ -42,10 +42,13 @@ pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuEr
         return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
     }
     let mut conn = client::lock()?;
-    if known && src.len() >= STAGED_MIN && conn.staging.is_some() {
+    // While a stream captures, the server's driver must see ordinary memory
+    // as such, and refuse to capture it as it does natively.
+    let capturing = crate::graph::capturing();
+    if known && src.len() >= STAGED_MIN && conn.staging.is_some() && !capturing {
         return staged_htod(&mut conn, dst, src, stream);
     }
-    if src.len() >= LANES_MIN && conn.lanes().is_some() {
+    if src.len() >= LANES_MIN && !capturing && conn.lanes().is_some() {
         return lanes_htod(&mut conn, dst, src, stream, known && !sync);
     }
     for (i, chunk) in src.chunks(INLINE_CHUNK).enumerate() {
@@ -66,10 +69,11 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
         return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
     }
     let mut conn = client::lock()?;
-    if known && dst.len() >= STAGED_MIN && conn.staging.is_some() {
+    let capturing = crate::graph::capturing();
+    if known && dst.len() >= STAGED_MIN && conn.staging.is_some() && !capturing {
         return staged_dtoh(&mut conn, dst, src, stream);
     }
-    if dst.len() >= LANES_MIN && conn.lanes().is_some() {
+    if dst.len() >= LANES_MIN && !capturing && conn.lanes().is_some() {
         return lanes_dtoh(&mut conn, dst, src, stream);
     }
     for (i, chunk) in dst.chunks_mut(INLINE_CHUNK).enumerate() {

@@ -294,4 +294,38 @@ pub trait Backend: Send + Sync {
     fn event_synchronize(&self, ctx: Obj, event: Obj) -> BResult<()>;
     fn event_query(&self, ctx: Obj, event: Obj) -> BResult<()>;
     fn event_elapsed(&self, ctx: Obj, start: Obj, end: Obj) -> BResult<f32>;
+
+    // Graphs. Capture is the driver's: work a capturing stream is given is
+    // recorded in its graph, not run.
+    fn stream_begin_capture(&self, ctx: Obj, stream: Obj, mode: u32) -> BResult<()>;
+    /// The captured graph.
+    fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj>;
+    /// `edges`: the dependencies' edge data too.
+    fn stream_capture_info(&self, ctx: Obj, stream: Obj, edges: bool) -> BResult<CaptureInfo>;
+    /// Sets the calling thread's capture mode; returns the one it had.
+    fn exchange_capture_mode(&self, mode: u32) -> BResult<u32>;
+    fn graph_create(&self, flags: u32) -> BResult<Obj>;
+    fn graph_destroy(&self, graph: Obj) -> BResult<()>;
+    fn graph_instantiate(&self, ctx: Obj, graph: Obj, flags: u64) -> BResult<Obj>;
+    fn graph_exec_destroy(&self, exec: Obj) -> BResult<()>;
+    fn graph_launch(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()>;
+    fn graph_upload(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()>;
+    /// The graph's nodes, or only those that depend on none (`roots`).
+    fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>>;
+    /// `CUgraphNodeType`.
+    fn graph_node_type(&self, node: Obj) -> BResult<u32>;
+}
+
+/// What `cuStreamGetCaptureInfo` tells of a stream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CaptureInfo {
+    /// `CUstreamCaptureStatus`: 0 none, 1 active, 2 invalidated.
+    pub status: u32,
+    pub id: u64,
+    /// The graph being captured, null when none.
+    pub graph: Obj,
+    /// The nodes the next work captured in the stream will depend on.
+    pub deps: Vec<Obj>,
+    /// Their edge data (`CUgraphEdgeData`, 8 bytes each), where asked for.
+    pub edges: Vec<u64>,
 }

@@ -130,7 +130,7 @@ impl Session {
 
     /// A stream as `(backend context, backend stream)`. Default streams
     /// belong to the current context.
-    fn stream(&mut self, s: Stream) -> R<(Obj, Obj)> {
+    pub(super) fn stream(&mut self, s: Stream) -> R<(Obj, Obj)> {
         if s == Stream::PER_THREAD {
             return self.per_thread_stream();
         }
@@ -260,6 +260,57 @@ impl Session {
 
 #[allow(non_snake_case)]
 impl Api for Session {
+    fn CaptureMode(&mut self, req: CaptureMode::Request) -> R<CaptureMode::Reply> {
+        self.capture_mode(req)
+    }
+
+    fn StreamBeginCapture(&mut self, req: StreamBeginCapture::Request) -> R<StreamBeginCapture::Reply> {
+        self.begin_capture(req)
+    }
+
+    fn StreamEndCapture(&mut self, req: StreamEndCapture::Request) -> R<StreamEndCapture::Reply> {
+        self.end_capture(req)
+    }
+
+    fn StreamCaptureInfo(&mut self, req: StreamCaptureInfo::Request) -> R<StreamCaptureInfo::Reply> {
+        self.capture_info(req)
+    }
+
+    fn cuGraphCreate(&mut self, req: cuGraphCreate::Request) -> R<cuGraphCreate::Reply> {
+        self.graph_create(req)
+    }
+
+    fn cuGraphDestroy(&mut self, req: cuGraphDestroy::Request) -> R<cuGraphDestroy::Reply> {
+        self.graph_destroy(req)
+    }
+
+    fn cuGraphInstantiateWithFlags(
+        &mut self,
+        req: cuGraphInstantiateWithFlags::Request,
+    ) -> R<cuGraphInstantiateWithFlags::Reply> {
+        self.graph_instantiate(req)
+    }
+
+    fn cuGraphLaunch(&mut self, req: cuGraphLaunch::Request) -> R<cuGraphLaunch::Reply> {
+        self.graph_launch(req)
+    }
+
+    fn cuGraphUpload(&mut self, req: cuGraphUpload::Request) -> R<cuGraphUpload::Reply> {
+        self.graph_upload(req)
+    }
+
+    fn cuGraphExecDestroy(&mut self, req: cuGraphExecDestroy::Request) -> R<cuGraphExecDestroy::Reply> {
+        self.graph_exec_destroy(req)
+    }
+
+    fn GraphNodes(&mut self, req: GraphNodes::Request) -> R<GraphNodes::Reply> {
+        self.graph_nodes(req)
+    }
+
+    fn cuGraphNodeGetType(&mut self, req: cuGraphNodeGetType::Request) -> R<cuGraphNodeGetType::Reply> {
+        self.graph_node_type(req)
+    }
+
     fn MemGranularity(&mut self, req: MemGranularity::Request) -> R<MemGranularity::Reply> {
         self.mem_granularity(req)
     }
@@ -593,6 +644,9 @@ impl Api for Session {
     fn HostFree(&mut self, req: HostFree::Request) -> R<HostFree::Reply> {
         let block = self.shared.free(&*self.backend, req.block)?;
         self.tables.remove_region(block.devptr);
+        if self.made_graphs {
+            block.region.unmap_leaving_guard();
+        }
         Ok(HostFree::Reply {})
     }
 

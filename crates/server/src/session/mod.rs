@@ -12,6 +12,7 @@
 //! allocates and exactly after every call.
 
 mod api;
+mod graphs;
 mod images;
 pub mod lanes;
 mod launcher;
@@ -99,6 +100,13 @@ pub struct Session {
     fd_after_reply: Option<u64>,
     /// The first error of a posted call, reported to the next waited-for one.
     deferred: Option<(Opcode, CallError)>,
+    /// Capture modes of client threads other than the default (global),
+    /// and the one the session's thread has in the driver now.
+    capture_modes: HandleMap<u64, u32>,
+    driver_capture_mode: u32,
+    /// Whether the session ever made a graph: from then on a freed host
+    /// block leaves its addresses guarded, since a graph may still name them.
+    made_graphs: bool,
 }
 
 /// A device's primary context as this session sees it. The handle stays the
@@ -155,6 +163,9 @@ impl Session {
             lanes: None,
             fd_after_reply: None,
             deferred: None,
+            capture_modes: HandleMap::default(),
+            driver_capture_mode: 0,
+            made_graphs: false,
         }
     }
 
@@ -314,6 +325,9 @@ impl Session {
         self.thread = header.thread.get();
         self.posting = header.is_posted();
         self.fd_after_reply = None;
+        if !self.capture_modes.is_empty() || self.driver_capture_mode != 0 {
+            self.apply_capture_mode();
+        }
         let outcome = dispatch(self, call, payload);
         // Before the reply, so that what the client sees next is counted:
         // what the tables hold is exactly what the session holds, whatever
@@ -417,6 +431,7 @@ impl Drop for Session {
         if let Some(lanes) = &mut self.lanes {
             lanes.teardown(&*self.backend);
         }
+        self.release_graphs();
         self.release_virtual_memory();
         for (_, lib) in self.tables.all(Kind::Library) {
             if let Err(e) = self.backend.library_unload(lib.obj) {

@@ -68,6 +68,8 @@ pub enum Owner {
     HostBlock(u64),
     /// A physical allocation mapped into a reserved range (`vmm.rs`).
     Mapping(u64),
+    /// A node's graph.
+    Graph(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +88,11 @@ pub enum Kind {
     Event,
     Library,
     Kernel,
+    /// Graphs belong to no context (their entries name context 0);
+    /// executable graphs belong to the context they were instantiated in.
+    Graph,
+    GraphExec,
+    GraphNode,
 }
 
 /// A device range the session may read and write.
@@ -194,7 +201,8 @@ impl Tables {
             Kind::Module => Owner::Module(h),
             Kind::Library => Owner::Library(h),
             Kind::Kernel => Owner::Kernel(h),
-            Kind::Func | Kind::Stream | Kind::Event => return Ok(entry),
+            Kind::Graph => Owner::Graph(h),
+            Kind::Func | Kind::Stream | Kind::Event | Kind::GraphExec | Kind::GraphNode => return Ok(entry),
         });
         Ok(entry)
     }

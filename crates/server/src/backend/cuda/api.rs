@@ -248,6 +248,27 @@ driver_api! {
     cuStreamGetFlags(stream: CUstream, flags: *mut c_uint);
     cuStreamSetAttribute(stream: CUstream, attr: c_int, value: *const c_void);
     cuStreamGetAttribute(stream: CUstream, attr: c_int, value: *mut c_void);
+    cuStreamBeginCapture_v2(stream: CUstream, mode: c_int);
+    cuStreamEndCapture(stream: CUstream, graph: *mut *mut c_void);
+    cuStreamGetCaptureInfo_v3(
+        stream: CUstream,
+        status: *mut c_int,
+        id: *mut c_ulonglong,
+        graph: *mut *mut c_void,
+        deps: *mut *const *mut c_void,
+        edges: *mut *const u64,
+        count: *mut usize,
+    );
+    cuThreadExchangeStreamCaptureMode(mode: *mut c_int);
+    cuGraphCreate(graph: *mut *mut c_void, flags: c_uint);
+    cuGraphDestroy(graph: *mut c_void);
+    cuGraphInstantiateWithFlags(exec: *mut *mut c_void, graph: *mut c_void, flags: c_ulonglong);
+    cuGraphExecDestroy(exec: *mut c_void);
+    cuGraphLaunch(exec: *mut c_void, stream: CUstream);
+    cuGraphUpload(exec: *mut c_void, stream: CUstream);
+    cuGraphGetNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize);
+    cuGraphGetRootNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize);
+    cuGraphNodeGetType(node: *mut c_void, kind: *mut c_int);
     cuProfilerStart();
     cuProfilerStop();
     cuStreamGetId(stream: CUstream, id: *mut c_ulonglong);

@@ -30,9 +30,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::sys;
 use gpuplex_protocol::{AccessDesc, AllocProp, Attribute, CallError, CuError, DeviceInfo, Seq, DEVICE_ATTRIBUTE_COUNT};
 
-use super::{one_by_one, BResult, Backend, ClusterQuery, HostCopy, Launch, Memset, Obj, ParamSlot, Way};
+use super::{one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, HostCopy, Launch, Memset, Obj, ParamSlot, Way};
 
 mod api;
+mod graph;
 mod image;
 mod vmm;
 
@@ -1009,6 +1010,54 @@ impl Backend for Cuda {
         // SAFETY: as above (`_v2` is new in driver 12.8).
         check(or_older(r, || unsafe { api::cuEventElapsedTime(&mut ms, a, b) }))?;
         Ok(ms)
+    }
+
+    fn stream_begin_capture(&self, ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
+        graph::begin_capture(ctx, stream, mode)
+    }
+
+    fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj> {
+        graph::end_capture(ctx, stream)
+    }
+
+    fn stream_capture_info(&self, ctx: Obj, stream: Obj, edges: bool) -> BResult<CaptureInfo> {
+        graph::capture_info(ctx, stream, edges)
+    }
+
+    fn exchange_capture_mode(&self, mode: u32) -> BResult<u32> {
+        graph::exchange_capture_mode(mode)
+    }
+
+    fn graph_create(&self, flags: u32) -> BResult<Obj> {
+        graph::create(flags)
+    }
+
+    fn graph_destroy(&self, graph: Obj) -> BResult<()> {
+        graph::destroy(graph)
+    }
+
+    fn graph_instantiate(&self, ctx: Obj, graph: Obj, flags: u64) -> BResult<Obj> {
+        graph::instantiate(ctx, graph, flags)
+    }
+
+    fn graph_exec_destroy(&self, exec: Obj) -> BResult<()> {
+        graph::exec_destroy(exec)
+    }
+
+    fn graph_launch(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
+        graph::launch(ctx, exec, stream)
+    }
+
+    fn graph_upload(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
+        graph::upload(ctx, exec, stream)
+    }
+
+    fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
+        graph::nodes(graph, roots)
+    }
+
+    fn graph_node_type(&self, node: Obj) -> BResult<u32> {
+        graph::node_type(node)
     }
 }
 

@@ -10,6 +10,7 @@
 //! A kernel fault becomes the context's sticky error, as on a GPU.
 
 mod device;
+mod graph;
 
 pub mod kernels;
 mod memory;
@@ -21,8 +22,9 @@ use std::time::Instant;
 
 use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError, DeviceInfo};
 
-use super::{BResult, Backend, ClusterQuery, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING};
+use super::{BResult, Backend, CaptureInfo, ClusterQuery, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING};
 use crate::image::{self, Image, KernelInfo};
+use graph::{Graphs, Work};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
 use vmm::Vmm;
@@ -43,6 +45,7 @@ struct State {
     streams: HashMap<u64, StreamState>,
     events: HashMap<u64, EventState>,
     vmm: Vmm,
+    graphs: Graphs,
 }
 
 struct Context {
@@ -154,6 +157,54 @@ const DEFAULT_LIMITS: [u64; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
 const STREAM_ATTRIBUTES: [u32; 5] = [1, 3, STREAM_PRIORITY, 9, 10];
 const STREAM_PRIORITY: u32 = 8;
 
+/// What the driver refuses of a memset before it sets anything.
+fn check_memset(op: &Memset) -> BResult<()> {
+    if ![1, 2, 4].contains(&op.element_size) {
+        return Err(err(CuError::INVALID_VALUE, format!("{}-byte memset elements", op.element_size)));
+    }
+    if op.height > 1 && op.pitch < op.row_bytes().ok_or(CuError::INVALID_VALUE)? {
+        return Err(err(CuError::INVALID_VALUE, "memset rows overlap"));
+    }
+    Ok(())
+}
+
+/// Sets a checked, non-empty memset's bytes.
+fn set_memory(memory: &mut Memory, op: &Memset) -> BResult<()> {
+    let element = op.value.to_le_bytes();
+    let element = &element[..op.element_size as usize];
+    let row = op.row_bytes().ok_or(CuError::INVALID_VALUE)?;
+    let extent = op.extent().ok_or(CuError::INVALID_VALUE)?;
+    let set = |bytes: &mut [u8]| {
+        if op.height == 1 || op.pitch == row {
+            fill(bytes, element);
+        } else {
+            // `pitch > row >= 1` and the extent fits in memory: `height` is below its size.
+            for start in (0..bytes.len()).step_by(op.pitch as usize) {
+                fill(&mut bytes[start..start + row as usize], element);
+            }
+        }
+    };
+    if let Some(bytes) = memory.slice_mut(op.dst, extent) {
+        set(bytes);
+        return Ok(());
+    }
+    // Across adjacent mappings: set a copy of the extent and write it back.
+    let mut bytes = memory::zeroed(extent)?;
+    if !memory.read_at(op.dst, &mut bytes) {
+        return Err(CuError::INVALID_VALUE.into());
+    }
+    set(&mut bytes);
+    memory.write_at(op.dst, &bytes).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
+}
+
+/// Copies `size` bytes between device addresses (registered host memory
+/// has one), across adjacent blocks.
+fn copy_memory(memory: &mut Memory, dst: u64, src: u64, size: u64) -> BResult<()> {
+    let mut bytes = memory::zeroed(size)?;
+    let copied = memory.read_at(src, &mut bytes) && memory.write_at(dst, &bytes);
+    copied.then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
+}
+
 fn err(code: CuError, detail: impl Into<String>) -> CallError {
     CallError::new(code, detail)
 }
@@ -173,12 +224,23 @@ impl Emulated {
                 streams: HashMap::new(),
                 events: HashMap::new(),
                 vmm: Vmm::default(),
+                graphs: Graphs::default(),
             }),
         }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a copy between registered host memory (at its own device
+    /// address) and the device, if `stream` is capturing.
+    fn record_host_copy(&self, ctx: Obj, stream: Obj, dst: u64, src: u64, len: usize) -> Option<BResult<()>> {
+        let mut s = self.state();
+        if let Err(e) = s.stream(ctx, stream) {
+            return Some(Err(e));
+        }
+        s.graphs.record(stream, Work::Copy { dst, src, size: len as u64 })
     }
 }
 
@@ -288,6 +350,62 @@ impl State {
     }
 
     /// Checks a launch as the driver does before it queues one.
+    /// The reference implementation of a launch of `func` in `ctx`, once the
+    /// launch is checked as the driver would check it.
+    fn kernel(&self, ctx: Obj, func: Obj, launch: &Launch) -> BResult<kernels::ReferenceKernel> {
+        let f = self.function(func)?;
+        if f.ctx != ctx.0 {
+            return Err(err(CuError::INVALID_HANDLE, "function belongs to another context"));
+        }
+        self.check_launch(f, launch)?;
+        let name = &f.kernel.name;
+        kernels::lookup(name).ok_or_else(|| {
+            err(
+                CuError::NOT_SUPPORTED,
+                format!(
+                    "kernel {name} cannot run: the emulated backend is a host-memory test device, not a GPU, and \
+                     runs only the reference kernels of gpuplex's own tests (use --backend cuda on a GPU machine)"
+                ),
+            )
+        })
+    }
+
+    /// Runs a launch `kernel` has checked. A fault is the context's sticky
+    /// error, as a GPU reports it later: the launch itself succeeded.
+    fn run_kernel(&mut self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()> {
+        let run = self.kernel(ctx, func, launch)?;
+        let f = self.function(func)?;
+        let (name, layout) = (f.kernel.name.clone(), f.kernel.params.clone());
+        let k = KernelLaunch {
+            grid: launch.grid,
+            block: launch.block,
+            shared_mem: launch.shared_mem,
+            params,
+            layout: &layout,
+        };
+        match run(&k, &mut self.memory) {
+            Ok(()) => Ok(()),
+            Err(fault) if fault == CuError::ILLEGAL_ADDRESS || fault == CuError::ASSERT => {
+                self.ctx(ctx)?.sticky = Some(fault);
+                Ok(())
+            }
+            Err(e) => Err(err(e, format!("reference kernel {name:?} refused its arguments"))),
+        }
+    }
+
+    /// Runs an executable graph's work in order; the first failure ends it.
+    fn run_graph(&mut self, ctx: Obj, work: Vec<Work>) -> BResult<()> {
+        for w in work {
+            match w {
+                Work::Kernel { func, launch, params } => self.run_kernel(ctx, func, &launch, &params)?,
+                Work::Memset(op) => set_memory(&mut self.memory, &op)?,
+                Work::Copy { dst, src, size } => copy_memory(&mut self.memory, dst, src, size)?,
+            }
+            self.ctx(ctx)?;
+        }
+        Ok(())
+    }
+
     fn check_launch(&self, f: &Function, launch: &Launch) -> BResult<()> {
         let bad = |what: String| Err(err(CuError::INVALID_VALUE, what));
         let threads: u64 = launch.block.iter().map(|&d| d as u64).product();
@@ -316,6 +434,7 @@ impl State {
         }
         self.streams.retain(|_, s| s.ctx != ctx);
         self.events.retain(|_, e| e.ctx != ctx);
+        self.graphs.context_gone(ctx);
         self.memory.free_where(|o| o == Owner::Alloc { ctx } || o == Owner::Host { ctx });
     }
 }
@@ -399,7 +518,9 @@ impl Backend for Emulated {
     }
 
     fn ctx_synchronize(&self, ctx: Obj) -> BResult<()> {
-        self.state().ctx(ctx).map(|_| ())
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.graphs.refuse_any("a wait for the context")
     }
 
     fn ctx_api_version(&self, ctx: Obj) -> BResult<u32> {
@@ -486,21 +607,24 @@ impl Backend for Emulated {
     fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, _sync: bool) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a copy from pageable memory")?;
         s.memory.write_at(dst, src).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
     }
 
     fn memcpy_dtoh(&self, ctx: Obj, dst: &mut [u8], src: u64, stream: Obj) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a copy to pageable memory")?;
         s.memory.read_at(src, dst).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
     }
 
     fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, _sync: bool) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        let mut bytes = memory::zeroed(size)?;
-        let copied = s.memory.read_at(src, &mut bytes) && s.memory.write_at(dst, &bytes);
-        copied.then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
+        if let Some(recorded) = s.graphs.record(stream, Work::Copy { dst, src, size }) {
+            return recorded;
+        }
+        copy_memory(&mut s.memory, dst, src, size)
     }
 
     /// The work is bounded by the bytes set: an empty memset returns at once
@@ -510,40 +634,14 @@ impl Backend for Emulated {
     fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, _sync: bool) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        if ![1, 2, 4].contains(&op.element_size) {
-            return Err(err(CuError::INVALID_VALUE, format!("{}-byte memset elements", op.element_size)));
-        }
+        check_memset(op)?;
         if op.is_empty() {
             return Ok(());
         }
-        let element = op.value.to_le_bytes();
-        let element = &element[..op.element_size as usize];
-        let row = op.row_bytes().ok_or(CuError::INVALID_VALUE)?;
-        if op.height > 1 && op.pitch < row {
-            return Err(err(CuError::INVALID_VALUE, "memset rows overlap"));
+        if let Some(recorded) = s.graphs.record(stream, Work::Memset(*op)) {
+            return recorded;
         }
-        let extent = op.extent().ok_or(CuError::INVALID_VALUE)?;
-        let set = |bytes: &mut [u8]| {
-            if op.height == 1 || op.pitch == row {
-                fill(bytes, element);
-            } else {
-                // `pitch > row >= 1` and the extent fits in memory: `height` is below its size.
-                for start in (0..bytes.len()).step_by(op.pitch as usize) {
-                    fill(&mut bytes[start..start + row as usize], element);
-                }
-            }
-        };
-        if let Some(bytes) = s.memory.slice_mut(op.dst, extent) {
-            set(bytes);
-            return Ok(());
-        }
-        // Across adjacent mappings: set a copy of the extent and write it back.
-        let mut bytes = memory::zeroed(extent)?;
-        if !s.memory.read_at(op.dst, &mut bytes) {
-            return Err(CuError::INVALID_VALUE.into());
-        }
-        set(&mut bytes);
-        s.memory.write_at(op.dst, &bytes).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
+        set_memory(&mut s.memory, op)
     }
 
     fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64> {
@@ -619,6 +717,9 @@ impl Backend for Emulated {
         stream: Obj,
         sync: bool,
     ) -> BResult<()> {
+        if let Some(recorded) = self.record_host_copy(ctx, stream, dst, src as u64, len) {
+            return recorded;
+        }
         // SAFETY: the caller's guarantee; the copy completes before returning.
         self.memcpy_htod(ctx, dst, unsafe { std::slice::from_raw_parts(src, len) }, stream, sync)
     }
@@ -632,6 +733,9 @@ impl Backend for Emulated {
         stream: Obj,
         _sync: bool,
     ) -> BResult<()> {
+        if let Some(recorded) = self.record_host_copy(ctx, stream, dst as u64, src, len) {
+            return recorded;
+        }
         // SAFETY: the caller's guarantee; the copy completes before returning.
         self.memcpy_dtoh(ctx, unsafe { std::slice::from_raw_parts_mut(dst, len) }, src, stream)
     }
@@ -911,39 +1015,12 @@ impl Backend for Emulated {
     fn launch(&self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, launch.stream)?;
-        let f = s.function(func)?;
-        if f.ctx != ctx.0 {
-            return Err(err(CuError::INVALID_HANDLE, "function belongs to another context"));
+        s.kernel(ctx, func, launch)?;
+        let work = Work::Kernel { func, launch: launch.clone(), params: params.to_vec() };
+        if let Some(recorded) = s.graphs.record(launch.stream, work) {
+            return recorded;
         }
-        s.check_launch(f, launch)?;
-        let name = f.kernel.name.clone();
-        let layout = f.kernel.params.clone();
-        let run = kernels::lookup(&name).ok_or_else(|| {
-            err(
-                CuError::NOT_SUPPORTED,
-                format!(
-                    "kernel {name} cannot run: the emulated backend is a host-memory test device, not a GPU, and \
-                     runs only the reference kernels of gpuplex's own tests (use --backend cuda on a GPU machine)"
-                ),
-            )
-        })?;
-        let k = KernelLaunch {
-            grid: launch.grid,
-            block: launch.block,
-            shared_mem: launch.shared_mem,
-            params,
-            layout: &layout,
-        };
-        match run(&k, &mut s.memory) {
-            Ok(()) => Ok(()),
-            // Faults surface later, as the GPU reports them: the launch
-            // itself succeeded.
-            Err(fault) if fault == CuError::ILLEGAL_ADDRESS || fault == CuError::ASSERT => {
-                s.ctx(ctx)?.sticky = Some(fault);
-                Ok(())
-            }
-            Err(e) => Err(err(e, format!("reference kernel {name:?} refused its arguments"))),
-        }
+        s.run_kernel(ctx, func, launch, params)
     }
 
     fn stream_create(&self, ctx: Obj, flags: u32, priority: i32) -> BResult<Obj> {
@@ -966,17 +1043,22 @@ impl Backend for Emulated {
     }
 
     fn stream_synchronize(&self, ctx: Obj, stream: Obj) -> BResult<()> {
-        self.state().stream(ctx, stream)
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a wait for the stream")
     }
 
     fn stream_query(&self, ctx: Obj, stream: Obj) -> BResult<()> {
-        self.state().stream(ctx, stream)
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a query of the stream")
     }
 
     fn stream_wait_event(&self, ctx: Obj, stream: Obj, event: Obj, _flags: u32) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        s.event(event).map(|_| ())
+        s.event(event)?;
+        s.graphs.refuse(stream, CuError::NOT_SUPPORTED, "the emulated device captures no event waits")
     }
 
     fn stream_priority(&self, ctx: Obj, stream: Obj) -> BResult<i32> {
@@ -1030,9 +1112,10 @@ impl Backend for Emulated {
         self.state().stream(ctx, stream).map(|_| stream.0)
     }
 
-    /// The emulated device cannot capture.
     fn stream_capture_status(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
-        self.state().stream(ctx, stream).map(|_| 0)
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        Ok(s.graphs.info(stream).status)
     }
 
     fn event_create(&self, ctx: Obj, flags: u32) -> BResult<Obj> {
@@ -1053,6 +1136,8 @@ impl Backend for Emulated {
     fn event_record(&self, ctx: Obj, event: Obj, stream: Obj, _flags: u32) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
+        s.event(event)?;
+        s.graphs.refuse(stream, CuError::NOT_SUPPORTED, "the emulated device captures no event records")?;
         s.event(event)?.recorded = Some(Instant::now());
         Ok(())
     }
@@ -1078,6 +1163,81 @@ impl Backend for Emulated {
         let b = timed(s.event(end)?)?;
         let ms = if b >= a { (b - a).as_secs_f64() * 1e3 } else { -((a - b).as_secs_f64() * 1e3) };
         Ok(ms as f32)
+    }
+
+    fn stream_begin_capture(&self, ctx: Obj, stream: Obj, _mode: u32) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.begin(stream)
+    }
+
+    fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.end(stream)
+    }
+
+    fn stream_capture_info(&self, ctx: Obj, stream: Obj, _edges: bool) -> BResult<CaptureInfo> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        Ok(s.graphs.info(stream))
+    }
+
+    /// Kept per thread, not enforced (see `graph.rs`).
+    fn exchange_capture_mode(&self, mode: u32) -> BResult<u32> {
+        thread_local! {
+            static MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
+        if mode > 2 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        Ok(MODE.replace(mode))
+    }
+
+    fn graph_create(&self, flags: u32) -> BResult<Obj> {
+        if flags != 0 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        Ok(self.state().graphs.create())
+    }
+
+    fn graph_destroy(&self, graph: Obj) -> BResult<()> {
+        self.state().graphs.destroy(graph)
+    }
+
+    fn graph_instantiate(&self, ctx: Obj, graph: Obj, flags: u64) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        if flags != 0 {
+            return Err(err(CuError::NOT_SUPPORTED, "the emulated device instantiates graphs with no flags"));
+        }
+        s.graphs.instantiate(ctx, graph)
+    }
+
+    fn graph_exec_destroy(&self, exec: Obj) -> BResult<()> {
+        self.state().graphs.exec_destroy(exec)
+    }
+
+    fn graph_launch(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::NOT_SUPPORTED, "the emulated device captures no graph launches")?;
+        let work = s.graphs.exec(ctx, exec)?;
+        s.run_graph(ctx, work)
+    }
+
+    fn graph_upload(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.exec(ctx, exec).map(drop)
+    }
+
+    fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
+        self.state().graphs.nodes(graph, roots)
+    }
+
+    fn graph_node_type(&self, node: Obj) -> BResult<u32> {
+        self.state().graphs.node_type(node)
     }
 }
 

@@ -1,0 +1,358 @@
+//! Graphs: stream capture, instantiation, launch and the queries programs
+//! make of them. Capture itself is the server's driver's; this side keeps
+//! which of the process's streams capture, because while any does, copies
+//! from ordinary memory go to the server in their frames, where the driver
+//! refuses them as natively rather than capturing a staging slot's address.
+
+use std::collections::HashSet;
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use gpuplex_protocol::{calls, CuError, Graph, GraphExec, Stream};
+
+use crate::client;
+use crate::context;
+use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
+
+/// Streams capturing now, each with the thread of a per-thread stream.
+static CAPTURING: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
+static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any stream of the process is capturing.
+pub fn capturing() -> bool {
+    CAPTURES.load(Ordering::Relaxed) > 0
+}
+
+fn key(s: Stream) -> (u64, u64) {
+    (s.0, if s == Stream::PER_THREAD { context::thread_id() } else { 0 })
+}
+
+fn note_capture(s: Stream, on: bool) {
+    let mut set = CAPTURING.lock().unwrap_or_else(PoisonError::into_inner);
+    let set = set.get_or_insert_with(HashSet::new);
+    if on {
+        set.insert(key(s))
+    } else {
+        set.remove(&key(s))
+    };
+    CAPTURES.store(set.len(), Ordering::Relaxed);
+}
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`, what the first `cuStreamBeginCapture` had.
+const GLOBAL: u32 = 0;
+
+fn begin(s: Stream, mode: u32) -> Result<(), CuError> {
+    client::call(calls::StreamBeginCapture::Request { hStream: s, mode })?;
+    note_capture(s, true);
+    Ok(())
+}
+
+fn end(s: Stream, graph: *mut *mut c_void) -> Result<(), CuError> {
+    check_out(graph)?;
+    // The capture is over whatever the answer; a stream that was not
+    // capturing was not noted either.
+    let reply = client::call(calls::StreamEndCapture::Request { hStream: s });
+    note_capture(s, false);
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(graph, reply?.graph.0 as *mut c_void) };
+    Ok(())
+}
+
+/// The nodes of the last `cuStreamGetCaptureInfo` of each thread: the
+/// driver's own arrays stay valid until the stream's next call, and these
+/// until the thread's next query.
+struct Answer {
+    deps: Vec<*mut c_void>,
+    edges: Vec<u64>,
+}
+
+thread_local! {
+    static ANSWER: std::cell::RefCell<Answer> = const { std::cell::RefCell::new(Answer { deps: Vec::new(), edges: Vec::new() }) };
+}
+
+/// `cuStreamGetCaptureInfo_v2/_v3`; `edges` is NULL for `_v2`.
+///
+/// # Safety
+/// Each pointer is NULL or valid for a write, `status` not NULL.
+unsafe fn capture_info(
+    s: Stream,
+    status: *mut u32,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const *mut c_void,
+    edges: *mut *const u64,
+    count: *mut usize,
+) -> Result<(), CuError> {
+    check_out(status)?;
+    if (!deps.is_null() || !edges.is_null()) && count.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let reply = client::call(calls::StreamCaptureInfo::Request { hStream: s, edges: !edges.is_null() })?;
+    let n = reply.deps.0.len();
+    ANSWER.with(|a| {
+        let mut a = a.borrow_mut();
+        a.deps = reply.deps.0.iter().map(|&h| h as usize as *mut c_void).collect();
+        a.edges = reply.edgeData.0;
+        // SAFETY: NULL is skipped; otherwise the caller vouches for each.
+        unsafe {
+            write_out(status, reply.status);
+            write_out(id, reply.id);
+            write_out(graph, reply.graph.0 as *mut c_void);
+            write_out(deps, if n == 0 { std::ptr::null() } else { a.deps.as_ptr() });
+            write_out(
+                edges,
+                if n == 0 || a.edges.iter().all(|&e| e == 0) { std::ptr::null() } else { a.edges.as_ptr() },
+            );
+            write_out(count, n);
+        }
+    });
+    Ok(())
+}
+
+macro_rules! capture_exports {
+    ($begin:ident, $end:ident, $info2:ident, $info3:ident, $stream:path) => {
+        /// # Safety
+        /// None beyond the CUDA API's.
+        #[no_mangle]
+        pub unsafe extern "C" fn $begin(s: *mut c_void, mode: u32) -> CUresult {
+            entry(stringify!($begin), || begin($stream(s), mode))
+        }
+
+        /// # Safety
+        /// `graph` is valid for a write.
+        #[no_mangle]
+        pub unsafe extern "C" fn $end(s: *mut c_void, graph: *mut *mut c_void) -> CUresult {
+            entry(stringify!($end), || end($stream(s), graph))
+        }
+
+        /// # Safety
+        /// As `capture_info`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $info2(
+            s: *mut c_void,
+            status: *mut u32,
+            id: *mut u64,
+            graph: *mut *mut c_void,
+            deps: *mut *const *mut c_void,
+            count: *mut usize,
+        ) -> CUresult {
+            // SAFETY: per this function's contract.
+            entry(stringify!($info2), || unsafe {
+                capture_info($stream(s), status, id, graph, deps, std::ptr::null_mut(), count)
+            })
+        }
+
+        /// # Safety
+        /// As `capture_info`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $info3(
+            s: *mut c_void,
+            status: *mut u32,
+            id: *mut u64,
+            graph: *mut *mut c_void,
+            deps: *mut *const *mut c_void,
+            edges: *mut *const u64,
+            count: *mut usize,
+        ) -> CUresult {
+            // SAFETY: per this function's contract.
+            entry(stringify!($info3), || unsafe { capture_info($stream(s), status, id, graph, deps, edges, count) })
+        }
+    };
+}
+
+capture_exports!(
+    cuStreamBeginCapture_v2,
+    cuStreamEndCapture,
+    cuStreamGetCaptureInfo_v2,
+    cuStreamGetCaptureInfo_v3,
+    stream
+);
+capture_exports!(
+    cuStreamBeginCapture_v2_ptsz,
+    cuStreamEndCapture_ptsz,
+    cuStreamGetCaptureInfo_v2_ptsz,
+    cuStreamGetCaptureInfo_v3_ptsz,
+    ptsz_stream
+);
+
+macro_rules! first_capture_exports {
+    ($begin:ident, $info:ident, $stream:path) => {
+        /// The first form, before capture modes: a global capture.
+        ///
+        /// # Safety
+        /// None beyond the CUDA API's.
+        #[no_mangle]
+        pub unsafe extern "C" fn $begin(s: *mut c_void) -> CUresult {
+            entry(stringify!($begin), || begin($stream(s), GLOBAL))
+        }
+
+        /// The first form: status and id only.
+        ///
+        /// # Safety
+        /// `status` is valid for a write, `id` NULL or valid.
+        #[no_mangle]
+        pub unsafe extern "C" fn $info(s: *mut c_void, status: *mut u32, id: *mut u64) -> CUresult {
+            use std::ptr::null_mut;
+            // SAFETY: per this function's contract; the rest are NULL.
+            entry(stringify!($info), || unsafe {
+                capture_info($stream(s), status, id, null_mut(), null_mut(), null_mut(), null_mut())
+            })
+        }
+    };
+}
+
+first_capture_exports!(cuStreamBeginCapture, cuStreamGetCaptureInfo, stream);
+first_capture_exports!(cuStreamBeginCapture_ptsz, cuStreamGetCaptureInfo_ptsz, ptsz_stream);
+
+fn instantiate(exec: *mut *mut c_void, graph: *mut c_void, flags: u64) -> Result<(), CuError> {
+    check_out(exec)?;
+    let reply = client::call(calls::cuGraphInstantiateWithFlags::Request { hGraph: Graph(graph as u64), flags })?;
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(exec, reply.phGraphExec.0 as *mut c_void) };
+    Ok(())
+}
+
+macro_rules! instantiate_with_log {
+    ($name:ident) => {
+        /// The form with an error node and a log: neither is ever filled,
+        /// as the driver leaves them when instantiation succeeds.
+        ///
+        /// # Safety
+        /// `exec` is valid for a write; `error_node` NULL or valid; `log` valid for `log_len` bytes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            exec: *mut *mut c_void,
+            graph: *mut c_void,
+            error_node: *mut *mut c_void,
+            log: *mut c_char,
+            log_len: usize,
+        ) -> CUresult {
+            entry(stringify!($name), || {
+                // SAFETY: NULL is skipped; otherwise the caller vouches for it.
+                unsafe { write_out(error_node, std::ptr::null_mut()) };
+                if !log.is_null() && log_len > 0 {
+                    // SAFETY: at least one byte, per the contract.
+                    unsafe { log.write(0) };
+                }
+                instantiate(exec, graph, 0)
+            })
+        }
+    };
+}
+
+instantiate_with_log!(cuGraphInstantiate);
+instantiate_with_log!(cuGraphInstantiate_v2);
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+pub struct InstantiateParams {
+    flags: u64,
+    upload_stream: *mut c_void,
+    error_node: *mut c_void,
+    result: i32,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`: an upload to `upload_stream` as well.
+const FLAG_UPLOAD: u64 = 2;
+
+/// # Safety
+/// `params` is valid for reads and writes.
+unsafe fn instantiate_with_params(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    params: *mut InstantiateParams,
+    s: Stream,
+) -> Result<(), CuError> {
+    // SAFETY: NULL or valid, per the contract.
+    let p = unsafe { params.as_mut() }.ok_or(CuError::INVALID_VALUE)?;
+    p.error_node = std::ptr::null_mut();
+    let done = instantiate(exec, graph, p.flags & !FLAG_UPLOAD).and_then(|()| {
+        if p.flags & FLAG_UPLOAD == 0 {
+            return Ok(());
+        }
+        // SAFETY: just written by `instantiate`.
+        let exec = GraphExec(unsafe { *exec } as u64);
+        client::call(calls::cuGraphUpload::Request { hGraphExec: exec, hStream: s }).map(drop)
+    });
+    // CUDA_GRAPH_INSTANTIATE_SUCCESS, else _ERROR.
+    p.result = if done.is_ok() { 0 } else { 1 };
+    done
+}
+
+/// # Safety
+/// `exec` is valid for a write, `params` for reads and writes.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    params: *mut InstantiateParams,
+) -> CUresult {
+    entry("cuGraphInstantiateWithParams", || {
+        // SAFETY: per this function's contract; the stream read after NULL is checked.
+        unsafe {
+            let s = params.as_ref().map_or(Stream::NULL, |p| stream(p.upload_stream));
+            instantiate_with_params(exec, graph, params, s)
+        }
+    })
+}
+
+/// # Safety
+/// As `cuGraphInstantiateWithParams`.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    params: *mut InstantiateParams,
+) -> CUresult {
+    entry("cuGraphInstantiateWithParams_ptsz", || {
+        // SAFETY: as above.
+        unsafe {
+            let s = params.as_ref().map_or(Stream::PER_THREAD, |p| ptsz_stream(p.upload_stream));
+            instantiate_with_params(exec, graph, params, s)
+        }
+    })
+}
+
+/// `cuGraphGetNodes` and `cuGraphGetRootNodes`: NULL `nodes` asks how many;
+/// otherwise up to `*count` are written, the rest of the room NULL, and
+/// `*count` says how many there were.
+///
+/// # Safety
+/// `count` is valid for reads and writes; `nodes` NULL or valid for `*count` writes.
+unsafe fn nodes(graph: *mut c_void, out: *mut *mut c_void, count: *mut usize, roots: bool) -> Result<(), CuError> {
+    check_out(count)?;
+    let reply = client::call(calls::GraphNodes::Request { hGraph: Graph(graph as u64), roots })?;
+    let found = reply.nodes.0;
+    if !out.is_null() {
+        // SAFETY: room for `*count`, per the contract.
+        let room = unsafe { *count };
+        for i in 0..room {
+            let node = found.get(i).map_or(std::ptr::null_mut(), |&h| h as usize as *mut c_void);
+            // SAFETY: `i < room`.
+            unsafe { out.add(i).write(node) };
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(count, found.len().min(room)) };
+    } else {
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(count, found.len()) };
+    }
+    Ok(())
+}
+
+/// # Safety
+/// As `nodes`.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetNodes(graph: *mut c_void, out: *mut *mut c_void, count: *mut usize) -> CUresult {
+    // SAFETY: per this function's contract.
+    entry("cuGraphGetNodes", || unsafe { nodes(graph, out, count, false) })
+}
+
+/// # Safety
+/// As `nodes`.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetRootNodes(graph: *mut c_void, out: *mut *mut c_void, count: *mut usize) -> CUresult {
+    // SAFETY: per this function's contract.
+    entry("cuGraphGetRootNodes", || unsafe { nodes(graph, out, count, true) })
+}

@@ -1,0 +1,163 @@
+//! A session's graphs: streams it captures, graphs it captured or made,
+//! their instantiations and launches. Graphs, executable graphs and nodes
+//! are handles of the session's tables like every other object; the driver
+//! owns the capture itself.
+//!
+//! A client thread's capture mode decides which of its calls a capture in
+//! progress forbids. The session runs every client thread's calls on one
+//! thread, so before each call it gives that thread the calling client
+//! thread's mode (the client posts a thread's mode when it changes).
+
+use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{CallError, CuError, Graph, GraphExec, Seq};
+use tracing::warn;
+
+use super::tables::{Entry, Kind, Owner};
+use super::Session;
+use crate::backend::Obj;
+use crate::sched::Work;
+
+type R<T> = Result<T, CallError>;
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`, every thread's mode until it changes it.
+const GLOBAL: u32 = 0;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`, the last of the modes.
+const RELAXED: u32 = 2;
+
+impl Session {
+    pub(super) fn capture_mode(&mut self, req: CaptureMode::Request) -> R<CaptureMode::Reply> {
+        match req.mode {
+            GLOBAL => self.capture_modes.remove(&self.thread),
+            mode if mode <= RELAXED => self.capture_modes.insert(self.thread, mode),
+            _ => return Err(CallError::new(CuError::INVALID_VALUE, format!("capture mode {}", req.mode))),
+        };
+        Ok(CaptureMode::Reply {})
+    }
+
+    /// Gives the session's thread the calling client thread's capture mode.
+    pub(super) fn apply_capture_mode(&mut self) {
+        let want = self.capture_modes.get(&self.thread).copied().unwrap_or(GLOBAL);
+        if want != self.driver_capture_mode {
+            match self.backend.exchange_capture_mode(want) {
+                Ok(_) => self.driver_capture_mode = want,
+                Err(e) => warn!("capture mode {want} not set: {e}"),
+            }
+        }
+    }
+
+    /// The handle of a graph the driver made or gave.
+    fn graph_handle(&mut self, graph: Obj) -> u64 {
+        self.made_graphs = true;
+        self.tables.add(Kind::Graph, Entry { obj: graph, ctx: 0, owner: Owner::Ctx(0) })
+    }
+
+    fn node_handles(&mut self, graph: u64, nodes: Vec<Obj>) -> Vec<u64> {
+        let entry = |obj| Entry { obj, ctx: 0, owner: Owner::Graph(graph) };
+        nodes.into_iter().map(|n| self.tables.add(Kind::GraphNode, entry(n))).collect()
+    }
+
+    pub(super) fn begin_capture(&mut self, req: StreamBeginCapture::Request) -> R<StreamBeginCapture::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        self.made_graphs = true;
+        self.backend.stream_begin_capture(ctx, stream, req.mode)?;
+        Ok(StreamBeginCapture::Reply {})
+    }
+
+    pub(super) fn end_capture(&mut self, req: StreamEndCapture::Request) -> R<StreamEndCapture::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        let graph = self.backend.stream_end_capture(ctx, stream)?;
+        Ok(StreamEndCapture::Reply { graph: Graph(self.graph_handle(graph)) })
+    }
+
+    pub(super) fn capture_info(&mut self, req: StreamCaptureInfo::Request) -> R<StreamCaptureInfo::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        let info = self.backend.stream_capture_info(ctx, stream, req.edges)?;
+        let graph = if info.graph == Obj(0) { 0 } else { self.graph_handle(info.graph) };
+        let deps = if graph == 0 { Vec::new() } else { self.node_handles(graph, info.deps) };
+        Ok(StreamCaptureInfo::Reply {
+            status: info.status,
+            id: info.id,
+            graph: Graph(graph),
+            deps: Seq(deps),
+            edgeData: Seq(info.edges),
+        })
+    }
+
+    pub(super) fn graph_create(&mut self, req: cuGraphCreate::Request) -> R<cuGraphCreate::Reply> {
+        let graph = self.backend.graph_create(req.flags)?;
+        Ok(cuGraphCreate::Reply { phGraph: Graph(self.graph_handle(graph)) })
+    }
+
+    pub(super) fn graph_destroy(&mut self, req: cuGraphDestroy::Request) -> R<cuGraphDestroy::Reply> {
+        let graph = self.tables.get(Kind::Graph, req.hGraph.0)?;
+        self.backend.graph_destroy(graph.obj)?;
+        // Its nodes go with it.
+        self.tables.remove(Kind::Graph, req.hGraph.0)?;
+        Ok(cuGraphDestroy::Reply {})
+    }
+
+    pub(super) fn graph_instantiate(
+        &mut self,
+        req: cuGraphInstantiateWithFlags::Request,
+    ) -> R<cuGraphInstantiateWithFlags::Reply> {
+        let graph = self.tables.get(Kind::Graph, req.hGraph.0)?;
+        let (h, ctx) = self.current_ctx()?;
+        let exec = self.backend.graph_instantiate(ctx, graph.obj, req.flags)?;
+        let exec = self.tables.add(Kind::GraphExec, Entry { obj: exec, ctx: h, owner: Owner::Ctx(h) });
+        Ok(cuGraphInstantiateWithFlags::Reply { phGraphExec: GraphExec(exec) })
+    }
+
+    /// An executable graph, and the stream to run it in.
+    fn exec_in(&mut self, exec: GraphExec, stream: gpuplex_protocol::Stream) -> R<(Obj, Obj, Obj)> {
+        let exec = self.tables.get(Kind::GraphExec, exec.0)?.obj;
+        let (ctx, stream) = self.stream(stream)?;
+        Ok((ctx, exec, stream))
+    }
+
+    /// A graph's work is the session's compute work: held back for its turn.
+    pub(super) fn graph_launch(&mut self, req: cuGraphLaunch::Request) -> R<cuGraphLaunch::Reply> {
+        let (ctx, exec, stream) = self.exec_in(req.hGraphExec, req.hStream)?;
+        let backend = self.backend.clone();
+        self.seat.submit(ctx, stream, Work::Compute, || backend.graph_launch(ctx, exec, stream))?;
+        Ok(cuGraphLaunch::Reply {})
+    }
+
+    pub(super) fn graph_upload(&mut self, req: cuGraphUpload::Request) -> R<cuGraphUpload::Reply> {
+        let (ctx, exec, stream) = self.exec_in(req.hGraphExec, req.hStream)?;
+        self.backend.graph_upload(ctx, exec, stream)?;
+        Ok(cuGraphUpload::Reply {})
+    }
+
+    pub(super) fn graph_exec_destroy(&mut self, req: cuGraphExecDestroy::Request) -> R<cuGraphExecDestroy::Reply> {
+        let exec = self.tables.get(Kind::GraphExec, req.hGraphExec.0)?;
+        self.backend.graph_exec_destroy(exec.obj)?;
+        self.tables.remove(Kind::GraphExec, req.hGraphExec.0)?;
+        Ok(cuGraphExecDestroy::Reply {})
+    }
+
+    pub(super) fn graph_nodes(&mut self, req: GraphNodes::Request) -> R<GraphNodes::Reply> {
+        let graph = self.tables.get(Kind::Graph, req.hGraph.0)?;
+        let nodes = self.backend.graph_nodes(graph.obj, req.roots)?;
+        Ok(GraphNodes::Reply { nodes: Seq(self.node_handles(req.hGraph.0, nodes)) })
+    }
+
+    pub(super) fn graph_node_type(&mut self, req: cuGraphNodeGetType::Request) -> R<cuGraphNodeGetType::Reply> {
+        let node = self.tables.get(Kind::GraphNode, req.hNode.0)?;
+        Ok(cuGraphNodeGetType::Reply { nodeType: self.backend.graph_node_type(node.obj)? })
+    }
+
+    /// Destroys every executable graph and graph, for a session that ends
+    /// while its worker lives on (sessions on threads, in tests).
+    pub(super) fn release_graphs(&mut self) {
+        for (_, exec) in self.tables.all(Kind::GraphExec) {
+            if let Err(e) = self.backend.graph_exec_destroy(exec.obj) {
+                warn!("teardown: graph exec destroy failed: {e}");
+            }
+        }
+        for (_, graph) in self.tables.all(Kind::Graph) {
+            if let Err(e) = self.backend.graph_destroy(graph.obj) {
+                warn!("teardown: graph destroy failed: {e}");
+            }
+        }
+    }
+}

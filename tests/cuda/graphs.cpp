@@ -1,0 +1,148 @@
+// graphs: a stream captured into a graph (a copy from pinned memory, a
+// memset, kernels, a device-to-device copy and a copy back), the capture's
+// state asked while it runs, the graph's nodes, then launched again and
+// again with new input; a copy from pageable memory refused in a capture,
+// which ends invalidated; an empty graph built and launched; a thread in
+// relaxed capture mode allocating while its stream captures.
+#include "common.h"
+
+#include <vector>
+
+EMBED(vector_add_fatbin, "vector_add.fatbin");
+
+static const int N = 1 << 16;
+
+static const char *status_name(CUstreamCaptureStatus s) {
+    switch (s) {
+    case CU_STREAM_CAPTURE_STATUS_NONE: return "none";
+    case CU_STREAM_CAPTURE_STATUS_ACTIVE: return "active";
+    case CU_STREAM_CAPTURE_STATUS_INVALIDATED: return "invalidated";
+    }
+    return "?";
+}
+
+static void launch_add(CUfunction add, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c, CUstream s) {
+    int n = N;
+    void *params[] = {&a, &b, &c, &n};
+    CHECK(cuLaunchKernel(add, (N + 255) / 256, 1, 1, 256, 1, 1, 0, s, params, nullptr));
+}
+
+int main() {
+    CUcontext ctx;
+    init_primary(&ctx);
+    CUmodule mod;
+    CUfunction add;
+    CHECK(cuModuleLoadData(&mod, vector_add_fatbin));
+    CHECK(cuModuleGetFunction(&add, mod, "vector_add"));
+    size_t bytes = N * sizeof(float);
+    CUdeviceptr a, b, c, d;
+    CHECK(cuMemAlloc(&a, bytes));
+    CHECK(cuMemAlloc(&b, bytes));
+    CHECK(cuMemAlloc(&c, bytes));
+    CHECK(cuMemAlloc(&d, bytes));
+    float *in, *out;
+    CHECK(cuMemAllocHost((void **)&in, bytes));
+    CHECK(cuMemAllocHost((void **)&out, bytes));
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+
+    CUstreamCaptureStatus status;
+    CHECK(cuStreamIsCapturing(s, &status));
+    printf("before: %s\n", status_name(status));
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuStreamIsCapturing(s, &status));
+    cuuint64_t id = 0;
+    CUgraph capturing = nullptr;
+    const CUgraphNode *deps = nullptr;
+    size_t ndeps = 99;
+    CHECK(cuStreamGetCaptureInfo(s, &status, &id, &capturing, &deps, nullptr, &ndeps));
+    printf("capturing: %s, a graph: %s, dependencies: %zu\n", status_name(status), yes_no(capturing != nullptr), ndeps);
+
+    float half = 1.5f;
+    unsigned bits;
+    memcpy(&bits, &half, 4);
+    CHECK(cuMemcpyHtoDAsync(a, in, bytes, s));
+    CHECK(cuMemsetD32Async(b, bits, N, s));
+    launch_add(add, a, b, c, s);
+    CHECK(cuMemcpyDtoDAsync(d, c, bytes, s));
+    launch_add(add, d, b, c, s);
+    CHECK(cuMemcpyDtoHAsync(out, c, bytes, s));
+    CHECK(cuStreamGetCaptureInfo(s, &status, nullptr, nullptr, &deps, nullptr, &ndeps));
+    printf("after six captured steps: %s, dependencies: %zu\n", status_name(status), ndeps);
+    CUgraph graph;
+    CHECK(cuStreamEndCapture(s, &graph));
+    CHECK(cuStreamIsCapturing(s, &status));
+    printf("after the capture: %s, the same graph: %s\n", status_name(status), yes_no(graph == capturing));
+
+    size_t count = 0;
+    CHECK(cuGraphGetNodes(graph, nullptr, &count));
+    std::vector<CUgraphNode> nodes(count);
+    CHECK(cuGraphGetNodes(graph, nodes.data(), &count));
+    int kernels = 0, copies = 0, memsets = 0;
+    for (CUgraphNode node : nodes) {
+        CUgraphNodeType type;
+        CHECK(cuGraphNodeGetType(node, &type));
+        kernels += type == CU_GRAPH_NODE_TYPE_KERNEL;
+        copies += type == CU_GRAPH_NODE_TYPE_MEMCPY;
+        memsets += type == CU_GRAPH_NODE_TYPE_MEMSET;
+    }
+    size_t roots = 0;
+    CHECK(cuGraphGetRootNodes(graph, nullptr, &roots));
+    printf("nodes: %zu (%d kernels, %d copies, %d memsets), roots: %zu\n", count, kernels, copies, memsets, roots);
+
+    CUgraphExec exec;
+    CHECK(cuGraphInstantiate(&exec, graph, 0));
+    CHECK(cuGraphUpload(exec, s));
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) in[i] = (float)((i * (round + 3)) % 1000) * 0.25f;
+        memset(out, 0, bytes);
+        CHECK(cuGraphLaunch(exec, s));
+        CHECK(cuStreamSynchronize(s));
+        for (int i = 0; i < N; i++) EXPECT(out[i] == in[i] + 3.0f, "round %d: out[%d] = %g", round, i, out[i]);
+        printf("launch %d: every value as computed, checksum=%016llx\n", round,
+               (unsigned long long)checksum(out, bytes));
+    }
+    CHECK(cuGraphExecDestroy(exec));
+    CHECK(cuGraphDestroy(graph));
+
+    // What a capture cannot take: a copy from ordinary memory.
+    std::vector<float> pageable(N, 1.0f);
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUresult rc = cuMemcpyHtoDAsync(a, pageable.data(), bytes, s);
+    printf("a copy from pageable memory in a capture refused: %s\n", yes_no(rc != CUDA_SUCCESS));
+    CUgraph broken = nullptr;
+    rc = cuStreamEndCapture(s, &broken);
+    printf("that capture ends: %s\n", err_name(rc));
+    CHECK(cuStreamIsCapturing(s, &status));
+    printf("and the stream: %s\n", status_name(status));
+
+    // A thread in relaxed mode may allocate while its stream captures.
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    CUdeviceptr extra;
+    rc = cuMemAlloc(&extra, 4096);
+    printf("relaxed, an allocation during a capture: %s\n", err_name(rc));
+    if (rc == CUDA_SUCCESS) CHECK(cuMemFree(extra));
+    CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    launch_add(add, a, b, c, s);
+    CHECK(cuStreamEndCapture(s, &graph));
+    CHECK(cuGraphDestroy(graph));
+
+    // A graph built empty runs and does nothing.
+    CUgraph empty;
+    CHECK(cuGraphCreate(&empty, 0));
+    CHECK(cuGraphInstantiate(&exec, empty, 0));
+    CHECK(cuGraphLaunch(exec, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuGraphGetNodes(empty, nullptr, &count));
+    printf("an empty graph launched, nodes: %zu\n", count);
+    CHECK(cuGraphExecDestroy(exec));
+    CHECK(cuGraphDestroy(empty));
+
+    CHECK(cuStreamDestroy(s));
+    CHECK(cuMemFreeHost(in));
+    CHECK(cuMemFreeHost(out));
+    printf("done\n");
+    return 0;
+}
