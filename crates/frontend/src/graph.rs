@@ -262,7 +262,7 @@ unsafe fn instantiate_with_params(
     exec: *mut *mut c_void,
     graph: *mut c_void,
     params: *mut InstantiateParams,
-    s: Stream,
+    to_stream: fn(*mut c_void) -> Stream,
 ) -> Result<(), CuError> {
     // SAFETY: NULL or valid, per the contract.
     let p = unsafe { params.as_mut() }.ok_or(CuError::INVALID_VALUE)?;
@@ -273,46 +273,31 @@ unsafe fn instantiate_with_params(
         }
         // SAFETY: just written by `instantiate`.
         let exec = GraphExec(unsafe { *exec } as u64);
-        client::call(calls::cuGraphUpload::Request { hGraphExec: exec, hStream: s }).map(drop)
+        client::call(calls::cuGraphUpload::Request { hGraphExec: exec, hStream: to_stream(p.upload_stream) }).map(drop)
     });
     // CUDA_GRAPH_INSTANTIATE_SUCCESS, else _ERROR.
     p.result = if done.is_ok() { 0 } else { 1 };
     done
 }
 
-/// # Safety
-/// `exec` is valid for a write, `params` for reads and writes.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams(
-    exec: *mut *mut c_void,
-    graph: *mut c_void,
-    params: *mut InstantiateParams,
-) -> CUresult {
-    entry("cuGraphInstantiateWithParams", || {
-        // SAFETY: per this function's contract; the stream read after NULL is checked.
-        unsafe {
-            let s = params.as_ref().map_or(Stream::NULL, |p| stream(p.upload_stream));
-            instantiate_with_params(exec, graph, params, s)
+macro_rules! instantiate_with_params {
+    ($name:ident, $stream:path) => {
+        /// # Safety
+        /// `exec` is valid for a write, `params` for reads and writes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            exec: *mut *mut c_void,
+            graph: *mut c_void,
+            params: *mut InstantiateParams,
+        ) -> CUresult {
+            // SAFETY: per this function's contract.
+            entry(stringify!($name), || unsafe { instantiate_with_params(exec, graph, params, $stream) })
         }
-    })
+    };
 }
 
-/// # Safety
-/// As `cuGraphInstantiateWithParams`.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
-    exec: *mut *mut c_void,
-    graph: *mut c_void,
-    params: *mut InstantiateParams,
-) -> CUresult {
-    entry("cuGraphInstantiateWithParams_ptsz", || {
-        // SAFETY: as above.
-        unsafe {
-            let s = params.as_ref().map_or(Stream::PER_THREAD, |p| ptsz_stream(p.upload_stream));
-            instantiate_with_params(exec, graph, params, s)
-        }
-    })
-}
+instantiate_with_params!(cuGraphInstantiateWithParams, stream);
+instantiate_with_params!(cuGraphInstantiateWithParams_ptsz, ptsz_stream);
 
 /// `cuGraphGetNodes` and `cuGraphGetRootNodes`: NULL `nodes` asks how many;
 /// otherwise up to `*count` are written, the rest of the room NULL, and
