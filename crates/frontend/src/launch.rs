@@ -193,6 +193,9 @@ unsafe fn launch(
     if !params.is_null() && !extra.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
+    if let Some(e) = crate::module::refused_launch(func as u64) {
+        return Err(e);
+    }
     // The function's layout (fetched once, then cached) packs
     // `kernelParams` and bounds what may be posted.
     let func = func as u64;

@@ -373,6 +373,39 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     })
 }
 
+/// Libraries whose `__managed__` variables the program asked for: gpuplex
+/// cannot give the program and the library's kernels one copy of them, so
+/// those kernels are not launched (`refused_launch`) rather than run on
+/// memory the program does not see.
+static WITH_MANAGED_VARIABLES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// # Safety
+/// Reads no argument.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetManaged(
+    _dptr: *mut u64,
+    _bytes: *mut usize,
+    library: *mut c_void,
+    _name: *const c_char,
+) -> CUresult {
+    entry("cuLibraryGetManaged", || {
+        let mut libraries = WITH_MANAGED_VARIABLES.lock().unwrap_or_else(PoisonError::into_inner);
+        if !libraries.contains(&(library as u64)) {
+            libraries.push(library as u64);
+            crate::log::warn(
+                "__managed__ variables are not supported by gpuplex yet: the kernels of their module will not launch",
+            );
+        }
+        Err(CuError::NOT_SUPPORTED)
+    })
+}
+
+/// Why a launch of `func` is refused, if its library has `__managed__` variables.
+pub fn refused_launch(func: u64) -> Option<CuError> {
+    let libraries = WITH_MANAGED_VARIABLES.lock().unwrap_or_else(PoisonError::into_inner);
+    (!libraries.is_empty() && libraries.contains(&crate::memo::group_of(func))).then_some(CuError::NOT_SUPPORTED)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,9 @@
 // managed: unified memory from cudaMallocManaged, written by the host, then
 // by a kernel, then read by the host after cudaDeviceSynchronize; and a
-// __managed__ variable. gpuplex has no managed memory yet: the program is
-// in the GPU suite (native against gpuplex) but not in expected/ or CI.
+// __managed__ variable. gpuplex does not serve __managed__ variables yet, so
+// the kernels of this program's module are refused: the program is in the
+// GPU suite (native against gpuplex) but not in expected/, and CI checks it
+// fails cleanly. managed_alloc.cu has the rest.
 #include "check.h"
 
 // out[i] = in[i] * scale + offset for i < n. Reference: kernels.rs `scale_add`.

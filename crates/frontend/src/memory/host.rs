@@ -48,6 +48,8 @@ pub struct HostBlock {
     flags: u32,
     /// Allocated here (freed with cuMemFreeHost), or registered user memory.
     allocated: bool,
+    /// Managed memory (`managed.rs`), freed with cuMemFree.
+    managed: bool,
     /// The server's block, when the memory is shared with it.
     pub shared: Option<SharedBlock>,
 }
@@ -94,9 +96,9 @@ pub fn shared_range(ptr: u64, len: usize) -> Option<(u64, u64)> {
 }
 
 /// The host memory known here that holds `ptr`: `(start, size, device
-/// address of ptr if mapped)`.
-pub fn lookup(ptr: u64) -> Option<(u64, u64, Option<u64>)> {
-    containing(ptr, |start, b| (start, b.size as u64, b.device_address(ptr)))
+/// address of ptr if mapped, whether it is managed memory)`.
+pub fn lookup(ptr: u64) -> Option<(u64, u64, Option<u64>, bool)> {
+    containing(ptr, |start, b| (start, b.size as u64, b.device_address(ptr), b.managed))
 }
 
 /// Whether `ptr` lies in host memory known here.
@@ -148,7 +150,7 @@ fn alloc_host(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CuErr
     } else {
         (anonymous(size)?, None)
     };
-    with(|b| b.insert(p as u64, HostBlock { size, flags, allocated: true, shared }));
+    with(|b| b.insert(p as u64, HostBlock { size, flags, allocated: true, managed: false, shared }));
     // SAFETY: checked non-NULL; the caller vouches for it.
     unsafe { write_out(pp, p) };
     Ok(())
@@ -202,19 +204,94 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
         if p.is_null() {
             return Ok(());
         }
-        let block = with(|b| match b.get(&(p as u64)) {
-            Some(block) if block.allocated => b.remove(&(p as u64)),
-            _ => None,
-        });
-        let block = block.ok_or(CuError::INVALID_VALUE)?;
-        // SAFETY: the program's mapping of the block (or its anonymous
-        // memory), now forgotten here, so nothing refers to it through us.
-        unsafe { libc::munmap(p, block.shared.as_ref().map_or(block.size, |s| s.len as usize)) };
-        if let Some(shared) = block.shared {
-            release(shared);
-        }
-        Ok(())
+        free_allocated(p as u64, false)
     })
+}
+
+/// Frees memory allocated here (`managed` or pinned), mapping and block.
+pub fn free_allocated(p: u64, managed: bool) -> Result<(), CuError> {
+    let block = with(|b| match b.get(&p) {
+        Some(block) if block.allocated && block.managed == managed => b.remove(&p),
+        _ => None,
+    });
+    let block = block.ok_or(CuError::INVALID_VALUE)?;
+    // SAFETY: the program's mapping of the block (or its anonymous memory),
+    // now forgotten here, so nothing refers to it through us.
+    unsafe { libc::munmap(p as *mut c_void, block.shared.as_ref().map_or(block.size, |s| s.len as usize)) };
+    if let Some(shared) = block.shared {
+        release(shared);
+    }
+    Ok(())
+}
+
+/// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`.
+const PORTABLE_DEVICEMAP: u32 = 0x03;
+
+/// Managed memory: a block shared with the server and registered with the
+/// driver, mapped here at the very address the device knows it by, so that
+/// one pointer serves the program and its kernels. The address is chosen
+/// free here first and the server asked to map the block there too (its
+/// worker has far fewer mappings). None without shared memory.
+pub fn alloc_managed(size: usize) -> Result<Option<u64>, CuError> {
+    if !shared_memory() {
+        return Ok(None);
+    }
+    let len = (size as u64).next_multiple_of(PAGE);
+    // SAFETY: an inaccessible anonymous mapping, replaced below or unmapped.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(CuError::OUT_OF_MEMORY);
+    }
+    let at = at as u64;
+    let mapped = new_block(len, PORTABLE_DEVICEMAP, at).and_then(|(block, region)| {
+        // SAFETY: replaces exactly the reservation made above with the block.
+        let p = (block.devptr == at).then(|| unsafe {
+            libc::mmap(
+                at as *mut c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                region.fd().as_raw_fd(),
+                0,
+            )
+        });
+        match p {
+            Some(p) if p != libc::MAP_FAILED => Ok(block),
+            _ => {
+                release(block);
+                crate::log::warn("managed memory: its block could not be mapped at one address in both processes");
+                Err(CuError::OUT_OF_MEMORY)
+            }
+        }
+    });
+    match mapped {
+        Ok(block) => {
+            let block =
+                HostBlock { size, flags: PORTABLE_DEVICEMAP, allocated: true, managed: true, shared: Some(block) };
+            with(|b| b.insert(at, block));
+            Ok(Some(at))
+        }
+        Err(e) => {
+            // SAFETY: the reservation (or the block mapped over it), unused by anything.
+            unsafe { libc::munmap(at as *mut c_void, len as usize) };
+            Err(e)
+        }
+    }
+}
+
+/// Whether `[ptr, ptr + len)` lies in one managed allocation.
+pub fn managed_range(ptr: u64, len: u64) -> bool {
+    containing(ptr, |start, b| b.managed && ptr.checked_add(len).is_some_and(|end| end <= start + b.size as u64))
+        .unwrap_or(false)
 }
 
 /// # Safety
@@ -386,7 +463,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags
         // with a shared registration stays ours (staged, not mapped).
         let shareable = shared_memory() && !page_shared && private_anonymous(page_start, page_end);
         let shared = if shareable { Some(share_in_place(page_start, page_end - page_start, flags)?) } else { None };
-        with(|b| b.insert(start, HostBlock { size, flags, allocated: false, shared }));
+        with(|b| b.insert(start, HostBlock { size, flags, allocated: false, managed: false, shared }));
         Ok(())
     })
 }
@@ -416,7 +493,7 @@ mod tests {
 
     fn block(size: usize, shared: bool) -> HostBlock {
         let shared = shared.then_some(SharedBlock { id: 1, devptr: 0, base: 0, len: PAGE });
-        HostBlock { size, flags: 0, allocated: false, shared }
+        HostBlock { size, flags: 0, allocated: false, managed: false, shared }
     }
 
     #[test]

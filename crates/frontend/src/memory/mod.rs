@@ -9,6 +9,7 @@
 mod copy;
 mod host;
 pub mod lanes;
+mod managed;
 mod parallel;
 mod streaming;
 mod vmm;
@@ -92,6 +93,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
     entry("cuMemFree_v2", || {
+        if host::managed_range(dptr, 1) {
+            return host::free_allocated(dptr, true);
+        }
         let req = calls::cuMemFree_v2::Request { dptr: DevPtr(dptr) };
         // Freeing one of this process's allocations cannot fail, so it is
         // posted; anything else waits for the server's verdict.
@@ -112,6 +116,7 @@ pub fn forget_allocations() {
 /// What `cuPointerGetAttribute` knows about a pointer.
 struct Pointer {
     device: bool,
+    managed: bool,
     base: u64,
     size: u64,
     ctx: u64,
@@ -122,14 +127,16 @@ struct Pointer {
 /// server knows, such as module globals), or host memory known here.
 fn pointer(ptr: u64) -> Result<Option<Pointer>, CuError> {
     if let Some((base, size, ctx)) = allocation(ptr) {
-        return Ok(Some(Pointer { device: true, base, size, ctx, devptr: Some(ptr) }));
+        return Ok(Some(Pointer { device: true, managed: false, base, size, ctx, devptr: Some(ptr) }));
     }
-    if let Some((base, size, devptr)) = host::lookup(ptr) {
-        return Ok(Some(Pointer { device: false, base, size, ctx: crate::context::current(), devptr }));
+    if let Some((base, size, devptr, managed)) = host::lookup(ptr) {
+        // Managed memory is the device's as much as the host's.
+        return Ok(Some(Pointer { device: managed, managed, base, size, ctx: crate::context::current(), devptr }));
     }
     match client::call(calls::cuMemGetAddressRange_v2::Request { dptr: DevPtr(ptr) }) {
         Ok(r) => Ok(Some(Pointer {
             device: true,
+            managed: false,
             base: r.pbase.0,
             size: r.psize,
             ctx: crate::context::current(),
@@ -154,13 +161,14 @@ unsafe fn write_attribute(data: *mut c_void, attr: i32, p: &Pointer, ptr: u64) -
             1 => write_out(data.cast::<u64>(), p.ctx),
             2 => write_out(data.cast::<u32>(), if p.device { CU_MEMORYTYPE_DEVICE } else { CU_MEMORYTYPE_HOST }),
             3 => write_out(data.cast::<u64>(), p.devptr.ok_or(CuError::INVALID_VALUE)?),
-            4 if p.device => return Err(CuError::INVALID_VALUE),
+            4 if p.device && !p.managed => return Err(CuError::INVALID_VALUE),
             4 => write_out(data.cast::<u64>(), ptr),
-            6 | 8 => write_out(data.cast::<u8>(), 0), // SYNC_MEMOPS, IS_MANAGED: never set here
+            6 => write_out(data.cast::<u8>(), 0), // SYNC_MEMOPS: never set here
+            8 => write_out(data.cast::<u8>(), u8::from(p.managed)),
             7 => write_out(data.cast::<u64>(), p.base), // BUFFER_ID: unique while the buffer lives
             9 => {
-                let dev = client::call(calls::cuCtxGetDevice_v2::Request { ctx: gpuplex_protocol::Ctx(p.ctx) })?;
-                write_out(data.cast::<i32>(), dev.device)
+                let req = calls::cuCtxGetDevice_v2::Request { ctx: gpuplex_protocol::Ctx(p.ctx) };
+                write_out(data.cast::<i32>(), crate::memo::CONTEXTS.keep(0, req)?.device)
             }
             11 => write_out(data.cast::<u64>(), p.base),
             12 => write_out(data.cast::<usize>(), p.size as usize),

@@ -1,0 +1,142 @@
+//! Managed memory: one pointer for the program and its kernels.
+//!
+//! A managed allocation is host memory shared with the server and
+//! registered with its driver for the device, mapped in both processes at
+//! the same address (`host::alloc_managed`). The program reads and writes it
+//! in place; kernels reach the same pages through the device's mapping of
+//! host memory. So both always see the same bytes, which is at least the
+//! coherence the driver promises (the other side's writes are seen after
+//! the synchronization that orders them), at the cost of every device
+//! access crossing the host link instead of device memory. Migration hints
+//! (prefetch, advice, stream attachment) therefore change nothing and are
+//! only checked. It needs a local server: without shared memory there is no
+//! memory both sides can reach, and allocation answers
+//! `CUDA_ERROR_NOT_SUPPORTED`.
+
+use std::ffi::c_void;
+
+use gpuplex_protocol::CuError;
+
+use super::host;
+use crate::ffi::{check_out, entry, write_out, CUresult};
+
+/// `CU_MEM_ATTACH_GLOBAL`, `_HOST`, `_SINGLE`.
+const ATTACH_GLOBAL: u32 = 1;
+const ATTACH_HOST: u32 = 2;
+const ATTACH_SINGLE: u32 = 4;
+/// `CU_DEVICE_CPU`.
+const DEVICE_CPU: i32 = -1;
+
+/// `CUmemLocation`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    kind: u32,
+    id: i32,
+}
+
+fn alloc(dptr: *mut u64, size: usize, flags: u32) -> Result<(), CuError> {
+    check_out(dptr)?;
+    crate::client::client()?;
+    if crate::context::current() == 0 {
+        return Err(CuError::INVALID_CONTEXT);
+    }
+    if size == 0 || (flags != ATTACH_GLOBAL && flags != ATTACH_HOST) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let Some(p) = host::alloc_managed(size)? else {
+        crate::log::warn("managed memory needs a local server (shared memory); returning CUDA_ERROR_NOT_SUPPORTED");
+        return Err(CuError::NOT_SUPPORTED);
+    };
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(dptr, p) };
+    Ok(())
+}
+
+/// # Safety
+/// `dptr` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) -> CUresult {
+    entry("cuMemAllocManaged", || alloc(dptr, size, flags))
+}
+
+/// A range a hint may name: inside one managed allocation.
+fn hinted(ptr: u64, count: usize) -> Result<(), CuError> {
+    crate::client::client()?;
+    if count == 0 || !host::managed_range(ptr, count as u64) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// A device the program may name, or the host.
+fn place(device: i32) -> Result<(), CuError> {
+    let devices = crate::client::client()?.welcome.devices.0.len();
+    if device == DEVICE_CPU || usize::try_from(device).is_ok_and(|d| d < devices) {
+        Ok(())
+    } else {
+        Err(CuError::INVALID_DEVICE)
+    }
+}
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`, `_HOST`, `_HOST_NUMA`, `_HOST_NUMA_CURRENT`.
+fn location(l: MemLocation) -> Result<(), CuError> {
+    match l.kind {
+        1 => place(l.id),
+        2..=4 => Ok(()),
+        _ => Err(CuError::INVALID_VALUE),
+    }
+}
+
+/// `CU_MEM_ADVISE_SET_READ_MOSTLY` to `CU_MEM_ADVISE_UNSET_ACCESSED_BY`.
+fn advice(advice: u32) -> Result<(), CuError> {
+    if (1..=6).contains(&advice) {
+        Ok(())
+    } else {
+        Err(CuError::INVALID_VALUE)
+    }
+}
+
+/// Entry points that check their arguments and change nothing: the memory
+/// is where both sides reach it already.
+macro_rules! hints {
+    ($( $name:ident ($($arg:ident: $ty:ty),*) => $check:expr; )*) => {$(
+        /// # Safety
+        /// None beyond the CUDA API's.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            entry(stringify!($name), || $check)
+        }
+    )*};
+}
+
+hints! {
+    cuMemPrefetchAsync(p: u64, n: usize, dev: i32, _s: *mut c_void) => hinted(p, n).and_then(|()| place(dev));
+    cuMemPrefetchAsync_ptsz(p: u64, n: usize, dev: i32, _s: *mut c_void) => hinted(p, n).and_then(|()| place(dev));
+    cuMemPrefetchAsync_v2(p: u64, n: usize, l: MemLocation, _f: u32, _s: *mut c_void) => hinted(p, n).and_then(|()| location(l));
+    cuMemPrefetchAsync_v2_ptsz(p: u64, n: usize, l: MemLocation, _f: u32, _s: *mut c_void) => hinted(p, n).and_then(|()| location(l));
+    cuMemAdvise(p: u64, n: usize, a: u32, dev: i32) => hinted(p, n).and_then(|()| advice(a)).and_then(|()| place(dev));
+    cuMemAdvise_v2(p: u64, n: usize, a: u32, l: MemLocation) => hinted(p, n).and_then(|()| advice(a)).and_then(|()| location(l));
+}
+
+fn attach(ptr: u64, length: usize, flags: u32) -> Result<(), CuError> {
+    if ![ATTACH_GLOBAL, ATTACH_HOST, ATTACH_SINGLE].contains(&flags) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // A length of 0 attaches the whole allocation.
+    hinted(ptr, length.max(1))
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAttachMemAsync(_s: *mut c_void, ptr: u64, length: usize, flags: u32) -> CUresult {
+    entry("cuStreamAttachMemAsync", || attach(ptr, length, flags))
+}
+
+/// # Safety
+/// None beyond the CUDA API's.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamAttachMemAsync_ptsz(_s: *mut c_void, ptr: u64, length: usize, flags: u32) -> CUresult {
+    entry("cuStreamAttachMemAsync_ptsz", || attach(ptr, length, flags))
+}
