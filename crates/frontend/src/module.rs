@@ -379,24 +379,38 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 /// memory the program does not see.
 static WITH_MANAGED_VARIABLES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
+/// A `__managed__` variable: the program gets a copy of its first value in
+/// memory of its own, since the runtime goes on with whatever pointer this
+/// gives (a failure here left it dereferencing nothing), and the library's
+/// kernels are refused, so the copy is never mistaken for what they see.
+///
 /// # Safety
-/// Reads no argument.
+/// `dptr` and `bytes` are NULL or valid for writes; `name` is a C string.
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetManaged(
-    _dptr: *mut u64,
-    _bytes: *mut usize,
+    dptr: *mut u64,
+    bytes: *mut usize,
     library: *mut c_void,
-    _name: *const c_char,
+    name: *const c_char,
 ) -> CUresult {
     entry("cuLibraryGetManaged", || {
-        let mut libraries = WITH_MANAGED_VARIABLES.lock().unwrap_or_else(PoisonError::into_inner);
-        if !libraries.contains(&(library as u64)) {
-            libraries.push(library as u64);
-            crate::log::warn(
-                "__managed__ variables are not supported by gpuplex yet: the kernels of their module will not launch",
-            );
+        check_global_outs(dptr, bytes)?;
+        let req = calls::LibraryManagedValue::Request { library: Library(library as u64), name: c_name(name)? };
+        let value = client::call(req)?.value;
+        {
+            let mut libraries = WITH_MANAGED_VARIABLES.lock().unwrap_or_else(PoisonError::into_inner);
+            if !libraries.contains(&(library as u64)) {
+                libraries.push(library as u64);
+                crate::log::warn(
+                    "__managed__ variables are not supported by gpuplex yet: the kernels of their module will not \
+                     launch (CUDA_ERROR_NOT_SUPPORTED)",
+                );
+            }
         }
-        Err(CuError::NOT_SUPPORTED)
+        let size = value.len() as u64;
+        // Lives as long as the process: the runtime keeps the pointer.
+        let copy = Box::leak(value.into_boxed_slice());
+        write_global(dptr, bytes, (DevPtr(copy.as_mut_ptr() as u64), size))
     })
 }
 

@@ -254,23 +254,12 @@ pub fn alloc_managed(size: usize) -> Result<Option<u64>, CuError> {
     let at = at as u64;
     let mapped = new_block(len, PORTABLE_DEVICEMAP, at).and_then(|(block, region)| {
         // SAFETY: replaces exactly the reservation made above with the block.
-        let p = (block.devptr == at).then(|| unsafe {
-            libc::mmap(
-                at as *mut c_void,
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                region.fd().as_raw_fd(),
-                0,
-            )
-        });
-        match p {
-            Some(p) if p != libc::MAP_FAILED => Ok(block),
-            _ => {
-                release(block);
-                crate::log::warn("managed memory: its block could not be mapped at one address in both processes");
-                Err(CuError::OUT_OF_MEMORY)
-            }
+        if block.devptr == at && unsafe { map_over(at, len, &region) } {
+            Ok(block)
+        } else {
+            release(block);
+            crate::log::warn("managed memory: its block could not be mapped at one address in both processes");
+            Err(CuError::OUT_OF_MEMORY)
         }
     });
     match mapped {
@@ -373,21 +362,22 @@ fn share_in_place(start: u64, len: u64, flags: u32) -> Result<SharedBlock, CuErr
     unsafe { std::ptr::copy_nonoverlapping(start as *const u8, region.as_ptr(), len as usize) };
     // SAFETY: replaces exactly the program's pages, which now hold nothing
     // the block does not; `region` (the temporary view) goes after.
-    let p = unsafe {
-        libc::mmap(
-            start as *mut c_void,
-            len as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_FIXED,
-            region.fd().as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    if !unsafe { map_over(start, len, &region) } {
         release(block);
         return Err(CuError::OUT_OF_MEMORY);
     }
     Ok(block)
+}
+
+/// Maps `region`'s block at `at` for `len` bytes, over whatever is there.
+///
+/// # Safety
+/// `[at, at + len)` is the caller's to replace: nothing else uses it.
+unsafe fn map_over(at: u64, len: u64, region: &Region) -> bool {
+    let (rw, fixed) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_FIXED);
+    // SAFETY: per this function's contract.
+    let p = unsafe { libc::mmap(at as *mut c_void, len as usize, rw, fixed, region.fd().as_raw_fd(), 0) };
+    p != libc::MAP_FAILED
 }
 
 /// Puts private anonymous memory back under a registered range, keeping

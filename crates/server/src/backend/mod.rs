@@ -160,6 +160,9 @@ pub trait Backend: Send + Sync {
     fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, sync: bool) -> BResult<()>;
     fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, sync: bool) -> BResult<()>;
 
+    /// The bytes of a library's `__managed__` variable, which belongs to no context.
+    fn library_managed_value(&self, library: Obj, name: &str) -> BResult<Vec<u8>>;
+
     // Virtual memory management. Locations name backend devices; `ctx`,
     // where the guest has one current, is made current first.
     fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64>;

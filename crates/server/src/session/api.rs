@@ -260,6 +260,11 @@ impl Session {
 
 #[allow(non_snake_case)]
 impl Api for Session {
+    fn LibraryManagedValue(&mut self, req: LibraryManagedValue::Request) -> R<LibraryManagedValue::Reply> {
+        let library = self.tables.get(Kind::Library, req.library.0)?;
+        Ok(LibraryManagedValue::Reply { value: self.backend.library_managed_value(library.obj, &req.name)? })
+    }
+
     fn CaptureMode(&mut self, req: CaptureMode::Request) -> R<CaptureMode::Reply> {
         self.capture_mode(req)
     }

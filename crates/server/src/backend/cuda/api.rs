@@ -189,6 +189,7 @@ driver_api! {
     cuLibraryGetModule(module: *mut CUmodule, library: CUlibrary);
     cuLibraryGetGlobal(ptr: *mut CUdeviceptr, size: *mut usize, library: CUlibrary, name: *const c_char);
     cuLibraryGetKernelCount(count: *mut c_uint, library: CUlibrary);
+    cuLibraryGetManaged(ptr: *mut CUdeviceptr, size: *mut usize, library: CUlibrary, name: *const c_char);
     cuKernelGetFunction(func: *mut CUfunction, kernel: CUkernel);
     cuKernelGetAttribute(value: *mut c_int, attrib: c_int, kernel: CUkernel, dev: CUdevice);
     cuKernelSetAttribute(attrib: c_int, value: c_int, kernel: CUkernel, dev: CUdevice);

@@ -484,6 +484,21 @@ impl Backend for Cuda {
         Ok(())
     }
 
+    fn library_managed_value(&self, library: Obj, name: &str) -> BResult<Vec<u8>> {
+        let name = c_name(name)?;
+        let (mut ptr, mut size) = (0, 0usize);
+        // SAFETY: a live library; out-pointers to locals.
+        check(unsafe { api::cuLibraryGetManaged(&mut ptr, &mut size, raw(library), name.as_ptr()) })?;
+        if size > gpuplex_protocol::MAX_PAYLOAD / 2 {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "a __managed__ variable larger than a frame"));
+        }
+        let mut value = vec![0u8; size];
+        // SAFETY: managed memory is the host's to read as well, `size` bytes
+        // at `ptr`; nothing runs on the device while a library loads.
+        unsafe { std::ptr::copy_nonoverlapping(ptr as usize as *const u8, value.as_mut_ptr(), size) };
+        Ok(value)
+    }
+
     fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64> {
         ctx.map_or(Ok(()), enter)?;
         vmm::granularity(prop, option)

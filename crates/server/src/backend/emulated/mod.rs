@@ -839,6 +839,14 @@ impl Backend for Emulated {
         s.global(m, name)
     }
 
+    /// As the image declares it: the emulated device keeps no managed memory.
+    fn library_managed_value(&self, library: Obj, name: &str) -> BResult<Vec<u8>> {
+        let s = self.state();
+        let lib = s.libraries.get(&library.0).ok_or(CuError::INVALID_HANDLE)?;
+        let global = lib.image.globals.iter().find(|g| g.name == name).ok_or(CuError::NOT_FOUND)?;
+        Ok(global.init.clone())
+    }
+
     fn library_kernel_count(&self, library: Obj) -> BResult<u32> {
         let s = self.state();
         let lib = s.libraries.get(&library.0).ok_or(CuError::INVALID_HANDLE)?;
