@@ -186,19 +186,31 @@ static int memory(CUdevice dev) {
     if (rc == CUDA_SUCCESS) CHECK(cuLibraryUnload(lib));
     // Managed memory is host memory through gpuplex (shared with the server,
     // mapped for the device; a remote guest gets none), so it takes nothing
-    // of the limit. Paths gpuplex does not serve yet answer an error, and
-    // hold nothing.
+    // of the limit.
     size_t free_before, free_after;
     CHECK(cuMemGetInfo(&free_before, &total));
     rc = cuMemAllocManaged(&p, 1 << 20, CU_MEM_ATTACH_GLOBAL);
     CHECK(cuMemGetInfo(&free_after, &total));
     printf("managed 1 MiB: takes nothing of the limit: %s\n", yes_no(free_after == free_before));
     if (rc == CUDA_SUCCESS) CHECK(cuMemFree(p));
-    rc = cuMemAllocAsync(&p, 1 << 20, nullptr);
-    printf("stream-ordered 1 MiB: %s\n", err_name(rc));
+    // Stream-ordered allocations draw on the same limit, and so does what a
+    // pool keeps for reuse, until the pool gives it back: which a charge
+    // that would not fit otherwise makes it do.
+    printf("stream-ordered total + 1 MiB: %s\n", err_name(cuMemAllocAsync(&p, total + (1 << 20), nullptr)));
+    CUmemoryPool pool;
+    CHECK(cuDeviceGetDefaultMemPool(&pool, dev));
+    cuuint64_t keep_all = ~0ull;
+    CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
+    rc = cuMemAllocAsync(&p, 6 * chunk, nullptr);
+    printf("stream-ordered six eighths: %s\n", err_name(rc));
     if (rc == CUDA_SUCCESS) {
         CHECK(cuMemFreeAsync(p, nullptr));
         CHECK(cuCtxSynchronize());
+        CHECK(cuMemGetInfo(&free_bytes, &total));
+        printf("freed, kept by the pool: free is less than three eighths: %s\n", yes_no(free_bytes < 3 * chunk));
+        rc = cuMemAlloc(&p, 4 * chunk);
+        printf("alloc half while the pool keeps six eighths: %s\n", err_name(rc));
+        if (rc == CUDA_SUCCESS) CHECK(cuMemFree(p));
     }
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -229,6 +241,7 @@ static int memory(CUdevice dev) {
         printf("the same once unmapped: %s\n", err_name(rc));
         if (rc == CUDA_SUCCESS) CHECK(cuMemRelease(rest));
     }
+    // Arrays are not served yet: an error, holding nothing.
     CUDA_ARRAY3D_DESCRIPTOR desc = {};
     desc.Width = 1024;
     desc.Height = 1024;

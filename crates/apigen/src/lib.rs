@@ -297,12 +297,20 @@ const TYPES: &[Type] = &[
         from_c: "GraphNode({} as u64)",
         to_c: "{}.0 as *mut c_void",
     },
+    Type {
+        name: "MemPool",
+        wire: "MemPool",
+        c: "*mut c_void",
+        from_c: "MemPool({} as u64)",
+        to_c: "{}.0 as *mut c_void",
+    },
     Type { name: "Name", wire: "String", c: "*const c_char", from_c: "crate::ffi::c_name({})?", to_c: "" },
     Type { name: "Bytes", wire: "Vec<u8>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u32>", wire: "Seq<u32>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u64>", wire: "Seq<u64>", c: "", from_c: "", to_c: "" },
     Type { name: "AllocProp", wire: "AllocProp", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<AccessDesc>", wire: "Seq<AccessDesc>", c: "", from_c: "", to_c: "" },
+    Type { name: "PoolProps", wire: "PoolProps", c: "", from_c: "", to_c: "" },
 ];
 
 fn ty(name: &str) -> &'static Type {
@@ -471,7 +479,7 @@ fn export_fn(s: &mut String, row: &Row, export: &str, ptsz: bool) {
             .filter(|p| {
                 matches!(
                     p.ty.as_str(),
-                    "Ctx" | "Module" | "Func" | "Event" | "Library" | "Kernel" | "Graph" | "GraphExec"
+                    "Ctx" | "Module" | "Func" | "Event" | "Library" | "Kernel" | "Graph" | "GraphExec" | "MemPool"
                 )
             })
             .map(|p| p.name.as_str())

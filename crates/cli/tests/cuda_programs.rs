@@ -61,6 +61,7 @@ program_tests!(
     vmm,
     attributes,
     graphs,
+    pools,
 );
 
 /// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.
@@ -186,6 +187,7 @@ runtime_tests!(
     runtime_api,
     zero_copy,
     managed_alloc,
+    stream_ordered,
 );
 
 /// No program of tests/cuda/runtime is forgotten: each is tested, or listed

@@ -40,7 +40,7 @@ mod generated {
 
     #[allow(unused_imports)]
     use gpuplex_protocol::{
-        calls, Ctx, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Kernel, Library, Module, Stream,
+        calls, Ctx, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Kernel, Library, MemPool, Module, Stream,
     };
 
     use crate::ffi::CUresult;

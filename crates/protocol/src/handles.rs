@@ -56,6 +56,8 @@ handles! {
     GraphExec,
     /// `CUgraphNode`.
     GraphNode,
+    /// `CUmemoryPool`: a pool stream-ordered allocations come from.
+    MemPool,
     /// `CUdeviceptr`: a real device address in one of the session's contexts.
     DevPtr,
 }

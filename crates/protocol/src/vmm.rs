@@ -1,4 +1,4 @@
-//! Virtual memory management's structures as they travel.
+//! The structures of virtual memory management and memory pools as they travel.
 
 crate::wire_struct! {
     /// `CUmemAllocationProp`: what kind of physical memory to create, and
@@ -29,6 +29,20 @@ impl AllocProp {
             rdma_capable: 0,
             usage: 0,
         }
+    }
+}
+
+crate::wire_struct! {
+    /// `CUmemPoolProps`: what a pool's allocations are and where they live,
+    /// with `location` numbered as [`AllocProp`]'s. `max_size` 0 leaves the
+    /// size to the driver.
+    pub struct PoolProps {
+        pub kind: u32,
+        pub handle_types: u32,
+        pub location_kind: u32,
+        pub location: i32,
+        pub max_size: u64,
+        pub usage: u32,
     }
 }
 

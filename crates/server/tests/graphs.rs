@@ -81,3 +81,37 @@ fn capture_states_and_modes_are_checked() {
         captured(&mut after, 32);
     });
 }
+
+/// The session's meter times work with events on its streams, and a
+/// hand-over waits for the context: either on a capturing stream would
+/// be taken into the capture or break it. While a stream captures, the
+/// meter looks, and the capture still ends with its graph.
+#[test]
+fn the_meter_leaves_a_capturing_stream_alone() {
+    within_30_s(|| {
+        let address = start_server("graphs-meter");
+        let mut c = Client::connect(&address);
+        let s = c.call(cuStreamCreate::Request { flags: 1 }).unwrap().phStream;
+        let p = c.alloc(64);
+        let set = |value| Memset::Request {
+            dst: p,
+            pitch: 64,
+            value,
+            elementSize: 1,
+            width: 64,
+            height: 1,
+            stream: s,
+            sync: false,
+        };
+        for round in 0..5 {
+            // Fresh work for the meter to time, then a capture it must not touch.
+            c.call(set(round)).unwrap();
+            c.call(StreamBeginCapture::Request { hStream: s, mode: 0 }).unwrap();
+            c.call(set(round + 1)).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            c.call(set(round + 2)).unwrap();
+            let graph = c.call(StreamEndCapture::Request { hStream: s }).unwrap().graph;
+            c.call(cuGraphDestroy::Request { hGraph: graph }).unwrap();
+        }
+    });
+}

@@ -97,20 +97,9 @@ fn advice(advice: u32) -> Result<(), CuError> {
     }
 }
 
-/// Entry points that check their arguments and change nothing: the memory
-/// is where both sides reach it already.
-macro_rules! hints {
-    ($( $name:ident ($($arg:ident: $ty:ty),*) => $check:expr; )*) => {$(
-        /// # Safety
-        /// None beyond the CUDA API's.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-            entry(stringify!($name), || $check)
-        }
-    )*};
-}
-
-hints! {
+// Hints check their arguments and change nothing: the memory is where
+// both sides reach it already.
+exports! {
     cuMemPrefetchAsync(p: u64, n: usize, dev: i32, _s: *mut c_void) => hinted(p, n).and_then(|()| place(dev));
     cuMemPrefetchAsync_ptsz(p: u64, n: usize, dev: i32, _s: *mut c_void) => hinted(p, n).and_then(|()| place(dev));
     cuMemPrefetchAsync_v2(p: u64, n: usize, l: MemLocation, _f: u32, _s: *mut c_void) => hinted(p, n).and_then(|()| location(l));

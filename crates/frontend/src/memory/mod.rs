@@ -1,16 +1,30 @@
 //! Device memory, copies and memsets.
 //!
-//! The process records its own `cuMemAlloc` ranges ([`known_range`]): a
-//! copy or memset inside one cannot fail on its range, so it can be posted
-//! or staged without waiting; anything else is waited for, so errors come
-//! back exactly when the driver would give them. How copies move their
+//! The process records its own allocations, `cuMemAlloc`'s and stream-ordered
+//! ones ([`known_range`]): a copy or memset inside one cannot fail on its
+//! range, so it can be posted or staged without waiting; anything else is
+//! waited for, so errors come back exactly when the driver would give them. How copies move their
 //! bytes is in [`copy`]; pinned host memory in [`host`].
+
+/// Entry points whose bodies are one expression over their arguments.
+macro_rules! exports {
+    ($( $name:ident ($($arg:ident: $ty:ty),*) => $body:expr; )*) => {$(
+        /// # Safety
+        /// Pointers are valid as the CUDA API requires: for the byte counts,
+        /// and for writes where they are out-pointers.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            entry(stringify!($name), || $body)
+        }
+    )*};
+}
 
 mod copy;
 mod host;
 pub mod lanes;
 mod managed;
 mod parallel;
+mod pools;
 mod streaming;
 mod vmm;
 
@@ -24,7 +38,7 @@ use crate::client;
 use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
 use copy::{dtod, dtoh, htod};
 
-/// `cuMemAlloc` ranges of this process: base to (size, context).
+/// `cuMemAlloc` and stream-ordered allocations of this process: base to (size, context).
 static ALLOCATIONS: Mutex<BTreeMap<u64, (u64, u64)>> = Mutex::new(BTreeMap::new());
 
 fn allocations<T>(f: impl FnOnce(&mut BTreeMap<u64, (u64, u64)>) -> T) -> T {
@@ -253,18 +267,6 @@ fn host_out<'a>(dst: *mut c_void, n: usize) -> Result<&'a mut [u8], CuError> {
     }
     // SAFETY: the caller passes a writable host buffer of `n` bytes.
     Ok(unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) })
-}
-
-/// Entry points whose bodies are one expression over their arguments.
-macro_rules! exports {
-    ($( $name:ident ($($arg:ident: $ty:ty),*) => $body:expr; )*) => {$(
-        /// # Safety
-        /// Pointers are valid for the byte counts, as the CUDA API requires.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )*};
 }
 
 exports! {

@@ -14,8 +14,8 @@ use crate::ffi::{check_out, entry, write_out, CUresult};
 /// `CUmemLocation`.
 #[repr(C)]
 pub struct MemLocation {
-    kind: u32,
-    id: i32,
+    pub(super) kind: u32,
+    pub(super) id: i32,
 }
 
 /// `CUmemAllocationProp`.
@@ -38,8 +38,21 @@ pub struct MemAccessDesc {
     flags: u32,
 }
 
-/// The most descriptors one `cuMemSetAccess` sends; the server refuses more.
+/// The most descriptors one call sends; the server refuses more.
 const MAX_ACCESS_DESCS: usize = 64;
+
+/// # Safety
+/// `desc` is NULL or valid for `count` reads.
+pub(super) unsafe fn read_access(desc: *const MemAccessDesc, count: usize) -> Result<Seq<AccessDesc>, CuError> {
+    if desc.is_null() || count == 0 || count > MAX_ACCESS_DESCS {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // SAFETY: `count` descriptors, per the contract.
+    let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+    let access =
+        descs.iter().map(|d| AccessDesc { location_kind: d.location.kind, location: d.location.id, flags: d.flags });
+    Ok(Seq(access.collect()))
+}
 
 /// # Safety
 /// `prop` is NULL or valid for a read.
@@ -196,16 +209,9 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const MemAccessDesc, count: usize) -> CUresult {
     entry("cuMemSetAccess", || {
-        if desc.is_null() || count == 0 || count > MAX_ACCESS_DESCS {
-            return Err(CuError::INVALID_VALUE);
-        }
-        // SAFETY: `count` descriptors, per the contract.
-        let descs = unsafe { std::slice::from_raw_parts(desc, count) };
-        let access = descs
-            .iter()
-            .map(|d| AccessDesc { location_kind: d.location.kind, location: d.location.id, flags: d.flags })
-            .collect();
-        let req = calls::MemSetAccess::Request { ptr: DevPtr(ptr), size: size as u64, access: Seq(access) };
+        // SAFETY: per this function's contract.
+        let access = unsafe { read_access(desc, count)? };
+        let req = calls::MemSetAccess::Request { ptr: DevPtr(ptr), size: size as u64, access };
         client::call(req).map(drop)
     })
 }

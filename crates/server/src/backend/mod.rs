@@ -14,7 +14,7 @@
 pub mod cuda;
 pub mod emulated;
 
-use gpuplex_protocol::{AccessDesc, AllocProp, CallError, DeviceInfo};
+use gpuplex_protocol::{AccessDesc, AllocProp, CallError, DeviceInfo, PoolProps};
 
 pub type BResult<T> = Result<T, CallError>;
 
@@ -177,6 +177,19 @@ pub trait Backend: Send + Sync {
     fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()>;
     fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()>;
     fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64>;
+
+    // Stream-ordered allocation from memory pools; locations name backend devices.
+    fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj>;
+    fn mem_pool_destroy(&self, pool: Obj) -> BResult<()>;
+    fn mem_alloc_from_pool(&self, ctx: Obj, size: u64, pool: Obj, stream: Obj) -> BResult<u64>;
+    /// Frees a pool's or `cuMemAlloc`'s allocation once `stream` reaches this point.
+    fn mem_free_async(&self, ctx: Obj, ptr: u64, stream: Obj) -> BResult<()>;
+    fn mem_pool_trim(&self, pool: Obj, keep: u64) -> BResult<()>;
+    /// Attribute values of either C type as u64.
+    fn mem_pool_set_attribute(&self, pool: Obj, attr: i32, value: u64) -> BResult<()>;
+    fn mem_pool_get_attribute(&self, pool: Obj, attr: i32) -> BResult<u64>;
+    fn mem_pool_set_access(&self, pool: Obj, access: &[AccessDesc]) -> BResult<()>;
+    fn mem_pool_get_access(&self, pool: Obj, location_kind: u32, location: i32) -> BResult<u64>;
 
     // Host memory shared with a client.
     /// Pins and maps `len` bytes of host memory at `ptr`, from `ctx` (the

@@ -101,6 +101,9 @@ struct Shared {
     /// Submissions that have passed the gate and not yet marked their work
     /// fresh for the meter.
     submitting: AtomicU32,
+    /// Whether one of the session's streams is capturing (see
+    /// [`Seat::set_capturing`]).
+    capturing: AtomicBool,
     /// Held while a turn is given up, and by a submission while it checks
     /// that it holds the turn and counts itself in `submitting`: work that
     /// passed the gate reaches the driver before its session's turn ends,
@@ -148,6 +151,7 @@ impl Seat {
             fresh: AtomicBool::new(false),
             active_at: AtomicU64::new(0),
             submitting: AtomicU32::new(0),
+            capturing: AtomicBool::new(false),
             turn: Mutex::new(()),
             deep: AtomicBool::new(true),
             stopped: Mutex::new(false),
@@ -259,6 +263,19 @@ impl Seat {
 
     /// Stops the meter and gives up every turn, before the session's
     /// contexts go.
+    /// While a stream of the session captures, the meter records no events
+    /// and a hand-over waits for no work: captured work does not run, and
+    /// the driver would take an event recorded on the stream into the
+    /// capture, or fail it for a wait from another thread. Turned on before
+    /// the capture begins, and only once a look or hand-over under way is over.
+    pub fn set_capturing(&self, on: bool) {
+        let s = &self.shared;
+        if s.capturing.swap(on, SeqCst) != on && on {
+            drop(s.lock_events());
+            drop(s.lock_turn());
+        }
+    }
+
     pub fn stop(&self) {
         *self.shared.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.shared.wake.notify_all();
@@ -385,6 +402,9 @@ impl Shared {
     }
 
     fn drain(&self, gpu: usize) {
+        if self.capturing.load(SeqCst) {
+            return;
+        }
         for c in &self.ctxs {
             let ctx = c.ctx.load(Acquire);
             if ctx != 0 && c.gpu.load(Relaxed) as usize == gpu {
@@ -447,6 +467,13 @@ fn holds_any(s: &Shared) -> bool {
 /// Times the work submitted since the last look.
 fn look(s: &Shared) {
     let mut events = s.lock_events();
+    if s.capturing.load(SeqCst) {
+        // Work submitted meanwhile goes untimed.
+        for t in &s.streams {
+            t.fresh.store(0, Relaxed);
+        }
+        return;
+    }
     // Record an event after each stream's new work.
     let mut marked = Vec::new();
     for (i, t) in s.streams.iter().enumerate() {

@@ -8,7 +8,7 @@ use gpuplex_protocol::{Api, CallError, Ctx, CuError, DevPtr, Event, Func, Seq, S
 
 use super::launcher::ReadyLaunch;
 use super::tables::{self, CtxEntry, Entry, Kind, Owner, Region};
-use super::Session;
+use super::{invalid, Session};
 use crate::backend::{self, Obj};
 use crate::sched::{Seat, Work};
 
@@ -42,10 +42,6 @@ fn plain_attribute(attr: u32) -> R<u32> {
             format!("attribute {attr} holds handles gpuplex does not translate"),
         ))
     }
-}
-
-fn invalid(detail: impl Into<String>) -> CallError {
-    CallError::new(CuError::INVALID_VALUE, detail)
 }
 
 /// Runs a lane copy to or from `target` as the session's copy work: timed,
@@ -316,6 +312,57 @@ impl Api for Session {
         self.graph_node_type(req)
     }
 
+    fn MemAllocAsync(&mut self, req: MemAllocAsync::Request) -> R<MemAllocAsync::Reply> {
+        self.mem_alloc_async(req)
+    }
+
+    fn MemFreeAsync(&mut self, req: MemFreeAsync::Request) -> R<MemFreeAsync::Reply> {
+        self.mem_free_async(req)
+    }
+
+    fn MemPoolCreate(&mut self, req: MemPoolCreate::Request) -> R<MemPoolCreate::Reply> {
+        self.mem_pool_create(req)
+    }
+
+    fn cuMemPoolDestroy(&mut self, req: cuMemPoolDestroy::Request) -> R<cuMemPoolDestroy::Reply> {
+        self.mem_pool_destroy(req)
+    }
+
+    fn cuMemPoolTrimTo(&mut self, req: cuMemPoolTrimTo::Request) -> R<cuMemPoolTrimTo::Reply> {
+        self.mem_pool_trim(req)
+    }
+
+    fn MemPoolSetAttribute(&mut self, req: MemPoolSetAttribute::Request) -> R<MemPoolSetAttribute::Reply> {
+        self.mem_pool_set_attribute(req)
+    }
+
+    fn MemPoolGetAttribute(&mut self, req: MemPoolGetAttribute::Request) -> R<MemPoolGetAttribute::Reply> {
+        self.mem_pool_get_attribute(req)
+    }
+
+    fn MemPoolSetAccess(&mut self, req: MemPoolSetAccess::Request) -> R<MemPoolSetAccess::Reply> {
+        self.mem_pool_set_access(req)
+    }
+
+    fn MemPoolGetAccess(&mut self, req: MemPoolGetAccess::Request) -> R<MemPoolGetAccess::Reply> {
+        self.mem_pool_get_access(req)
+    }
+
+    fn cuDeviceGetDefaultMemPool(
+        &mut self,
+        req: cuDeviceGetDefaultMemPool::Request,
+    ) -> R<cuDeviceGetDefaultMemPool::Reply> {
+        self.device_default_pool(req)
+    }
+
+    fn cuDeviceGetMemPool(&mut self, req: cuDeviceGetMemPool::Request) -> R<cuDeviceGetMemPool::Reply> {
+        self.device_pool(req)
+    }
+
+    fn cuDeviceSetMemPool(&mut self, req: cuDeviceSetMemPool::Request) -> R<cuDeviceSetMemPool::Reply> {
+        self.device_set_pool(req)
+    }
+
     fn MemGranularity(&mut self, req: MemGranularity::Request) -> R<MemGranularity::Reply> {
         self.mem_granularity(req)
     }
@@ -519,7 +566,7 @@ impl Api for Session {
         if req.bytesize == 0 {
             return Err(invalid("zero-byte allocation"));
         }
-        self.account.charge(req.bytesize)?;
+        self.charge_reclaiming(req.bytesize)?;
         let ptr = self.backend.mem_alloc(ctx, req.bytesize)?;
         self.tables.add_region(ptr, Region { size: req.bytesize, ctx: h, owner: None });
         Ok(cuMemAlloc_v2::Reply { dptr: DevPtr(ptr) })
@@ -529,6 +576,9 @@ impl Api for Session {
         // Freeing NULL is a no-op, as with free(3).
         if req.dptr.0 == 0 {
             return Ok(cuMemFree_v2::Reply {});
+        }
+        if let Some(freed) = self.free_pooled_now(req.dptr.0) {
+            return freed.map(|()| cuMemFree_v2::Reply {});
         }
         let region = self
             .tables
@@ -545,6 +595,8 @@ impl Api for Session {
     /// the tenant's other sessions hold is not free.
     fn cuMemGetInfo_v2(&mut self, _: cuMemGetInfo_v2::Request) -> R<cuMemGetInfo_v2::Reply> {
         let (_, ctx) = self.current_ctx()?;
+        self.reread_pools();
+        self.account.settle(self.tables.charged_bytes());
         let (free, total) = self.backend.mem_get_info(ctx)?;
         match self.account.tenant_usage() {
             (0, _) => Ok(cuMemGetInfo_v2::Reply { free, total }),
@@ -1030,6 +1082,7 @@ impl Api for Session {
         let (ctx, stream) = self.stream(req.hStream)?;
         self.seat.stream_gone(ctx, stream);
         self.backend.stream_destroy(ctx, stream)?;
+        self.capture_gone(|c| c == (ctx, stream));
         self.tables.remove(Kind::Stream, req.hStream.0)?;
         Ok(cuStreamDestroy_v2::Reply {})
     }

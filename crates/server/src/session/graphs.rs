@@ -59,14 +59,32 @@ impl Session {
     pub(super) fn begin_capture(&mut self, req: StreamBeginCapture::Request) -> R<StreamBeginCapture::Reply> {
         let (ctx, stream) = self.stream(req.hStream)?;
         self.made_graphs = true;
-        self.backend.stream_begin_capture(ctx, stream, req.mode)?;
+        self.seat.set_capturing(true);
+        match self.backend.stream_begin_capture(ctx, stream, req.mode) {
+            Ok(()) => self.capturing.push((ctx, stream)),
+            Err(e) => {
+                self.seat.set_capturing(!self.capturing.is_empty());
+                return Err(e);
+            }
+        }
         Ok(StreamBeginCapture::Reply {})
     }
 
     pub(super) fn end_capture(&mut self, req: StreamEndCapture::Request) -> R<StreamEndCapture::Reply> {
         let (ctx, stream) = self.stream(req.hStream)?;
-        let graph = self.backend.stream_end_capture(ctx, stream)?;
-        Ok(StreamEndCapture::Reply { graph: Graph(self.graph_handle(graph)) })
+        let ended = self.backend.stream_end_capture(ctx, stream);
+        // The capture is over whether or not it made a graph.
+        self.capture_gone(|c| c == (ctx, stream));
+        Ok(StreamEndCapture::Reply { graph: Graph(self.graph_handle(ended?)) })
+    }
+
+    /// Forgets the captures `gone` picks, which have ended.
+    pub(super) fn capture_gone(&mut self, gone: impl Fn((Obj, Obj)) -> bool) {
+        let before = self.capturing.len();
+        self.capturing.retain(|&c| !gone(c));
+        if self.capturing.len() != before {
+            self.seat.set_capturing(!self.capturing.is_empty());
+        }
     }
 
     pub(super) fn capture_info(&mut self, req: StreamCaptureInfo::Request) -> R<StreamCaptureInfo::Reply> {

@@ -17,6 +17,7 @@ mod images;
 pub mod lanes;
 mod launcher;
 mod line;
+mod pools;
 mod scratch;
 mod shared;
 pub mod tables;
@@ -107,6 +108,9 @@ pub struct Session {
     /// Whether the session ever made a graph: from then on a freed host
     /// block leaves its addresses guarded, since a graph may still name them.
     made_graphs: bool,
+    /// Streams capturing now, as `(context, stream)`; the seat keeps its
+    /// hands off the session's streams while there are any.
+    capturing: Vec<(Obj, Obj)>,
 }
 
 /// A device's primary context as this session sees it. The handle stays the
@@ -166,6 +170,7 @@ impl Session {
             capture_modes: HandleMap::default(),
             driver_capture_mode: 0,
             made_graphs: false,
+            capturing: Vec::new(),
         }
     }
 
@@ -405,6 +410,7 @@ impl Session {
 
     /// Forgets what died with a backend context.
     fn context_gone(&mut self, ctx: Obj) {
+        self.capture_gone(|(c, _)| c == ctx);
         self.seat.context_gone(ctx);
         self.shared.context_gone(ctx);
         self.scratch.context_gone(ctx);
@@ -432,6 +438,7 @@ impl Drop for Session {
             lanes.teardown(&*self.backend);
         }
         self.release_graphs();
+        self.release_pools();
         self.release_virtual_memory();
         for (_, lib) in self.tables.all(Kind::Library) {
             if let Err(e) = self.backend.library_unload(lib.obj) {
@@ -445,6 +452,11 @@ impl Drop for Session {
             }
         }
     }
+}
+
+/// `CUDA_ERROR_INVALID_VALUE` with its detail: what most checks of a guest's arguments answer.
+fn invalid(detail: impl Into<String>) -> CallError {
+    CallError::new(CuError::INVALID_VALUE, detail)
 }
 
 /// A successful reply.

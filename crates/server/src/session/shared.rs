@@ -24,6 +24,7 @@ use gpuplex_protocol::{CallError, CuError, SharedLayout};
 use gpuplex_transport::shm::{Layout, Region};
 use tracing::warn;
 
+use super::invalid;
 use crate::backend::{Backend, Obj, CU_EVENT_DISABLE_TIMING};
 
 /// Ring size: big enough that a burst of posted launches never waits for
@@ -88,10 +89,6 @@ pub(super) unsafe fn register_once(
         *registered = Some(ctx);
     }
     Ok(())
-}
-
-fn invalid(what: impl Into<String>) -> CallError {
-    CallError::new(CuError::INVALID_VALUE, what)
 }
 
 impl Shared {

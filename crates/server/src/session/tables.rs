@@ -11,6 +11,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use gpuplex_protocol::{CallError, CuError, FIRST_HANDLE};
 
+use super::pools::Pools;
 use super::vmm::Vmm;
 use crate::backend::Obj;
 
@@ -70,6 +71,8 @@ pub enum Owner {
     Mapping(u64),
     /// A node's graph.
     Graph(u64),
+    /// The pool a stream-ordered allocation came from (`pools.rs`).
+    Pool(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +137,8 @@ pub struct Tables {
     footprint: u64,
     /// Reserved ranges, physical allocations and their mappings.
     pub vmm: Vmm,
+    /// Memory pools and their allocations.
+    pub pools: Pools,
 }
 
 impl Tables {
@@ -303,10 +308,10 @@ impl Tables {
         self.footprint += bytes;
     }
 
-    /// Device memory the session holds: its allocations and what its
-    /// modules and libraries take.
+    /// Device memory the session holds: its allocations, what its modules
+    /// and libraries take, its physical allocations and its pools.
     pub fn charged_bytes(&self) -> u64 {
-        self.allocated + self.footprint + self.vmm.held_bytes()
+        self.allocated + self.footprint + self.vmm.held_bytes() + self.pools.held_bytes()
     }
 }
 

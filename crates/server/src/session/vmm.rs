@@ -12,10 +12,10 @@
 use std::collections::BTreeMap;
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{AllocProp, CallError, CuError, DevPtr, LOCATION_DEVICE};
+use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError, DevPtr, LOCATION_DEVICE};
 
 use super::tables::{HandleMap, Owner, Region};
-use super::Session;
+use super::{invalid, Session};
 use crate::backend::Obj;
 
 type R<T> = Result<T, CallError>;
@@ -45,10 +45,6 @@ struct Physical {
     /// use while there are any.
     refs: u32,
     mappings: u32,
-}
-
-fn invalid(detail: impl Into<String>) -> CallError {
-    CallError::new(CuError::INVALID_VALUE, detail)
 }
 
 impl Vmm {
@@ -123,7 +119,7 @@ impl Session {
     }
 
     /// The guest's current context, if it has a live one.
-    fn context_if_any(&mut self) -> Option<Obj> {
+    pub(super) fn context_if_any(&mut self) -> Option<Obj> {
         self.current_ctx().ok().map(|(_, ctx)| ctx)
     }
 
@@ -222,27 +218,34 @@ impl Session {
         Ok(MemUnmap::Reply {})
     }
 
-    pub(super) fn mem_set_access(&mut self, req: MemSetAccess::Request) -> R<MemSetAccess::Reply> {
-        let mut access = req.access.0;
+    /// Access descriptors with their devices numbered as the backend's.
+    pub(super) fn backend_access(&self, mut access: Vec<AccessDesc>) -> R<Vec<AccessDesc>> {
         if access.is_empty() || access.len() > MAX_ACCESS_DESCS {
             return Err(invalid(format!("{} access descriptors", access.len())));
         }
         for a in &mut access {
-            if a.location_kind != LOCATION_DEVICE {
-                return Err(CallError::new(CuError::NOT_SUPPORTED, "access is granted to devices only"));
-            }
-            a.location = self.backend_device(a.location)?;
+            a.location = self.backend_location(a.location_kind, a.location)?;
         }
+        Ok(access)
+    }
+
+    /// A location whose access is asked about or granted: devices only.
+    pub(super) fn backend_location(&self, kind: u32, location: i32) -> R<i32> {
+        if kind != LOCATION_DEVICE {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "access is granted to devices only"));
+        }
+        self.backend_device(location)
+    }
+
+    pub(super) fn mem_set_access(&mut self, req: MemSetAccess::Request) -> R<MemSetAccess::Reply> {
+        let access = self.backend_access(req.access.0)?;
         self.tables.vmm.mappings_of(req.ptr.0, req.size)?;
         self.backend.mem_set_access(req.ptr.0, req.size, &access)?;
         Ok(MemSetAccess::Reply {})
     }
 
     pub(super) fn mem_get_access(&mut self, req: MemGetAccess::Request) -> R<MemGetAccess::Reply> {
-        if req.locationKind != LOCATION_DEVICE {
-            return Err(CallError::new(CuError::NOT_SUPPORTED, "access is granted to devices only"));
-        }
-        let location = self.backend_device(req.location)?;
+        let location = self.backend_location(req.locationKind, req.location)?;
         self.tables.vmm.mapping_at(req.ptr.0)?;
         Ok(MemGetAccess::Reply { flags: self.backend.mem_get_access(req.locationKind, location, req.ptr.0)? })
     }

@@ -40,6 +40,18 @@ pub(super) struct AllocationProp {
     pub reserved: [c_uchar; 4],
 }
 
+/// `CUmemPoolProps`.
+#[repr(C)]
+pub(super) struct PoolProps {
+    pub kind: c_int,
+    pub handle_types: c_int,
+    pub location: MemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: c_ushort,
+    pub reserved: [c_uchar; 54],
+}
+
 /// `CUmemAccessDesc`.
 #[repr(C)]
 pub(super) struct AccessDesc {
@@ -160,6 +172,15 @@ driver_api! {
     cuMemUnmap(ptr: CUdeviceptr, size: usize);
     cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const AccessDesc, count: usize);
     cuMemGetAccess(flags: *mut c_ulonglong, location: *const MemLocation, ptr: CUdeviceptr);
+    cuMemPoolCreate(pool: *mut *mut c_void, props: *const PoolProps);
+    cuMemPoolDestroy(pool: *mut c_void);
+    cuMemAllocFromPoolAsync(ptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream);
+    cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream);
+    cuMemPoolTrimTo(pool: *mut c_void, keep: usize);
+    cuMemPoolSetAttribute(pool: *mut c_void, attr: c_int, value: *mut c_void);
+    cuMemPoolGetAttribute(pool: *mut c_void, attr: c_int, value: *mut c_void);
+    cuMemPoolSetAccess(pool: *mut c_void, desc: *const AccessDesc, count: usize);
+    cuMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *const MemLocation);
     cuMemsetD8Async(dst: CUdeviceptr, value: c_uchar, n: usize, stream: CUstream);
     cuMemsetD16Async(dst: CUdeviceptr, value: c_ushort, n: usize, stream: CUstream);
     cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream);

@@ -28,13 +28,16 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys;
-use gpuplex_protocol::{AccessDesc, AllocProp, Attribute, CallError, CuError, DeviceInfo, Seq, DEVICE_ATTRIBUTE_COUNT};
+use gpuplex_protocol::{
+    AccessDesc, AllocProp, Attribute, CallError, CuError, DeviceInfo, PoolProps, Seq, DEVICE_ATTRIBUTE_COUNT,
+};
 
 use super::{one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, HostCopy, Launch, Memset, Obj, ParamSlot, Way};
 
 mod api;
 mod graph;
 mod image;
+mod pools;
 mod vmm;
 
 use api::{check, or_older, Raw};
@@ -540,6 +543,45 @@ impl Backend for Cuda {
 
     fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64> {
         vmm::get_access(location_kind, location, ptr)
+    }
+
+    fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj> {
+        ctx.map_or(Ok(()), enter)?;
+        pools::create(props)
+    }
+
+    fn mem_pool_destroy(&self, pool: Obj) -> BResult<()> {
+        pools::destroy(pool)
+    }
+
+    fn mem_alloc_from_pool(&self, ctx: Obj, size: u64, pool: Obj, stream: Obj) -> BResult<u64> {
+        enter(ctx)?;
+        pools::alloc(size, pool, stream)
+    }
+
+    fn mem_free_async(&self, ctx: Obj, ptr: u64, stream: Obj) -> BResult<()> {
+        enter(ctx)?;
+        pools::free(ptr, stream)
+    }
+
+    fn mem_pool_trim(&self, pool: Obj, keep: u64) -> BResult<()> {
+        pools::trim(pool, keep)
+    }
+
+    fn mem_pool_set_attribute(&self, pool: Obj, attr: i32, value: u64) -> BResult<()> {
+        pools::set_attribute(pool, attr, value)
+    }
+
+    fn mem_pool_get_attribute(&self, pool: Obj, attr: i32) -> BResult<u64> {
+        pools::get_attribute(pool, attr)
+    }
+
+    fn mem_pool_set_access(&self, pool: Obj, access: &[AccessDesc]) -> BResult<()> {
+        pools::set_access(pool, access)
+    }
+
+    fn mem_pool_get_access(&self, pool: Obj, location_kind: u32, location: i32) -> BResult<u64> {
+        pools::get_access(pool, location_kind, location)
     }
 
     unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64> {

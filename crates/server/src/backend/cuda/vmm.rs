@@ -17,7 +17,7 @@ fn narrow<T: TryFrom<u32>>(v: u32, what: &str) -> BResult<T> {
 }
 
 /// An enum value as the driver takes it (a C `int`); an unknown one is the driver's to refuse.
-fn int(v: u32) -> c_int {
+pub(super) fn int(v: u32) -> c_int {
     v as c_int
 }
 
@@ -77,14 +77,19 @@ pub(super) fn unmap(ptr: u64, bytes: u64) -> BResult<()> {
     check(unsafe { api::cuMemUnmap(ptr, size(bytes)?) })
 }
 
-pub(super) fn set_access(ptr: u64, bytes: u64, access: &[AccessDesc]) -> BResult<()> {
-    let descs: Vec<api::AccessDesc> = access
+/// Access descriptors as the driver takes them.
+pub(super) fn c_access(access: &[AccessDesc]) -> Vec<api::AccessDesc> {
+    access
         .iter()
         .map(|a| api::AccessDesc {
             location: MemLocation { kind: int(a.location_kind), id: a.location },
             flags: int(a.flags),
         })
-        .collect();
+        .collect()
+}
+
+pub(super) fn set_access(ptr: u64, bytes: u64, access: &[AccessDesc]) -> BResult<()> {
+    let descs = c_access(access);
     // SAFETY: mapped ranges of the session; `descs` lives across the call.
     check(unsafe { api::cuMemSetAccess(ptr, size(bytes)?, descs.as_ptr(), descs.len()) })
 }

@@ -62,8 +62,11 @@ const ATTRIBUTES: &[(u32, i32)] = &[
     (95, 1),
     (97, SHARED_PER_BLOCK_OPTIN as i32),
     (99, 1),
+    // Virtual memory management and memory pools (vmm.rs, pools.rs).
+    (102, 1),
     (106, BLOCKS_PER_SM as i32),
     (111, 1024),
+    (115, 1),
     (126, 1),
 ];
 

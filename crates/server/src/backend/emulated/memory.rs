@@ -33,6 +33,8 @@ pub enum Owner {
     Host { ctx: u64 },
     /// A physical allocation mapped into a reserved range (`vmm.rs`).
     Mapped { handle: u64 },
+    /// A stream-ordered allocation from a pool (`pools.rs`).
+    Pooled { pool: u64 },
 }
 
 /// `CU_MEM_ACCESS_FLAGS_PROT_READ`, and with it `_READWRITE`.
@@ -139,6 +141,11 @@ impl Memory {
         self.used -= size;
     }
 
+    /// Takes again what was just given back, which fits by construction.
+    pub fn recharge(&mut self, size: u64) {
+        self.used += size;
+    }
+
     /// An address range of `size` bytes, aligned to `align` (a power of
     /// two), that no block or other range will ever take; None once the
     /// address space is used up.
@@ -239,6 +246,22 @@ impl Memory {
                 Ok(())
             }
             _ => Err(CuError::INVALID_VALUE),
+        }
+    }
+
+    /// What the block starting at `addr` is for.
+    pub fn owner(&self, addr: u64) -> Option<Owner> {
+        self.blocks.get(&addr).map(|b| b.owner)
+    }
+
+    /// Removes a pool's block and says its size, leaving its bytes counted
+    /// as taken: the pool keeps them.
+    pub fn forget(&mut self, addr: u64) -> Option<u64> {
+        match self.blocks.get(&addr) {
+            Some(b) if matches!(b.owner, Owner::Pooled { .. }) => {
+                self.blocks.remove(&addr).map(|b| b.data.len() as u64)
+            }
+            _ => None,
         }
     }
 

@@ -14,19 +14,21 @@ mod graph;
 
 pub mod kernels;
 mod memory;
+mod pools;
 mod vmm;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError, DeviceInfo};
+use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError, DeviceInfo, PoolProps};
 
 use super::{BResult, Backend, CaptureInfo, ClusterQuery, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING};
 use crate::image::{self, Image, KernelInfo};
 use graph::{Graphs, Work};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
+use pools::Pools;
 use vmm::Vmm;
 
 pub struct Emulated {
@@ -45,6 +47,7 @@ struct State {
     streams: HashMap<u64, StreamState>,
     events: HashMap<u64, EventState>,
     vmm: Vmm,
+    pools: Pools,
     graphs: Graphs,
 }
 
@@ -224,6 +227,7 @@ impl Emulated {
                 streams: HashMap::new(),
                 events: HashMap::new(),
                 vmm: Vmm::default(),
+                pools: Pools::default(),
                 graphs: Graphs::default(),
             }),
         }
@@ -518,9 +522,11 @@ impl Backend for Emulated {
     }
 
     fn ctx_synchronize(&self, ctx: Obj) -> BResult<()> {
-        let mut s = self.state();
+        let s = &mut *self.state();
         s.ctx(ctx)?;
-        s.graphs.refuse_any("a wait for the context")
+        s.graphs.refuse_any("a wait for the context")?;
+        s.pools.release(&mut s.memory);
+        Ok(())
     }
 
     fn ctx_api_version(&self, ctx: Obj) -> BResult<u32> {
@@ -599,9 +605,12 @@ impl Backend for Emulated {
     }
 
     fn mem_free(&self, ctx: Obj, ptr: u64) -> BResult<()> {
-        let mut s = self.state();
+        let s = &mut *self.state();
         s.ctx(ctx)?;
-        Ok(s.memory.free(ptr)?)
+        match s.memory.owner(ptr) {
+            Some(Owner::Pooled { pool }) => s.pools.free(&mut s.memory, ptr, pool),
+            _ => Ok(s.memory.free(ptr)?),
+        }
     }
 
     fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, _sync: bool) -> BResult<()> {
@@ -695,6 +704,55 @@ impl Backend for Emulated {
     fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64> {
         let s = &*self.state();
         s.vmm.get_access(&s.memory, location_kind, location, ptr, self.devices.len())
+    }
+
+    fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj> {
+        let s = &mut *self.state();
+        ctx.map_or(Ok(()), |c| s.ctx(c).map(drop))?;
+        s.pools.create(props, self.devices.len())
+    }
+
+    fn mem_pool_destroy(&self, pool: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.pools.destroy(&mut s.memory, pool)
+    }
+
+    fn mem_alloc_from_pool(&self, ctx: Obj, size: u64, pool: Obj, stream: Obj) -> BResult<u64> {
+        let s = &mut *self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "an allocation")?;
+        s.pools.alloc(&mut s.memory, size, pool)
+    }
+
+    fn mem_free_async(&self, ctx: Obj, ptr: u64, stream: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a free")?;
+        match s.memory.owner(ptr) {
+            Some(Owner::Pooled { pool }) => s.pools.free(&mut s.memory, ptr, pool),
+            _ => Ok(s.memory.free(ptr)?),
+        }
+    }
+
+    fn mem_pool_trim(&self, pool: Obj, keep: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.pools.trim(&mut s.memory, pool, keep)
+    }
+
+    fn mem_pool_set_attribute(&self, pool: Obj, attr: i32, value: u64) -> BResult<()> {
+        self.state().pools.set_attribute(pool, attr, value)
+    }
+
+    fn mem_pool_get_attribute(&self, pool: Obj, attr: i32) -> BResult<u64> {
+        self.state().pools.get_attribute(pool, attr)
+    }
+
+    fn mem_pool_set_access(&self, pool: Obj, access: &[AccessDesc]) -> BResult<()> {
+        self.state().pools.set_access(pool, access, self.devices.len())
+    }
+
+    fn mem_pool_get_access(&self, pool: Obj, location_kind: u32, location: i32) -> BResult<u64> {
+        self.state().pools.get_access(pool, location_kind, location)
     }
 
     unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64> {
@@ -1051,9 +1109,11 @@ impl Backend for Emulated {
     }
 
     fn stream_synchronize(&self, ctx: Obj, stream: Obj) -> BResult<()> {
-        let mut s = self.state();
+        let s = &mut *self.state();
         s.stream(ctx, stream)?;
-        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a wait for the stream")
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a wait for the stream")?;
+        s.pools.release(&mut s.memory);
+        Ok(())
     }
 
     fn stream_query(&self, ctx: Obj, stream: Obj) -> BResult<()> {
@@ -1151,13 +1211,17 @@ impl Backend for Emulated {
     }
 
     fn event_synchronize(&self, ctx: Obj, event: Obj) -> BResult<()> {
-        let mut s = self.state();
+        let s = &mut *self.state();
         s.ctx(ctx)?;
-        s.event(event).map(|_| ())
+        s.event(event)?;
+        s.pools.release(&mut s.memory);
+        Ok(())
     }
 
     fn event_query(&self, ctx: Obj, event: Obj) -> BResult<()> {
-        self.event_synchronize(ctx, event)
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.event(event).map(|_| ())
     }
 
     fn event_elapsed(&self, ctx: Obj, start: Obj, end: Obj) -> BResult<f32> {
