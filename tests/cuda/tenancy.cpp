@@ -241,13 +241,16 @@ static int memory(CUdevice dev) {
         printf("the same once unmapped: %s\n", err_name(rc));
         if (rc == CUDA_SUCCESS) CHECK(cuMemRelease(rest));
     }
-    // Arrays are not served yet: an error, holding nothing.
+    // Arrays are charged by their elements' bytes.
     CUDA_ARRAY3D_DESCRIPTOR desc = {};
-    desc.Width = 1024;
-    desc.Height = 1024;
+    desc.Width = 16384;
+    desc.Height = total / (16384 * 4) + 1;
     desc.Format = CU_AD_FORMAT_FLOAT;
     desc.NumChannels = 1;
     CUarray array;
+    printf("array of total + 64 KiB: %s\n", err_name(cuArray3DCreate(&array, &desc)));
+    desc.Width = 1024;
+    desc.Height = 1024;
     rc = cuArray3DCreate(&array, &desc);
     printf("array 4 MiB: %s\n", err_name(rc));
     if (rc == CUDA_SUCCESS) CHECK(cuArrayDestroy(array));

@@ -304,6 +304,7 @@ const TYPES: &[Type] = &[
         from_c: "MemPool({} as u64)",
         to_c: "{}.0 as *mut c_void",
     },
+    Type { name: "Array", wire: "Array", c: "*mut c_void", from_c: "Array({} as u64)", to_c: "{}.0 as *mut c_void" },
     Type { name: "Name", wire: "String", c: "*const c_char", from_c: "crate::ffi::c_name({})?", to_c: "" },
     Type { name: "Bytes", wire: "Vec<u8>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u32>", wire: "Seq<u32>", c: "", from_c: "", to_c: "" },
@@ -311,6 +312,9 @@ const TYPES: &[Type] = &[
     Type { name: "AllocProp", wire: "AllocProp", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<AccessDesc>", wire: "Seq<AccessDesc>", c: "", from_c: "", to_c: "" },
     Type { name: "PoolProps", wire: "PoolProps", c: "", from_c: "", to_c: "" },
+    Type { name: "ArrayDesc", wire: "ArrayDesc", c: "", from_c: "", to_c: "" },
+    Type { name: "Copy3D", wire: "Copy3D", c: "", from_c: "", to_c: "" },
+    Type { name: "ResourceDesc", wire: "ResourceDesc", c: "", from_c: "", to_c: "" },
 ];
 
 fn ty(name: &str) -> &'static Type {

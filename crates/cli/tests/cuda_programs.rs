@@ -62,6 +62,7 @@ program_tests!(
     attributes,
     graphs,
     pools,
+    arrays,
 );
 
 /// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.

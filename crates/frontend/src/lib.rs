@@ -40,7 +40,7 @@ mod generated {
 
     #[allow(unused_imports)]
     use gpuplex_protocol::{
-        calls, Ctx, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Kernel, Library, MemPool, Module, Stream,
+        calls, Array, Ctx, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Kernel, Library, MemPool, Module, Stream,
     };
 
     use crate::ffi::CUresult;

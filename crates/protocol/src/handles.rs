@@ -58,6 +58,8 @@ handles! {
     GraphNode,
     /// `CUmemoryPool`: a pool stream-ordered allocations come from.
     MemPool,
+    /// `CUarray`.
+    Array,
     /// `CUdeviceptr`: a real device address in one of the session's contexts.
     DevPtr,
 }

@@ -57,6 +57,7 @@
 //! [`dispatch`] and [`decode_request`]; the front-end's build script turns the same rows into C
 //! exports.
 
+mod arrays;
 pub mod codec;
 mod digest;
 mod error;
@@ -66,6 +67,7 @@ mod header;
 pub mod lane;
 mod vmm;
 
+pub use arrays::*;
 pub use codec::{Seq, Wire};
 pub use digest::image_digest;
 pub use error::{CallError, CuError, DecodeError, HeaderError, CUDA_ERRORS, MAX_DETAIL};

@@ -19,7 +19,9 @@ macro_rules! exports {
     )*};
 }
 
+mod arrays;
 mod copy;
+mod copy3d;
 mod host;
 pub mod lanes;
 mod managed;

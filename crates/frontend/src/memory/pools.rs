@@ -194,10 +194,9 @@ unsafe fn device_of(name: &str, location: *const MemLocation, kind: u32) -> Resu
 }
 
 /// A device's default pool, or its current one, named by a location.
-///
-/// # Safety
-/// `pool` is valid for a write, `location` for a read.
-unsafe fn location_pool(
+/// `pool` and `location` are an export's arguments: valid for a write and
+/// a read.
+fn location_pool(
     name: &str,
     pool: *mut *mut c_void,
     location: *const MemLocation,
@@ -205,25 +204,23 @@ unsafe fn location_pool(
     default: bool,
 ) -> Result<(), CuError> {
     check_out(pool)?;
-    // SAFETY: per this function's contract.
+    // SAFETY: per the export's contract.
     let dev = unsafe { device_of(name, location, kind)? };
     let h = if default {
         client::call(calls::cuDeviceGetDefaultMemPool::Request { dev })?.pool_out
     } else {
         client::call(calls::cuDeviceGetMemPool::Request { dev })?.pool
     };
-    // SAFETY: checked non-NULL; the caller vouches for it.
+    // SAFETY: checked non-NULL; the export's caller vouches for it.
     unsafe { write_out(pool, h.0 as *mut c_void) };
     Ok(())
 }
 
 exports! {
     cuMemGetDefaultMemPool(pool: *mut *mut c_void, location: *const MemLocation, kind: u32) =>
-        // SAFETY: the caller's pointers, as the CUDA API requires them.
-        unsafe { location_pool("cuMemGetDefaultMemPool", pool, location, kind, true) };
+        location_pool("cuMemGetDefaultMemPool", pool, location, kind, true);
     cuMemGetMemPool(pool: *mut *mut c_void, location: *const MemLocation, kind: u32) =>
-        // SAFETY: as above.
-        unsafe { location_pool("cuMemGetMemPool", pool, location, kind, false) };
+        location_pool("cuMemGetMemPool", pool, location, kind, false);
 }
 
 /// # Safety

@@ -14,7 +14,7 @@
 pub mod cuda;
 pub mod emulated;
 
-use gpuplex_protocol::{AccessDesc, AllocProp, CallError, DeviceInfo, PoolProps};
+use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, DeviceInfo, PoolProps, ResourceDesc};
 
 pub type BResult<T> = Result<T, CallError>;
 
@@ -85,6 +85,39 @@ impl Memset {
         }
         self.pitch.checked_mul(self.height - 1)?.checked_add(self.row_bytes()?)
     }
+}
+
+/// Where one end of a 2D or 3D copy is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Host(*mut u8),
+    Device(u64),
+    Array(Obj),
+}
+
+/// One end of a 2D or 3D copy: its place, the first byte's position, and
+/// for host and device memory the bytes between rows and the rows of a
+/// slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyEnd {
+    pub place: Place,
+    pub x: u64,
+    pub y: u64,
+    pub z: u64,
+    pub pitch: u64,
+    pub height: u64,
+}
+
+/// A copy of `depth` slices of `height` rows of `width` bytes, made with
+/// the driver function `shape` names (`gpuplex_protocol::COPY_3D`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy3D {
+    pub shape: u32,
+    pub src: CopyEnd,
+    pub dst: CopyEnd,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
 }
 
 /// [`Backend::memcpy_host_batch`] as one call per copy: its default, and
@@ -177,6 +210,23 @@ pub trait Backend: Send + Sync {
     fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()>;
     fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()>;
     fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64>;
+
+    // Arrays, texture and surface objects. A resource's `at` is the backend's
+    // array for arrays, a device address otherwise.
+    fn array_create(&self, ctx: Obj, desc: &ArrayDesc) -> BResult<Obj>;
+    fn array_destroy(&self, ctx: Obj, array: Obj) -> BResult<()>;
+    fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc>;
+    /// A 2D or 3D copy, or a linear one to or from an array.
+    ///
+    /// # Safety
+    /// Host ends are valid for the rows the copy reads or writes.
+    unsafe fn memcpy_3d(&self, ctx: Obj, copy: &Copy3D, stream: Obj, sync: bool) -> BResult<()>;
+    /// A texture object over `res`; `tex` and `view` are the C structures'
+    /// bytes, of their exact sizes.
+    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, tex: &[u8], view: Option<&[u8]>) -> BResult<u64>;
+    fn tex_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()>;
+    fn surf_object_create(&self, ctx: Obj, res: &ResourceDesc) -> BResult<u64>;
+    fn surf_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()>;
 
     // Stream-ordered allocation from memory pools; locations name backend devices.
     fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj>;

@@ -120,7 +120,7 @@ impl Session {
     }
 
     /// The backend context an object lives in.
-    fn ctx_of(&self, entry: &Entry) -> R<Obj> {
+    pub(super) fn ctx_of(&self, entry: &Entry) -> R<Obj> {
         self.tables.ctx(entry.ctx)?.obj.ok_or_else(|| CallError::new(CuError::INVALID_CONTEXT, "context is not active"))
     }
 
@@ -310,6 +310,38 @@ impl Api for Session {
 
     fn cuGraphNodeGetType(&mut self, req: cuGraphNodeGetType::Request) -> R<cuGraphNodeGetType::Reply> {
         self.graph_node_type(req)
+    }
+
+    fn Memcpy3D(&mut self, req: Memcpy3D::Request) -> R<Memcpy3D::Reply> {
+        self.memcpy_3d(req)
+    }
+
+    fn ArrayCreate(&mut self, req: ArrayCreate::Request) -> R<ArrayCreate::Reply> {
+        self.array_create(req)
+    }
+
+    fn cuArrayDestroy(&mut self, req: cuArrayDestroy::Request) -> R<cuArrayDestroy::Reply> {
+        self.array_destroy(req)
+    }
+
+    fn ArrayDescriptor(&mut self, req: ArrayDescriptor::Request) -> R<ArrayDescriptor::Reply> {
+        self.array_descriptor(req)
+    }
+
+    fn TexObjectCreate(&mut self, req: TexObjectCreate::Request) -> R<TexObjectCreate::Reply> {
+        self.tex_object_create(req)
+    }
+
+    fn TexObjectDestroy(&mut self, req: TexObjectDestroy::Request) -> R<TexObjectDestroy::Reply> {
+        self.tex_object_destroy(req)
+    }
+
+    fn SurfObjectCreate(&mut self, req: SurfObjectCreate::Request) -> R<SurfObjectCreate::Reply> {
+        self.surf_object_create(req)
+    }
+
+    fn SurfObjectDestroy(&mut self, req: SurfObjectDestroy::Request) -> R<SurfObjectDestroy::Reply> {
+        self.surf_object_destroy(req)
     }
 
     fn MemAllocAsync(&mut self, req: MemAllocAsync::Request) -> R<MemAllocAsync::Reply> {

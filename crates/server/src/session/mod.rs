@@ -12,6 +12,7 @@
 //! allocates and exactly after every call.
 
 mod api;
+mod arrays;
 mod graphs;
 mod images;
 pub mod lanes;

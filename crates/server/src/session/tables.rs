@@ -11,6 +11,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use gpuplex_protocol::{CallError, CuError, FIRST_HANDLE};
 
+use super::arrays::Samplers;
 use super::pools::Pools;
 use super::vmm::Vmm;
 use crate::backend::Obj;
@@ -96,6 +97,7 @@ pub enum Kind {
     Graph,
     GraphExec,
     GraphNode,
+    Array,
 }
 
 /// A device range the session may read and write.
@@ -139,6 +141,8 @@ pub struct Tables {
     pub vmm: Vmm,
     /// Memory pools and their allocations.
     pub pools: Pools,
+    /// Texture and surface objects.
+    pub samplers: Samplers,
 }
 
 impl Tables {
@@ -207,7 +211,9 @@ impl Tables {
             Kind::Library => Owner::Library(h),
             Kind::Kernel => Owner::Kernel(h),
             Kind::Graph => Owner::Graph(h),
-            Kind::Func | Kind::Stream | Kind::Event | Kind::GraphExec | Kind::GraphNode => return Ok(entry),
+            Kind::Func | Kind::Stream | Kind::Event | Kind::GraphExec | Kind::GraphNode | Kind::Array => {
+                return Ok(entry)
+            }
         });
         Ok(entry)
     }
@@ -222,6 +228,7 @@ impl Tables {
             let _ = self.remove(kind, h);
         }
         self.regions.retain(|_, r| r.ctx != ctx);
+        self.samplers.context_gone(ctx);
         self.recount();
     }
 

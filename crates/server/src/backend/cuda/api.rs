@@ -17,6 +17,7 @@ use cudarc::driver::sys::{
 };
 use gpuplex_protocol::{CallError, CuError};
 
+use super::arrays::{Array3DDescriptor, Memcpy2D, Memcpy3D, Resource};
 use super::{BResult, LaunchConfig};
 
 /// `CUmemLocation`.
@@ -172,6 +173,23 @@ driver_api! {
     cuMemUnmap(ptr: CUdeviceptr, size: usize);
     cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const AccessDesc, count: usize);
     cuMemGetAccess(flags: *mut c_ulonglong, location: *const MemLocation, ptr: CUdeviceptr);
+    cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: CUstream);
+    cuMemcpy2DAsync_v2(copy: *const Memcpy2D, stream: CUstream);
+    cuMemcpy2DUnaligned_v2(copy: *const Memcpy2D);
+    cuMemcpyHtoA_v2(dst: *mut c_void, offset: usize, src: *const c_void, size: usize);
+    cuMemcpyHtoAAsync_v2(dst: *mut c_void, offset: usize, src: *const c_void, size: usize, stream: CUstream);
+    cuMemcpyAtoH_v2(dst: *mut c_void, src: *mut c_void, offset: usize, size: usize);
+    cuMemcpyAtoHAsync_v2(dst: *mut c_void, src: *mut c_void, offset: usize, size: usize, stream: CUstream);
+    cuMemcpyDtoA_v2(dst: *mut c_void, offset: usize, src: CUdeviceptr, size: usize);
+    cuMemcpyAtoD_v2(dst: CUdeviceptr, src: *mut c_void, offset: usize, size: usize);
+    cuMemcpyAtoA_v2(dst: *mut c_void, dst_offset: usize, src: *mut c_void, src_offset: usize, size: usize);
+    cuArray3DCreate_v2(array: *mut *mut c_void, desc: *const Array3DDescriptor);
+    cuArrayDestroy(array: *mut c_void);
+    cuArray3DGetDescriptor_v2(desc: *mut Array3DDescriptor, array: *mut c_void);
+    cuTexObjectCreate(object: *mut c_ulonglong, res: *const Resource, tex: *const c_void, view: *const c_void);
+    cuTexObjectDestroy(object: c_ulonglong);
+    cuSurfObjectCreate(object: *mut c_ulonglong, res: *const Resource);
+    cuSurfObjectDestroy(object: c_ulonglong);
     cuMemPoolCreate(pool: *mut *mut c_void, props: *const PoolProps);
     cuMemPoolDestroy(pool: *mut c_void);
     cuMemAllocFromPoolAsync(ptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream);

@@ -29,12 +29,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys;
 use gpuplex_protocol::{
-    AccessDesc, AllocProp, Attribute, CallError, CuError, DeviceInfo, PoolProps, Seq, DEVICE_ATTRIBUTE_COUNT,
+    AccessDesc, AllocProp, ArrayDesc, Attribute, CallError, CuError, DeviceInfo, PoolProps, ResourceDesc, Seq,
+    DEVICE_ATTRIBUTE_COUNT,
 };
 
-use super::{one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, HostCopy, Launch, Memset, Obj, ParamSlot, Way};
+use super::{
+    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, HostCopy, Launch, Memset, Obj, ParamSlot,
+    Place, Way,
+};
 
 mod api;
+mod arrays;
 mod graph;
 mod image;
 mod pools;
@@ -543,6 +548,47 @@ impl Backend for Cuda {
 
     fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64> {
         vmm::get_access(location_kind, location, ptr)
+    }
+
+    fn array_create(&self, ctx: Obj, desc: &ArrayDesc) -> BResult<Obj> {
+        enter(ctx)?;
+        arrays::create(desc)
+    }
+
+    fn array_destroy(&self, ctx: Obj, array: Obj) -> BResult<()> {
+        enter(ctx)?;
+        arrays::destroy(array)
+    }
+
+    fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc> {
+        enter(ctx)?;
+        arrays::descriptor(array)
+    }
+
+    unsafe fn memcpy_3d(&self, ctx: Obj, copy: &Copy3D, stream: Obj, sync: bool) -> BResult<()> {
+        enter(ctx)?;
+        // SAFETY: the caller's guarantee.
+        unsafe { arrays::copy(copy, stream, sync) }
+    }
+
+    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, tex: &[u8], view: Option<&[u8]>) -> BResult<u64> {
+        enter(ctx)?;
+        arrays::tex_create(res, tex, view)
+    }
+
+    fn tex_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
+        enter(ctx)?;
+        arrays::tex_destroy(object)
+    }
+
+    fn surf_object_create(&self, ctx: Obj, res: &ResourceDesc) -> BResult<u64> {
+        enter(ctx)?;
+        arrays::surf_create(res)
+    }
+
+    fn surf_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
+        enter(ctx)?;
+        arrays::surf_destroy(object)
     }
 
     fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj> {

@@ -9,6 +9,7 @@
 //! synchronously at call time, which is one valid ordering of every stream.
 //! A kernel fault becomes the context's sticky error, as on a GPU.
 
+mod arrays;
 mod device;
 mod graph;
 
@@ -21,10 +22,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError, DeviceInfo, PoolProps};
+use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, CuError, DeviceInfo, PoolProps, ResourceDesc};
 
-use super::{BResult, Backend, CaptureInfo, ClusterQuery, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING};
+use super::{
+    BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING,
+};
 use crate::image::{self, Image, KernelInfo};
+use arrays::Arrays;
 use graph::{Graphs, Work};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
@@ -48,6 +52,7 @@ struct State {
     events: HashMap<u64, EventState>,
     vmm: Vmm,
     pools: Pools,
+    arrays: Arrays,
     graphs: Graphs,
 }
 
@@ -228,6 +233,7 @@ impl Emulated {
                 events: HashMap::new(),
                 vmm: Vmm::default(),
                 pools: Pools::default(),
+                arrays: Arrays::default(),
                 graphs: Graphs::default(),
             }),
         }
@@ -439,6 +445,7 @@ impl State {
         self.streams.retain(|_, s| s.ctx != ctx);
         self.events.retain(|_, e| e.ctx != ctx);
         self.graphs.context_gone(ctx);
+        self.arrays.context_gone(&mut self.memory, ctx);
         self.memory.free_where(|o| o == Owner::Alloc { ctx } || o == Owner::Host { ctx });
     }
 }
@@ -704,6 +711,60 @@ impl Backend for Emulated {
     fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64> {
         let s = &*self.state();
         s.vmm.get_access(&s.memory, location_kind, location, ptr, self.devices.len())
+    }
+
+    fn array_create(&self, ctx: Obj, desc: &ArrayDesc) -> BResult<Obj> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.create(&mut s.memory, ctx.0, desc)
+    }
+
+    fn array_destroy(&self, ctx: Obj, array: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.destroy(&mut s.memory, array)
+    }
+
+    fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.descriptor(array)
+    }
+
+    unsafe fn memcpy_3d(&self, ctx: Obj, copy: &Copy3D, stream: Obj, _sync: bool) -> BResult<()> {
+        let s = &mut *self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(
+            stream,
+            CuError::STREAM_CAPTURE_UNSUPPORTED,
+            "the emulated device captures no 2D or 3D copies",
+        )?;
+        // SAFETY: the caller's guarantee.
+        unsafe { s.arrays.copy(&mut s.memory, copy) }
+    }
+
+    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, _tex: &[u8], _view: Option<&[u8]>) -> BResult<u64> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.object(ctx.0, res, false)
+    }
+
+    fn tex_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.destroy_object(object)
+    }
+
+    fn surf_object_create(&self, ctx: Obj, res: &ResourceDesc) -> BResult<u64> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.object(ctx.0, res, true)
+    }
+
+    fn surf_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.destroy_object(object)
     }
 
     fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj> {
