@@ -189,6 +189,7 @@ runtime_tests!(
     zero_copy,
     managed_alloc,
     stream_ordered,
+    textures,
 );
 
 /// No program of tests/cuda/runtime is forgotten: each is tested, or listed

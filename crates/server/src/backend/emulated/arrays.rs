@@ -4,12 +4,19 @@
 //! An array's elements are kept row after row, slice after slice, as a
 //! pitched allocation without padding would be; a layered or cubemap array
 //! counts its layers as slices. Texture and surface objects are records of
-//! what they read: the test device runs no kernel that samples them.
+//! what they read, which reference kernels sample through [`Device`]: point
+//! sampling at unnormalized coordinates clamped to the texture, and fetches
+//! from linear memory, which is what the test programs ask; anything else
+//! is NOT_SUPPORTED.
 
 use std::collections::HashMap;
 
-use gpuplex_protocol::{element_bytes, ArrayDesc, CuError, ResourceDesc, COPY_ARRAY_LINEAR, RESOURCE_ARRAY};
+use gpuplex_protocol::{
+    element_bytes, ArrayDesc, CuError, ResourceDesc, COPY_ARRAY_LINEAR, RESOURCE_ARRAY, RESOURCE_LINEAR,
+    RESOURCE_PITCH2D, TEXTURE_DESC_BYTES,
+};
 
+use super::kernels::DeviceMemory;
 use super::memory::{self, Memory};
 use super::{err, BResult, Obj};
 use crate::backend::{Copy3D, CopyEnd, Place};
@@ -22,8 +29,15 @@ const FLAGS: u32 = 0x01 | 0x02 | 0x04 | 0x08;
 pub struct Arrays {
     next: u64,
     arrays: HashMap<u64, Array>,
-    /// Texture and surface objects: what each reads, and its context.
-    objects: HashMap<u64, (u64, ResourceDesc)>,
+    objects: HashMap<u64, Object>,
+}
+
+/// A texture or surface object: its context, what it reads, and for a
+/// texture how (its `CUDA_TEXTURE_DESC`).
+struct Object {
+    ctx: u64,
+    res: ResourceDesc,
+    tex: Option<[u8; TEXTURE_DESC_BYTES]>,
 }
 
 struct Array {
@@ -95,7 +109,7 @@ impl Arrays {
             }
             a.ctx != ctx
         });
-        self.objects.retain(|_, (c, _)| *c != ctx);
+        self.objects.retain(|_, o| o.ctx != ctx);
     }
 
     /// Copies row by row, a bounded piece of a row at a time.
@@ -188,24 +202,116 @@ impl Arrays {
         }
     }
 
-    /// A texture or surface object over `res`, whose array (if any) is one
-    /// of the device's.
-    pub fn object(&mut self, ctx: u64, res: &ResourceDesc, surface: bool) -> BResult<u64> {
+    /// A texture object over `res` (with its descriptor's bytes), or a
+    /// surface object (`tex` None), whose array if any is the device's.
+    pub fn object(&mut self, ctx: u64, res: &ResourceDesc, tex: Option<&[u8]>) -> BResult<u64> {
         if res.kind == RESOURCE_ARRAY {
             let a = self.array(Obj(res.at))?;
-            if surface && a.desc.flags & 0x02 == 0 {
+            if tex.is_none() && a.desc.flags & 0x02 == 0 {
                 return Err(err(CuError::INVALID_VALUE, "a surface needs an array made for load and store"));
             }
-        } else if surface {
+        } else if tex.is_none() {
             return Err(err(CuError::INVALID_VALUE, "a surface reads an array"));
         }
+        let tex = tex.map(|t| t.try_into()).transpose().map_err(|_| CuError::INVALID_VALUE)?;
         let id = self.next_id();
-        self.objects.insert(id, (ctx, res.clone()));
+        self.objects.insert(id, Object { ctx, res: res.clone(), tex });
         Ok(id)
     }
 
     pub fn destroy_object(&mut self, object: u64) -> BResult<()> {
         self.objects.remove(&object).map(drop).ok_or_else(|| err(CuError::INVALID_VALUE, "no such object"))
+    }
+}
+
+/// `CUDA_TEXTURE_DESC`'s address modes, filter mode and flags, at their
+/// offsets: `CU_TR_ADDRESS_MODE_CLAMP`, `CU_TR_FILTER_MODE_POINT`,
+/// `CU_TRSF_READ_AS_INTEGER`, `CU_TRSF_NORMALIZED_COORDINATES`.
+const CLAMP: u32 = 1;
+const POINT: u32 = 0;
+const READ_AS_INTEGER: u32 = 0x1;
+const NORMALIZED: u32 = 0x2;
+
+fn word(tex: &[u8; TEXTURE_DESC_BYTES], at: usize) -> u32 {
+    u32::from_le_bytes(tex[at..at + 4].try_into().expect("a word inside the descriptor"))
+}
+
+/// What reference kernels see: device memory, and the arrays that texture
+/// and surface objects read and write. A bad object faults, as a kernel
+/// that uses one does.
+pub struct Device<'a> {
+    pub memory: &'a mut Memory,
+    pub arrays: &'a mut Arrays,
+}
+
+impl DeviceMemory for Device<'_> {
+    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), CuError> {
+        self.memory.read(addr, out)
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), CuError> {
+        self.memory.write(addr, data)
+    }
+
+    fn texel(&self, tex: u64, x: i64, y: i64, out: &mut [u8]) -> Result<(), CuError> {
+        let o = self.arrays.objects.get(&tex).ok_or(CuError::ILLEGAL_ADDRESS)?;
+        let desc = o.tex.as_ref().ok_or(CuError::ILLEGAL_ADDRESS)?;
+        let res = &o.res;
+        let (format, channels) = match res.kind {
+            RESOURCE_ARRAY => {
+                let a = self.arrays.arrays.get(&res.at).ok_or(CuError::ILLEGAL_ADDRESS)?;
+                (a.desc.format, a.desc.channels)
+            }
+            _ => (res.format, res.channels),
+        };
+        let elem = element_bytes(format, channels)?;
+        // Floats and 32-bit integers read as they are; narrower integers
+        // only when asked so (else they are promoted to normalized floats).
+        let as_is = matches!(format, 0x20 | 0x03 | 0x0a) || word(desc, 16) & READ_AS_INTEGER != 0;
+        if elem != out.len() as u64 || !as_is {
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        if res.kind == RESOURCE_LINEAR {
+            // A fetch outside the memory reads zeros.
+            if y != 0 || x < 0 || x as u64 >= res.size / elem {
+                out.fill(0);
+                return Ok(());
+            }
+            return self.memory.read(res.at + x as u64 * elem, out);
+        }
+        let sampled = [0, 4].iter().all(|&m| word(desc, m) == CLAMP)
+            && word(desc, 12) == POINT
+            && word(desc, 16) & NORMALIZED == 0;
+        if !sampled {
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        match res.kind {
+            RESOURCE_ARRAY => {
+                let a = &self.arrays.arrays[&res.at];
+                let (x, y) = (x.clamp(0, a.desc.width as i64 - 1) as u64, y.clamp(0, a.rows() as i64 - 1) as u64);
+                let at = (y * a.row + x * elem) as usize;
+                out.copy_from_slice(&a.data[at..at + out.len()]);
+                Ok(())
+            }
+            RESOURCE_PITCH2D => {
+                let (x, y) = (x.clamp(0, res.width as i64 - 1) as u64, y.clamp(0, res.height as i64 - 1) as u64);
+                self.memory.read(res.at + y * res.pitch + x * elem, out)
+            }
+            _ => Err(CuError::NOT_SUPPORTED),
+        }
+    }
+
+    fn surface_write(&mut self, surf: u64, x: i64, y: i64, data: &[u8]) -> Result<(), CuError> {
+        let o = self.arrays.objects.get(&surf).filter(|o| o.tex.is_none()).ok_or(CuError::ILLEGAL_ADDRESS)?;
+        let a = self.arrays.arrays.get_mut(&o.res.at).ok_or(CuError::ILLEGAL_ADDRESS)?;
+        // Outside the array, a write traps: surfaces' default boundary mode.
+        let inside = x >= 0 && y >= 0 && x as u64 + data.len() as u64 <= a.row && (y as u64) < a.rows();
+        if !inside {
+            return Err(CuError::ILLEGAL_ADDRESS);
+        }
+        let at = (y as u64 * a.row + x as u64) as usize;
+        a.data[at..at + data.len()].copy_from_slice(data);
+        Ok(())
     }
 }
 

@@ -37,6 +37,18 @@ pub struct KernelLaunch<'a> {
 pub trait DeviceMemory {
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), CuError>;
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), CuError>;
+
+    /// The bytes of element `(x, y)` of texture object `tex`, point-sampled
+    /// (`y` 0 for a fetch from linear memory). Only the kinds of texture the
+    /// test programs sample are emulated; others are NOT_SUPPORTED.
+    fn texel(&self, _tex: u64, _x: i64, _y: i64, _out: &mut [u8]) -> Result<(), CuError> {
+        Err(CuError::NOT_SUPPORTED)
+    }
+
+    /// Writes `data` at byte `x` of row `y` of surface object `surf`.
+    fn surface_write(&mut self, _surf: u64, _x: i64, _y: i64, _data: &[u8]) -> Result<(), CuError> {
+        Err(CuError::NOT_SUPPORTED)
+    }
 }
 
 pub type ReferenceKernel = fn(&KernelLaunch<'_>, &mut dyn DeviceMemory) -> Result<(), CuError>;
@@ -76,6 +88,9 @@ pub fn lookup(name: &str) -> Option<ReferenceKernel> {
         "_Z8blockSumPKiPii" => Some(block_sum),
         "_Z13sharedReversePKiPii" => Some(shared_reverse),
         "_Z10useSymbolsPKiPKfPfi" => Some(use_symbols),
+        "_Z8texShiftPfyiiii" => Some(tex_shift),
+        "_Z10fetchTwicePiyi" => Some(fetch_twice),
+        "_Z8surfFillyii" => Some(surf_fill),
         _ => None,
     }
 }
@@ -733,6 +748,78 @@ fn use_symbols(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), C
     let doubled = k.threads_x().min(16) as usize;
     let t: Vec<i32> = read_i32s(mem, table, doubled)?.iter().map(|v| v.wrapping_mul(2)).collect();
     write_i32s(mem, table, &t)
+}
+
+/// Elements a 2-D texture or surface reference may touch in one launch: the
+/// grid is the guest's to pick, and the device is locked meanwhile.
+const MAX_TEXELS: u64 = 1 << 22;
+
+/// The `(columns, rows)` a 2-D launch covers of a `w` x `h` image, if the
+/// reference may run it: z of one, and no more than [`MAX_TEXELS`].
+fn plane(k: &KernelLaunch<'_>, w: i32, h: i32) -> Result<(u64, u64), CuError> {
+    if k.grid[2] != 1 || k.block[2] != 1 {
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let cols = (w.max(0) as u64).min(k.threads_x());
+    let rows = (h.max(0) as u64).min(k.grid[1] as u64 * k.block[1] as u64);
+    if cols * rows > MAX_TEXELS {
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    Ok((cols, rows))
+}
+
+/// `texShift(float *out, cudaTextureObject_t tex, int w, int h, int dx, int dy)`,
+/// 2-D: `out[y * w + x] = tex2D<float>(tex, x + dx + 0.5f, y + dy + 0.5f)`
+/// for `x < w`, `y < h`.
+fn tex_shift(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let (out, tex) = (k.ptr_param(0)?, k.u64_param(1)?);
+    let (w, h, dx, dy) = (k.i32_param(2)?, k.i32_param(3)?, k.i32_param(4)?, k.i32_param(5)?);
+    let (cols, rows) = plane(k, w, h)?;
+    for y in 0..rows {
+        let mut row = Vec::with_capacity(cols as usize);
+        for x in 0..cols {
+            let mut texel = [0; 4];
+            mem.texel(tex, x as i64 + dx as i64, y as i64 + dy as i64, &mut texel)?;
+            row.push(f32::from_le_bytes(texel));
+        }
+        write_f32s(mem, element(out, y * w as u64, 4)?, &row)?;
+    }
+    Ok(())
+}
+
+/// `fetchTwice(int *out, cudaTextureObject_t tex, int n)`:
+/// `out[i] = 2 * tex1Dfetch<int>(tex, i)` for `i < n`.
+fn fetch_twice(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    one_dimensional(k)?;
+    let (out, tex) = (k.ptr_param(0)?, k.u64_param(1)?);
+    let count = covered(k, k.i32_param(2)?);
+    let mut start = 0;
+    while start < count {
+        let len = CHUNK.min(count - start);
+        let mut values = Vec::with_capacity(len as usize);
+        for i in start..start + len {
+            let mut texel = [0; 4];
+            mem.texel(tex, i as i64, 0, &mut texel)?;
+            values.push(i32::from_le_bytes(texel).wrapping_mul(2));
+        }
+        write_i32s(mem, element(out, start, 4)?, &values)?;
+        start += len;
+    }
+    Ok(())
+}
+
+/// `surfFill(cudaSurfaceObject_t surf, int w, int h)`, 2-D:
+/// `surf2Dwrite((float)(x * 1000 + y), surf, x * 4, y)` for `x < w`, `y < h`.
+fn surf_fill(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let surf = k.u64_param(0)?;
+    let (cols, rows) = plane(k, k.i32_param(1)?, k.i32_param(2)?)?;
+    for y in 0..rows {
+        for x in 0..cols {
+            let value = (x * 1000 + y) as f32;
+            mem.surface_write(surf, x as i64 * 4, y as i64, &value.to_le_bytes())?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use super::{
     BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING,
 };
 use crate::image::{self, Image, KernelInfo};
-use arrays::Arrays;
+use arrays::{Arrays, Device};
 use graph::{Graphs, Work};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
@@ -393,7 +393,7 @@ impl State {
             params,
             layout: &layout,
         };
-        match run(&k, &mut self.memory) {
+        match run(&k, &mut Device { memory: &mut self.memory, arrays: &mut self.arrays }) {
             Ok(()) => Ok(()),
             Err(fault) if fault == CuError::ILLEGAL_ADDRESS || fault == CuError::ASSERT => {
                 self.ctx(ctx)?.sticky = Some(fault);
@@ -743,10 +743,13 @@ impl Backend for Emulated {
         unsafe { s.arrays.copy(&mut s.memory, copy) }
     }
 
-    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, _tex: &[u8], _view: Option<&[u8]>) -> BResult<u64> {
+    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, tex: &[u8], view: Option<&[u8]>) -> BResult<u64> {
+        if view.is_some() {
+            return Err(err(CuError::NOT_SUPPORTED, "the emulated device takes no resource views"));
+        }
         let s = &mut *self.state();
         s.ctx(ctx)?;
-        s.arrays.object(ctx.0, res, false)
+        s.arrays.object(ctx.0, res, Some(tex))
     }
 
     fn tex_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
@@ -758,7 +761,7 @@ impl Backend for Emulated {
     fn surf_object_create(&self, ctx: Obj, res: &ResourceDesc) -> BResult<u64> {
         let s = &mut *self.state();
         s.ctx(ctx)?;
-        s.arrays.object(ctx.0, res, true)
+        s.arrays.object(ctx.0, res, None)
     }
 
     fn surf_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
