@@ -63,6 +63,7 @@ program_tests!(
     graphs,
     pools,
     arrays,
+    graph_nodes,
 );
 
 /// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.

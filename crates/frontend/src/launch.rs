@@ -24,7 +24,7 @@ use crate::{client, memo};
 
 /// What the client knows of a function: where each parameter goes
 /// (`(offset, size)`), and the limits a launch is checked against.
-struct FuncInfo {
+pub(crate) struct FuncInfo {
     layout: Vec<(u32, u32)>,
     /// Bytes the packed parameters span.
     packed: usize,
@@ -55,7 +55,8 @@ fn info(func: u64) -> Result<Arc<FuncInfo>, CuError> {
     Ok(info)
 }
 
-fn layout(func: u64) -> Result<Vec<(u32, u32)>, CuError> {
+/// Where each parameter of `func` goes: `(offset, size)`.
+pub(crate) fn layout(func: u64) -> Result<Vec<(u32, u32)>, CuError> {
     Ok(info(func)?.layout.clone())
 }
 
@@ -170,6 +171,30 @@ unsafe fn extra_buffer(extra: *mut *mut c_void) -> Result<Vec<u8>, CuError> {
     }
 }
 
+/// A launch's parameters packed as the server takes them, given as
+/// `kernelParams` (packed by the function's layout, fetched once then
+/// cached, and returned too) or in `extra`'s buffer.
+///
+/// # Safety
+/// `params`/`extra` as the CUDA API requires.
+pub(crate) unsafe fn packed_params(
+    func: u64,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(Vec<u8>, Option<Arc<FuncInfo>>), CuError> {
+    if !params.is_null() && !extra.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    if extra.is_null() {
+        let known = info(func)?;
+        // SAFETY: per this function's contract.
+        Ok((unsafe { pack(&known, params)? }, Some(known)))
+    } else {
+        // SAFETY: per this function's contract.
+        Ok((unsafe { extra_buffer(extra)? }, None))
+    }
+}
+
 /// A launch as every entry point describes it.
 struct Grid {
     grid: [u32; 3],
@@ -190,23 +215,12 @@ unsafe fn launch(
     if func.is_null() {
         return Err(CuError::INVALID_HANDLE);
     }
-    if !params.is_null() && !extra.is_null() {
-        return Err(CuError::INVALID_VALUE);
-    }
     if let Some(e) = crate::module::refused_launch(func as u64) {
         return Err(e);
     }
-    // The function's layout (fetched once, then cached) packs
-    // `kernelParams` and bounds what may be posted.
     let func = func as u64;
-    let (packed, known) = if extra.is_null() {
-        let known = info(func)?;
-        // SAFETY: per this function's contract.
-        (unsafe { pack(&known, params)? }, Some(known))
-    } else {
-        // SAFETY: per this function's contract.
-        (unsafe { extra_buffer(extra)? }, None)
-    };
+    // SAFETY: per this function's contract.
+    let (packed, known) = unsafe { packed_params(func, params, extra)? };
     let post = attrs.is_empty() && {
         let known = match known {
             Some(known) => known,

@@ -14,6 +14,19 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+/// Entry points whose bodies are one expression over their arguments.
+macro_rules! exports {
+    ($( $name:ident ($($arg:ident: $ty:ty),*) => $body:expr; )*) => {$(
+        /// # Safety
+        /// Pointers are valid as the CUDA API requires: for the byte counts,
+        /// and for writes where they are out-pointers.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            entry(stringify!($name), || $body)
+        }
+    )*};
+}
+
 mod client;
 mod context;
 mod device;

@@ -115,3 +115,102 @@ fn the_meter_leaves_a_capturing_stream_alone() {
         }
     });
 }
+
+fn empty_node(c: &mut Client, graph: Graph, deps: Vec<u64>) -> Result<GraphNode, CuError> {
+    c.call(GraphAddEmptyNode::Request { graph, deps: gpuplex_protocol::Seq(deps) }).map(|r| r.node)
+}
+
+fn kernel_node(
+    c: &mut Client,
+    graph: Graph,
+    func: gpuplex_protocol::Func,
+    params: Vec<u8>,
+) -> Result<GraphNode, CuError> {
+    let req = GraphAddKernelNode::Request {
+        graph,
+        deps: gpuplex_protocol::Seq(vec![]),
+        func,
+        gridX: 1,
+        gridY: 1,
+        gridZ: 1,
+        blockX: 4,
+        blockY: 1,
+        blockZ: 1,
+        sharedMem: 0,
+        params,
+    };
+    c.call(req).map(|r| r.node)
+}
+
+/// Nodes built by hand are checked as the calls they stand for: a kernel's
+/// parameters as a launch's, memsets and copies against the session's
+/// memory, dependencies against the same graph's nodes; another session's
+/// graphs, nodes and memory are nobody's to this one.
+#[test]
+fn nodes_built_by_hand_are_checked_as_their_calls() {
+    within_30_s(|| {
+        use gpuplex_protocol::{Copy3D, CopySide, DevPtr, Seq, COPY_3D, SIDE_DEVICE, SIDE_INLINE};
+        let address = start_server("graphs-nodes");
+        let mut c = Client::connect(&address);
+        let graph = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+        let other_graph = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+        let a = empty_node(&mut c, graph, vec![]).unwrap();
+        let stranger = empty_node(&mut c, other_graph, vec![]).unwrap();
+        empty_node(&mut c, graph, vec![a.0]).unwrap();
+        assert_eq!(empty_node(&mut c, graph, vec![stranger.0]), Err(CuError::INVALID_VALUE), "another graph's node");
+        assert_eq!(empty_node(&mut c, graph, vec![0xdead_0000]), Err(CuError::INVALID_HANDLE));
+        assert_eq!(empty_node(&mut c, graph, vec![a.0; 5000]), Err(CuError::INVALID_VALUE), "too many");
+        let uneven = GraphDependencies::Request { graph, from: Seq(vec![a.0]), to: Seq(vec![]), remove: false };
+        assert_eq!(err(c.call(uneven)), CuError::INVALID_VALUE);
+
+        let spin = c.function(LAUNCH_PTX, "spin");
+        let p = c.alloc(64);
+        kernel_node(&mut c, graph, spin, spin_params(p, 1)).unwrap();
+        assert_eq!(kernel_node(&mut c, graph, spin, vec![0; 3]), Err(CuError::INVALID_VALUE), "short parameters");
+        let set = |dst: DevPtr, width: u64| GraphAddMemsetNode::Request {
+            graph,
+            deps: Seq(vec![]),
+            dst,
+            pitch: 0,
+            value: 1,
+            elementSize: 4,
+            width,
+            height: 1,
+        };
+        c.call(set(p, 16)).unwrap();
+        assert_eq!(err(c.call(set(p, 17))), CuError::INVALID_VALUE, "past the allocation");
+        let side = |kind, at| CopySide { kind, at, block: 0, x: 0, y: 0, z: 0, pitch: 0, height: 0 };
+        let copy = |src, dst, width| GraphAddMemcpyNode::Request {
+            graph,
+            deps: Seq(vec![]),
+            copy: Copy3D { shape: COPY_3D, src, dst, width, height: 1, depth: 1 },
+        };
+        let q = c.alloc(64);
+        c.call(copy(side(SIDE_DEVICE, p.0), side(SIDE_DEVICE, q.0), 64)).unwrap();
+        assert_eq!(err(c.call(copy(side(SIDE_DEVICE, p.0), side(SIDE_DEVICE, q.0), 65))), CuError::INVALID_VALUE);
+        assert_eq!(err(c.call(copy(side(SIDE_INLINE, 0), side(SIDE_DEVICE, q.0), 8))), CuError::NOT_SUPPORTED);
+
+        // Another session: none of these graphs, nodes or ranges are its own.
+        // Handles are numbers of each session's own, so one of this session's
+        // may name nothing there or something else of the other's: either
+        // way, nothing of this session's is touched.
+        let nodes = |c: &mut Client| c.call(GraphNodes::Request { hGraph: graph, roots: false }).unwrap().nodes.0;
+        let before = nodes(&mut c);
+        let mut other = Client::connect(&address);
+        let own = other.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+        let _ = empty_node(&mut other, graph, vec![]);
+        let _ = empty_node(&mut other, own, vec![a.0]);
+        let _ = other.call(GraphAddChildGraphNode::Request { graph: own, deps: Seq(vec![]), child: graph });
+        let _ = other.call(cuGraphDestroyNode::Request { hNode: a });
+        let theirs = GraphAddMemsetNode::Request { graph: own, ..set(p, 4) };
+        assert_eq!(err(other.call(theirs)), CuError::INVALID_VALUE, "another session's memory");
+        assert_eq!(nodes(&mut c), before, "the graph is as it was");
+
+        // What was built runs.
+        let exec = c.call(cuGraphInstantiateWithFlags::Request { hGraph: graph, flags: 0 }).unwrap().phGraphExec;
+        c.call(cuGraphLaunch::Request { hGraphExec: exec, hStream: Stream::NULL }).unwrap();
+        c.call(cuStreamSynchronize::Request { hStream: Stream::NULL }).unwrap();
+        let edges = c.call(GraphEdges::Request { graph }).unwrap();
+        assert_eq!((edges.from.0, edges.to.0.len()), (vec![a.0], 1));
+    });
+}

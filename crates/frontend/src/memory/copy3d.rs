@@ -353,6 +353,29 @@ fn copy_3d(p: *const Memcpy3D, peer: bool, stream: Stream, sync: bool) -> Result
     copy(c, stream, sync)
 }
 
+/// A memcpy node's copy. Its host ends must be in blocks shared with the
+/// server, which the server's driver reaches whenever the graph runs.
+/// `p` is an export's argument: NULL or valid for a read.
+pub(crate) fn node_copy(p: *const Memcpy3D) -> Result<gpuplex_protocol::Copy3D, CuError> {
+    // SAFETY: NULL or valid, per the export's contract.
+    let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    let (src, dst) = (p.src.end(false)?.resolve()?, p.dst.end(false)?.resolve()?);
+    let dims = [p.width as u64, p.height as u64, p.depth as u64];
+    if dims.contains(&0) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let (src, dst) = (side(&src, dims)?, side(&dst, dims)?);
+    if src.kind == SIDE_INLINE || dst.kind == SIDE_INLINE {
+        crate::log::warn(
+            "cuGraphAddMemcpyNode: through gpuplex, a graph's host memory must be pinned with cuMemAllocHost \
+             (shared with the server, whose driver runs the graph)",
+        );
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let [width, height, depth] = dims;
+    Ok(gpuplex_protocol::Copy3D { shape: COPY_3D, src, dst, width, height, depth })
+}
+
 /// A linear copy of `n` bytes to or from an array, at byte offsets.
 fn linear(src: End, dst: End, n: usize, stream: Stream, sync: bool) -> Result<(), CuError> {
     copy(Copy { shape: COPY_ARRAY_LINEAR, src, dst, width: n as u64, height: 1, depth: 1 }, stream, sync)

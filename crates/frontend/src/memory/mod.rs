@@ -6,22 +6,9 @@
 //! waited for, so errors come back exactly when the driver would give them. How copies move their
 //! bytes is in [`copy`]; pinned host memory in [`host`].
 
-/// Entry points whose bodies are one expression over their arguments.
-macro_rules! exports {
-    ($( $name:ident ($($arg:ident: $ty:ty),*) => $body:expr; )*) => {$(
-        /// # Safety
-        /// Pointers are valid as the CUDA API requires: for the byte counts,
-        /// and for writes where they are out-pointers.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )*};
-}
-
 mod arrays;
 mod copy;
-mod copy3d;
+pub(crate) mod copy3d;
 mod host;
 pub mod lanes;
 mod managed;

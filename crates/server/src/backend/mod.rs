@@ -95,6 +95,10 @@ pub enum Place {
     Array(Obj),
 }
 
+// SAFETY: a host place is an address like the others; only the functions
+// whose contracts vouch for it dereference it, on whatever thread.
+unsafe impl Send for Place {}
+
 /// One end of a 2D or 3D copy: its place, the first byte's position, and
 /// for host and device memory the bytes between rows and the rows of a
 /// slice.
@@ -380,6 +384,54 @@ pub trait Backend: Send + Sync {
     fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>>;
     /// `CUgraphNodeType`.
     fn graph_node_type(&self, node: Obj) -> BResult<u32>;
+    /// A node of `graph` after `deps`, made in `ctx`.
+    ///
+    /// # Safety
+    /// A memcpy node's host ends stay valid while the graph may run.
+    unsafe fn graph_add_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj>;
+    /// Adds (or with `remove`, removes) the edges `from[i] -> to[i]`.
+    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()>;
+    /// Every edge of `graph`, as `(from, to)`.
+    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>>;
+    /// The nodes `node` depends on, or with `dependents` those depending on it.
+    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>>;
+    /// New parameters for a kernel node, in its graph or (`exec`) in an
+    /// executable graph made from it.
+    fn graph_kernel_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()>;
+    fn graph_clone(&self, graph: Obj) -> BResult<Obj>;
+    fn graph_node_find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj>;
+    fn graph_destroy_node(&self, node: Obj) -> BResult<()>;
+    /// `cuGraphExecUpdate`: its outcome, and what `CUgraphExecUpdateResultInfo` says.
+    fn graph_exec_update(&self, ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate>;
+}
+
+/// What a graph node built by hand does.
+#[derive(Clone, Copy, Debug)]
+pub enum NodeWork<'a> {
+    /// `launch`'s stream is unused.
+    Kernel {
+        func: Obj,
+        launch: &'a Launch,
+        params: &'a [u8],
+    },
+    Memcpy(&'a Copy3D),
+    Memset(&'a Memset),
+    Empty,
+    Child(Obj),
+    Event {
+        event: Obj,
+        wait: bool,
+    },
+}
+
+/// What `cuGraphExecUpdate` says: the call's own result, and
+/// `CUgraphExecUpdateResultInfo`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecUpdate {
+    pub status: u32,
+    pub result: u32,
+    pub error_node: Obj,
+    pub error_from: Obj,
 }
 
 /// What `cuStreamGetCaptureInfo` tells of a stream.

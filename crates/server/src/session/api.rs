@@ -198,9 +198,47 @@ impl Session {
         Ok(n)
     }
 
+    /// Checks a memset's shape, and that every row lies in one of the
+    /// session's allocations. An empty memset's destination is checked too
+    /// (`check_range`); its caller answers it, however many empty rows it names.
+    pub(super) fn check_memset(&self, op: &backend::Memset) -> R<()> {
+        if ![1, 2, 4].contains(&op.element_size) {
+            return Err(invalid("memset element size must be 1, 2 or 4"));
+        }
+        if op.height > 1 && op.pitch < op.width.saturating_mul(op.element_size as u64) {
+            return Err(invalid("pitch is narrower than a row"));
+        }
+        let extent = op.extent().ok_or_else(|| invalid("memset extent overflows"))?;
+        self.tables.check_range(op.dst, extent)
+    }
+
+    /// A function to run with `params`, as `(backend context, backend
+    /// function)`, once the parameters are checked to be as many packed
+    /// bytes as it takes.
+    pub(super) fn kernel_with(&mut self, f: Func, params: &[u8]) -> R<(Obj, Obj)> {
+        if params.len() > MAX_PARAM_BYTES {
+            return Err(invalid(format!("{} bytes of kernel parameters", params.len())));
+        }
+        let (func_ctx, func) = self.func(f)?;
+        let expected = match self.param_bytes.get(&f.0) {
+            Some(&n) => n,
+            None => self.learn_param_bytes(f.0, func_ctx, func)?,
+        };
+        if params.len() != expected {
+            return Err(invalid(format!("{} parameter bytes for a kernel that takes {expected}", params.len())));
+        }
+        Ok((func_ctx, func))
+    }
+
     /// A launch as the backend takes it: the stream resolved, the attribute
     /// records split and checked to carry only plain values.
-    fn launch_config(&mut self, dims: [u32; 6], shared_mem: u32, stream: Stream, attrs: &[u8]) -> R<backend::Launch> {
+    pub(super) fn launch_config(
+        &mut self,
+        dims: [u32; 6],
+        shared_mem: u32,
+        stream: Stream,
+        attrs: &[u8],
+    ) -> R<backend::Launch> {
         if attrs.len() % ATTR_RECORD != 0 {
             return Err(invalid("launch attributes are not whole records"));
         }
@@ -302,6 +340,65 @@ impl Api for Session {
 
     fn cuGraphExecDestroy(&mut self, req: cuGraphExecDestroy::Request) -> R<cuGraphExecDestroy::Reply> {
         self.graph_exec_destroy(req)
+    }
+
+    fn GraphAddKernelNode(&mut self, req: GraphAddKernelNode::Request) -> R<GraphAddKernelNode::Reply> {
+        self.graph_add_kernel_node(req)
+    }
+
+    fn GraphAddMemcpyNode(&mut self, req: GraphAddMemcpyNode::Request) -> R<GraphAddMemcpyNode::Reply> {
+        self.graph_add_memcpy_node(req)
+    }
+
+    fn GraphAddMemsetNode(&mut self, req: GraphAddMemsetNode::Request) -> R<GraphAddMemsetNode::Reply> {
+        self.graph_add_memset_node(req)
+    }
+
+    fn GraphAddEmptyNode(&mut self, req: GraphAddEmptyNode::Request) -> R<GraphAddEmptyNode::Reply> {
+        self.graph_add_empty_node(req)
+    }
+
+    fn GraphAddChildGraphNode(&mut self, req: GraphAddChildGraphNode::Request) -> R<GraphAddChildGraphNode::Reply> {
+        self.graph_add_child_node(req)
+    }
+
+    fn GraphAddEventNode(&mut self, req: GraphAddEventNode::Request) -> R<GraphAddEventNode::Reply> {
+        self.graph_add_event_node(req)
+    }
+
+    fn GraphDependencies(&mut self, req: GraphDependencies::Request) -> R<GraphDependencies::Reply> {
+        self.graph_dependencies(req)
+    }
+
+    fn GraphEdges(&mut self, req: GraphEdges::Request) -> R<GraphEdges::Reply> {
+        self.graph_edges(req)
+    }
+
+    fn GraphNodeEdges(&mut self, req: GraphNodeEdges::Request) -> R<GraphNodeEdges::Reply> {
+        self.graph_node_edges(req)
+    }
+
+    fn GraphKernelNodeSetParams(
+        &mut self,
+        req: GraphKernelNodeSetParams::Request,
+    ) -> R<GraphKernelNodeSetParams::Reply> {
+        self.graph_kernel_node_set(req)
+    }
+
+    fn cuGraphClone(&mut self, req: cuGraphClone::Request) -> R<cuGraphClone::Reply> {
+        self.graph_clone(req)
+    }
+
+    fn cuGraphNodeFindInClone(&mut self, req: cuGraphNodeFindInClone::Request) -> R<cuGraphNodeFindInClone::Reply> {
+        self.graph_find_in_clone(req)
+    }
+
+    fn cuGraphDestroyNode(&mut self, req: cuGraphDestroyNode::Request) -> R<cuGraphDestroyNode::Reply> {
+        self.graph_destroy_node(req)
+    }
+
+    fn GraphExecUpdate(&mut self, req: GraphExecUpdate::Request) -> R<GraphExecUpdate::Reply> {
+        self.graph_exec_update(req)
     }
 
     fn GraphNodes(&mut self, req: GraphNodes::Request) -> R<GraphNodes::Reply> {
@@ -796,9 +893,6 @@ impl Api for Session {
     }
 
     fn Memset(&mut self, req: Memset::Request) -> R<Memset::Reply> {
-        if ![1, 2, 4].contains(&req.elementSize) {
-            return Err(invalid("memset element size must be 1, 2 or 4"));
-        }
         let op = backend::Memset {
             dst: req.dst.0,
             pitch: req.pitch,
@@ -807,13 +901,7 @@ impl Api for Session {
             width: req.width,
             height: req.height,
         };
-        if req.height > 1 && req.pitch < req.width.saturating_mul(req.elementSize as u64) {
-            return Err(invalid("pitch is narrower than a row"));
-        }
-        let extent = op.extent().ok_or_else(|| invalid("memset extent overflows"))?;
-        // An empty memset's destination is checked too (`check_range`);
-        // then it is answered here, however many empty rows it names.
-        self.tables.check_range(req.dst.0, extent)?;
+        self.check_memset(&op)?;
         let (ctx, stream) = self.stream(req.stream)?;
         if op.is_empty() {
             return Ok(Memset::Reply {});
@@ -1051,18 +1139,8 @@ impl Api for Session {
     }
 
     fn Launch(&mut self, req: Launch::Request) -> R<Launch::Reply> {
-        if req.params.len() > MAX_PARAM_BYTES {
-            return Err(invalid(format!("{} bytes of kernel parameters", req.params.len())));
-        }
         let (_, ctx) = self.current_ctx()?;
-        let (func_ctx, func) = self.func(req.func)?;
-        let expected = match self.param_bytes.get(&req.func.0) {
-            Some(&n) => n,
-            None => self.learn_param_bytes(req.func.0, func_ctx, func)?,
-        };
-        if req.params.len() != expected {
-            return Err(invalid(format!("{} parameter bytes for a kernel that takes {expected}", req.params.len())));
-        }
+        let (_, func) = self.kernel_with(req.func, &req.params)?;
         let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
         let launch = self.launch_config(dims, req.sharedMem, req.stream, &req.attrs)?;
         let ready = ReadyLaunch { ctx, func, launch, params: req.params };

@@ -94,7 +94,7 @@ impl Session {
     /// One end of a copy as the backend takes it, checked against what the
     /// session holds, and the staging slot it reads or writes, if any.
     /// `inline` is where the end's packed rows are, for an inline end.
-    fn copy_end(
+    pub(super) fn copy_end(
         &mut self,
         ctx: Obj,
         side: &CopySide,

@@ -46,7 +46,7 @@ impl Session {
     }
 
     /// The handle of a graph the driver made or gave.
-    fn graph_handle(&mut self, graph: Obj) -> u64 {
+    pub(super) fn graph_handle(&mut self, graph: Obj) -> u64 {
         self.made_graphs = true;
         self.tables.add(Kind::Graph, Entry { obj: graph, ctx: 0, owner: Owner::Ctx(0) })
     }

@@ -18,6 +18,7 @@ mod images;
 pub mod lanes;
 mod launcher;
 mod line;
+mod nodes;
 mod pools;
 mod scratch;
 mod shared;

@@ -18,6 +18,7 @@ use cudarc::driver::sys::{
 use gpuplex_protocol::{CallError, CuError};
 
 use super::arrays::{Array3DDescriptor, Memcpy2D, Memcpy3D, Resource};
+use super::graph::{ExecUpdateResultInfo, KernelNodeParams, MemsetNodeParams};
 use super::{BResult, LaunchConfig};
 
 /// `CUmemLocation`.
@@ -176,9 +177,7 @@ driver_api! {
     cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: CUstream);
     cuMemcpy2DAsync_v2(copy: *const Memcpy2D, stream: CUstream);
     cuMemcpy2DUnaligned_v2(copy: *const Memcpy2D);
-    cuMemcpyHtoA_v2(dst: *mut c_void, offset: usize, src: *const c_void, size: usize);
     cuMemcpyHtoAAsync_v2(dst: *mut c_void, offset: usize, src: *const c_void, size: usize, stream: CUstream);
-    cuMemcpyAtoH_v2(dst: *mut c_void, src: *mut c_void, offset: usize, size: usize);
     cuMemcpyAtoHAsync_v2(dst: *mut c_void, src: *mut c_void, offset: usize, size: usize, stream: CUstream);
     cuMemcpyDtoA_v2(dst: *mut c_void, offset: usize, src: CUdeviceptr, size: usize);
     cuMemcpyAtoD_v2(dst: CUdeviceptr, src: *mut c_void, offset: usize, size: usize);
@@ -309,6 +308,62 @@ driver_api! {
     cuGraphGetNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize);
     cuGraphGetRootNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize);
     cuGraphNodeGetType(node: *mut c_void, kind: *mut c_int);
+    cuGraphAddKernelNode_v2(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        count: usize,
+        params: *const KernelNodeParams,
+    );
+    cuGraphAddMemcpyNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        count: usize,
+        copy: *const Memcpy3D,
+        ctx: CUcontext,
+    );
+    cuGraphAddMemsetNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        count: usize,
+        params: *const MemsetNodeParams,
+        ctx: CUcontext,
+    );
+    cuGraphAddEmptyNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const *mut c_void, count: usize);
+    cuGraphAddChildGraphNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        count: usize,
+        child: *mut c_void,
+    );
+    cuGraphAddEventRecordNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        count: usize,
+        event: CUevent,
+    );
+    cuGraphAddEventWaitNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        count: usize,
+        event: CUevent,
+    );
+    cuGraphAddDependencies(graph: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, count: usize);
+    cuGraphRemoveDependencies(graph: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, count: usize);
+    cuGraphGetEdges(graph: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, count: *mut usize);
+    cuGraphNodeGetDependencies(node: *mut c_void, deps: *mut *mut c_void, count: *mut usize);
+    cuGraphNodeGetDependentNodes(node: *mut c_void, deps: *mut *mut c_void, count: *mut usize);
+    cuGraphKernelNodeSetParams_v2(node: *mut c_void, params: *const KernelNodeParams);
+    cuGraphExecKernelNodeSetParams_v2(exec: *mut c_void, node: *mut c_void, params: *const KernelNodeParams);
+    cuGraphClone(clone: *mut *mut c_void, graph: *mut c_void);
+    cuGraphNodeFindInClone(node: *mut *mut c_void, original: *mut c_void, clone: *mut c_void);
+    cuGraphDestroyNode(node: *mut c_void);
+    cuGraphExecUpdate_v2(exec: *mut c_void, graph: *mut c_void, info: *mut ExecUpdateResultInfo);
     cuProfilerStart();
     cuProfilerStop();
     cuStreamGetId(stream: CUstream, id: *mut c_ulonglong);

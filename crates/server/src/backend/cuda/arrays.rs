@@ -104,14 +104,20 @@ fn end_2d(e: &CopyEnd) -> BResult<End2D> {
     Ok(End2D { x: size(e.x)?, y: size(e.y)?, memory_type, host, device, array, pitch: size(e.pitch)? })
 }
 
+/// `CUDA_MEMCPY3D` for a copy.
+pub(super) fn memcpy_3d(c: &Copy3D) -> BResult<Memcpy3D> {
+    let (width, height, depth) = (size(c.width)?, size(c.height)?, size(c.depth)?);
+    Ok(Memcpy3D { src: end_3d(&c.src)?, dst: end_3d(&c.dst)?, width, height, depth })
+}
+
 /// # Safety
 /// Host ends are valid for the rows the copy reads or writes.
 pub(super) unsafe fn copy(c: &Copy3D, stream: Obj, sync: bool) -> BResult<()> {
     let s: CUstream = raw(stream);
-    let (width, height, depth) = (size(c.width)?, size(c.height)?, size(c.depth)?);
+    let (width, height) = (size(c.width)?, size(c.height)?);
     match c.shape {
         COPY_3D => {
-            let p = Memcpy3D { src: end_3d(&c.src)?, dst: end_3d(&c.dst)?, width, height, depth };
+            let p = memcpy_3d(c)?;
             // SAFETY: the structure lives across the call; its host pointers
             // are the caller's to vouch for, the rest the session checked.
             check(unsafe { api::cuMemcpy3DAsync_v2(&p, s) })?;
@@ -129,7 +135,7 @@ pub(super) unsafe fn copy(c: &Copy3D, stream: Obj, sync: bool) -> BResult<()> {
             })?;
         }
         // SAFETY: the caller's guarantee.
-        COPY_ARRAY_LINEAR => unsafe { linear(c, s, sync) }?,
+        COPY_ARRAY_LINEAR => unsafe { linear(c, s) }?,
         shape => return Err(CallError::new(CuError::INVALID_VALUE, format!("copy shape {shape}"))),
     }
     if sync {
@@ -138,21 +144,22 @@ pub(super) unsafe fn copy(c: &Copy3D, stream: Obj, sync: bool) -> BResult<()> {
     Ok(())
 }
 
-/// The linear copies to and from arrays. Those between an array and device
-/// memory have only a synchronous form, on the legacy stream.
+/// The linear copies to and from arrays. Those with host memory go on the
+/// copy's stream (the synchronous forms would order it after the legacy
+/// stream instead; the caller waits for a synchronous one); those between an
+/// array and device memory have only a synchronous form, on the legacy
+/// stream, as the guest's call had.
 ///
 /// # Safety
 /// As for [`copy`].
-unsafe fn linear(c: &Copy3D, s: CUstream, sync: bool) -> BResult<()> {
+unsafe fn linear(c: &Copy3D, s: CUstream) -> BResult<()> {
     let n = size(c.width)?;
     let (src_x, dst_x) = (size(c.src.x)?, size(c.dst.x)?);
     // SAFETY: host pointers are the caller's to vouch for, arrays and
     // device ranges the session checked.
     check(unsafe {
         match (c.src.place, c.dst.place) {
-            (Place::Host(h), Place::Array(a)) if sync => api::cuMemcpyHtoA_v2(raw(a), dst_x, h.cast(), n),
             (Place::Host(h), Place::Array(a)) => api::cuMemcpyHtoAAsync_v2(raw(a), dst_x, h.cast(), n, s),
-            (Place::Array(a), Place::Host(h)) if sync => api::cuMemcpyAtoH_v2(h.cast(), raw(a), src_x, n),
             (Place::Array(a), Place::Host(h)) => api::cuMemcpyAtoHAsync_v2(h.cast(), raw(a), src_x, n, s),
             (Place::Device(d), Place::Array(a)) => api::cuMemcpyDtoA_v2(raw(a), dst_x, d + c.src.x, n),
             (Place::Array(a), Place::Device(d)) => api::cuMemcpyAtoD_v2(d + c.dst.x, raw(a), src_x, n),

@@ -1,12 +1,15 @@
-//! Graphs on the real driver: capture from streams, instantiation and
-//! launch. The session passes only its own live graphs, executable graphs
-//! and nodes, and streams of the right context.
+//! Graphs on the real driver: capture from streams, graphs built node by
+//! node, instantiation and launch. The session passes only its own live
+//! graphs, executable graphs and nodes, and streams of the right context.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
 
+use gpuplex_protocol::{CallError, CuError};
+
 use super::api::{self, check};
-use super::{enter, handle, obj, query, raw, BResult, CaptureInfo, Obj};
+use super::{arrays, enter, handle, obj, query, raw, size, with_packed, BResult, CaptureInfo, Launch, Obj};
+use crate::backend::{ExecUpdate, NodeWork};
 
 pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
     enter(ctx)?;
@@ -108,4 +111,182 @@ pub(super) fn nodes(graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
 pub(super) fn node_type(node: Obj) -> BResult<u32> {
     // SAFETY: a live node of one of the session's graphs; out-pointer to a local.
     query(|t: *mut c_int| unsafe { api::cuGraphNodeGetType(raw(node), t) }).map(|t| t as u32)
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2`.
+#[repr(C)]
+pub(super) struct KernelNodeParams {
+    func: *mut c_void,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    kern: *mut c_void,
+    ctx: *mut c_void,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+pub(super) struct MemsetNodeParams {
+    dst: u64,
+    pitch: usize,
+    value: c_uint,
+    element_size: c_uint,
+    width: usize,
+    height: usize,
+}
+
+/// `CUgraphExecUpdateResultInfo`.
+#[repr(C)]
+pub(super) struct ExecUpdateResultInfo {
+    result: c_int,
+    error_node: *mut c_void,
+    error_from: *mut c_void,
+}
+
+/// Calls `f` with the parameters of a kernel node, valid across the call.
+fn kernel_params<T>(func: Obj, launch: &Launch, params: &[u8], f: impl FnOnce(&KernelNodeParams) -> T) -> T {
+    with_packed(params, |extra| {
+        let p = KernelNodeParams {
+            func: raw(func),
+            grid: launch.grid,
+            block: launch.block,
+            shared_mem: launch.shared_mem,
+            kernel_params: null_mut(),
+            extra,
+            kern: null_mut(),
+            ctx: null_mut(),
+        };
+        f(&p)
+    })
+}
+
+fn raw_nodes(nodes: &[Obj]) -> Vec<*mut c_void> {
+    nodes.iter().map(|&n| raw(n)).collect()
+}
+
+/// # Safety
+/// A memcpy node's host ends stay valid while the graph may run.
+pub(super) unsafe fn add_node(ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
+    enter(ctx)?;
+    let (g, deps) = (raw(graph), raw_nodes(deps));
+    let (d, n) = (deps.as_ptr(), deps.len());
+    // The structures the driver copies, made first: their sizes may not fit.
+    let copy = match node {
+        NodeWork::Memcpy(c) => Some(arrays::memcpy_3d(c)?),
+        _ => None,
+    };
+    let memset = match node {
+        NodeWork::Memset(m) => Some(MemsetNodeParams {
+            dst: m.dst,
+            pitch: size(m.pitch)?,
+            value: m.value,
+            element_size: m.element_size,
+            width: size(m.width)?,
+            height: size(m.height)?,
+        }),
+        _ => None,
+    };
+    // SAFETY: out-pointer to a local; a live graph of the session's and its
+    // nodes; the parameter structures live across the call, which copies
+    // them; handles and ranges the session checked.
+    handle(|out| unsafe {
+        match *node {
+            NodeWork::Kernel { func, launch, params } => {
+                kernel_params(func, launch, params, |p| api::cuGraphAddKernelNode_v2(out, g, d, n, p))
+            }
+            NodeWork::Memcpy(_) => api::cuGraphAddMemcpyNode(out, g, d, n, copy.as_ref().expect("made"), raw(ctx)),
+            NodeWork::Memset(_) => api::cuGraphAddMemsetNode(out, g, d, n, memset.as_ref().expect("made"), raw(ctx)),
+            NodeWork::Empty => api::cuGraphAddEmptyNode(out, g, d, n),
+            NodeWork::Child(child) => api::cuGraphAddChildGraphNode(out, g, d, n, raw(child)),
+            NodeWork::Event { event, wait: false } => api::cuGraphAddEventRecordNode(out, g, d, n, raw(event)),
+            NodeWork::Event { event, wait: true } => api::cuGraphAddEventWaitNode(out, g, d, n, raw(event)),
+        }
+    })
+}
+
+pub(super) fn dependencies(graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()> {
+    let (from, to) = (raw_nodes(from), raw_nodes(to));
+    let n = from.len().min(to.len());
+    // SAFETY: a live graph and nodes of it, `n` of each.
+    check(unsafe {
+        if remove {
+            api::cuGraphRemoveDependencies(raw(graph), from.as_ptr(), to.as_ptr(), n)
+        } else {
+            api::cuGraphAddDependencies(raw(graph), from.as_ptr(), to.as_ptr(), n)
+        }
+    })
+}
+
+/// Asks a list of the driver twice: its length, then the list.
+fn listed(list: impl Fn(*mut *mut c_void, *mut *mut c_void, *mut usize) -> api::Raw) -> BResult<Vec<(Obj, Obj)>> {
+    let mut count = 0usize;
+    check(list(null_mut(), null_mut(), &mut count))?;
+    let (mut a, mut b): (Vec<*mut c_void>, Vec<*mut c_void>) = (vec![null_mut(); count], vec![null_mut(); count]);
+    check(list(a.as_mut_ptr(), b.as_mut_ptr(), &mut count))?;
+    Ok(a.into_iter().zip(b).take(count).map(|(a, b)| (obj(a), obj(b))).collect())
+}
+
+pub(super) fn edges(graph: Obj) -> BResult<Vec<(Obj, Obj)>> {
+    // SAFETY: a live graph; NULL arrays ask the count, else room for `*count`.
+    listed(|from, to, count| unsafe { api::cuGraphGetEdges(raw(graph), from, to, count) })
+}
+
+pub(super) fn node_edges(node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
+    // SAFETY: a live node; as above, the second array unused.
+    let pairs = listed(|nodes, _, count| unsafe {
+        if dependents {
+            api::cuGraphNodeGetDependentNodes(raw(node), nodes, count)
+        } else {
+            api::cuGraphNodeGetDependencies(raw(node), nodes, count)
+        }
+    })?;
+    Ok(pairs.into_iter().map(|(n, _)| n).collect())
+}
+
+pub(super) fn kernel_node_set(ctx: Obj, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()> {
+    let NodeWork::Kernel { func, launch, params } = *kernel else {
+        return Err(CallError::new(CuError::INVALID_VALUE, "not a kernel's parameters"));
+    };
+    enter(ctx)?;
+    // SAFETY: a live node (and executable graph); the parameters live across the call.
+    check(kernel_params(func, launch, params, |p| unsafe {
+        match exec {
+            Some(exec) => api::cuGraphExecKernelNodeSetParams_v2(raw(exec), raw(node), p),
+            None => api::cuGraphKernelNodeSetParams_v2(raw(node), p),
+        }
+    }))
+}
+
+pub(super) fn clone(graph: Obj) -> BResult<Obj> {
+    // SAFETY: out-pointer to a local; a live graph.
+    handle(|g: *mut *mut c_void| unsafe { api::cuGraphClone(g, raw(graph)) })
+}
+
+pub(super) fn find_in_clone(node: Obj, clone: Obj) -> BResult<Obj> {
+    // SAFETY: out-pointer to a local; a live node and graph.
+    handle(|n: *mut *mut c_void| unsafe { api::cuGraphNodeFindInClone(n, raw(node), raw(clone)) })
+}
+
+pub(super) fn destroy_node(node: Obj) -> BResult<()> {
+    // SAFETY: a live node, forgotten by the session after this.
+    check(unsafe { api::cuGraphDestroyNode(raw(node)) })
+}
+
+pub(super) fn exec_update(ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate> {
+    enter(ctx)?;
+    let mut info = ExecUpdateResultInfo { result: 0, error_node: null_mut(), error_from: null_mut() };
+    // SAFETY: a live executable graph and graph; out-pointer to a local.
+    let status = match unsafe { api::cuGraphExecUpdate_v2(raw(exec), raw(graph), &mut info) } {
+        Ok(code) => code,
+        // An older driver: `check` says which entry point it lacks.
+        missing => return check(missing).map(|()| ExecUpdate::default()),
+    };
+    Ok(ExecUpdate {
+        status,
+        result: info.result as u32,
+        error_node: obj(info.error_node),
+        error_from: obj(info.error_from),
+    })
 }

@@ -34,8 +34,8 @@ use gpuplex_protocol::{
 };
 
 use super::{
-    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, HostCopy, Launch, Memset, Obj, ParamSlot,
-    Place, Way,
+    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, ExecUpdate, HostCopy, Launch, Memset,
+    NodeWork, Obj, ParamSlot, Place, Way,
 };
 
 mod api;
@@ -63,6 +63,24 @@ fn raw<T>(o: Obj) -> *mut T {
 /// The [`Obj`] for a driver object.
 fn obj<T>(p: *mut T) -> Obj {
     Obj(p as usize as u64)
+}
+
+/// Calls `f` with the `extra` option list that hands the driver a packed
+/// parameter buffer, valid for the call. A kernel without parameters still
+/// gets a real (if unread) address, with size 0.
+fn with_packed<T>(params: &[u8], f: impl FnOnce(*mut *mut c_void) -> T) -> T {
+    static NO_PARAMS: u64 = 0;
+    let buffer: *const c_void = if params.is_empty() { (&raw const NO_PARAMS).cast() } else { params.as_ptr().cast() };
+    let mut bytes: usize = params.len();
+    let marker = |m: u32| std::ptr::without_provenance_mut::<c_void>(m as usize);
+    let mut extra = [
+        marker(sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT),
+        buffer.cast_mut(),
+        marker(sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT),
+        (&raw mut bytes).cast(),
+        marker(sys::CU_LAUNCH_PARAM_END_AS_INT),
+    ];
+    f(extra.as_mut_ptr())
 }
 
 /// A size as the driver takes it.
@@ -955,36 +973,22 @@ impl Backend for Cuda {
         enter(ctx)?;
         let mut attrs = Vec::new();
         let config = launch_config(launch, &mut attrs)?;
-        // The packed parameter buffer. A kernel without parameters still
-        // gets a real (if unread) address, with size 0.
-        static NO_PARAMS: u64 = 0;
-        let buffer: *const c_void =
-            if params.is_empty() { (&raw const NO_PARAMS).cast() } else { params.as_ptr().cast() };
-        let mut bytes: usize = params.len();
-        let marker = |m: u32| std::ptr::without_provenance_mut::<c_void>(m as usize);
-        let mut extra = [
-            marker(sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT),
-            buffer.cast_mut(),
-            marker(sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT),
-            (&raw mut bytes).cast(),
-            marker(sys::CU_LAUNCH_PARAM_END_AS_INT),
-        ];
-        // SAFETY: `config` and the attributes it points to, `extra`, the
-        // buffer and `bytes` all outlive the call, which copies the
-        // parameters before returning and only reads the buffer; live
+        // SAFETY: `config` and the attributes it points to outlive the call,
+        // and `with_packed` keeps `extra` valid across it; the call copies
+        // the parameters before returning and only reads them; live
         // function; the stream is live or special; the session checked the
         // attributes carry no handles.
-        check(unsafe {
+        check(with_packed(params, |extra| unsafe {
             if launch.attrs.is_empty() {
                 // The plain entry point: the driver's fastest path.
                 let [gx, gy, gz] = launch.grid;
                 let [bx, by, bz] = launch.block;
                 let (smem, stream) = (launch.shared_mem, raw(launch.stream));
-                api::cuLaunchKernel(raw(func), gx, gy, gz, bx, by, bz, smem, stream, null_mut(), extra.as_mut_ptr())
+                api::cuLaunchKernel(raw(func), gx, gy, gz, bx, by, bz, smem, stream, null_mut(), extra)
             } else {
-                api::cuLaunchKernelEx(&config, raw(func), null_mut(), extra.as_mut_ptr())
+                api::cuLaunchKernelEx(&config, raw(func), null_mut(), extra)
             }
-        })
+        }))
     }
 
     fn stream_create(&self, ctx: Obj, flags: u32, priority: i32) -> BResult<Obj> {
@@ -1157,6 +1161,43 @@ impl Backend for Cuda {
 
     fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
         graph::nodes(graph, roots)
+    }
+
+    unsafe fn graph_add_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
+        // SAFETY: the caller's guarantee.
+        unsafe { graph::add_node(ctx, graph, deps, node) }
+    }
+
+    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()> {
+        graph::dependencies(graph, from, to, remove)
+    }
+
+    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>> {
+        graph::edges(graph)
+    }
+
+    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
+        graph::node_edges(node, dependents)
+    }
+
+    fn graph_kernel_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()> {
+        graph::kernel_node_set(ctx, node, exec, kernel)
+    }
+
+    fn graph_clone(&self, graph: Obj) -> BResult<Obj> {
+        graph::clone(graph)
+    }
+
+    fn graph_node_find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj> {
+        graph::find_in_clone(node, clone)
+    }
+
+    fn graph_destroy_node(&self, node: Obj) -> BResult<()> {
+        graph::destroy_node(node)
+    }
+
+    fn graph_exec_update(&self, ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate> {
+        graph::exec_update(ctx, exec, graph)
     }
 
     fn graph_node_type(&self, node: Obj) -> BResult<u32> {

@@ -1,7 +1,8 @@
 //! Graphs on the emulated device: a capturing stream's work is recorded as
-//! nodes instead of run, and an executable graph runs its nodes in the
-//! order they were captured, which respects every dependency, since the
-//! device runs all work at once in call order anyway.
+//! nodes instead of run, or nodes are added by hand; an executable graph
+//! runs its nodes one after another in an order that respects every
+//! dependency (child graphs inlined), since the device runs all work at
+//! once in call order anyway.
 //!
 //! The test device captures one stream at a time, with kernels, memsets and
 //! copies between device memory and registered host memory. Work it cannot
@@ -16,7 +17,12 @@ use std::collections::HashMap;
 use gpuplex_protocol::CuError;
 
 use super::err;
-use crate::backend::{BResult, CaptureInfo, Launch, Memset, Obj};
+use crate::backend::{BResult, CaptureInfo, Copy3D, ExecUpdate, Launch, Memset, NodeWork, Obj};
+
+/// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`, and the update result that goes
+/// with it when the graph is not shaped as the executable one.
+const UPDATE_FAILURE: u32 = 910;
+const TOPOLOGY_CHANGED: u32 = 2;
 
 /// What one node does.
 #[derive(Clone, Debug)]
@@ -33,6 +39,15 @@ pub enum Work {
         src: u64,
         size: u64,
     },
+    /// A memcpy node: host ends in registered host memory.
+    Copy3D(Copy3D),
+    Empty,
+    /// A child graph's nodes, inlined when the graph is instantiated.
+    Child(u64),
+    Event {
+        event: u64,
+        wait: bool,
+    },
 }
 
 impl Work {
@@ -40,8 +55,25 @@ impl Work {
     fn node_type(&self) -> u32 {
         match self {
             Work::Kernel { .. } => 0,
-            Work::Copy { .. } => 1,
+            Work::Copy { .. } | Work::Copy3D(_) => 1,
             Work::Memset(_) => 2,
+            Work::Child(_) => 4,
+            Work::Empty => 5,
+            Work::Event { wait: true, .. } => 6,
+            Work::Event { wait: false, .. } => 7,
+        }
+    }
+
+    fn of(node: &NodeWork<'_>) -> Work {
+        match *node {
+            NodeWork::Kernel { func, launch, params } => {
+                Work::Kernel { func, launch: launch.clone(), params: params.to_vec() }
+            }
+            NodeWork::Memcpy(c) => Work::Copy3D(*c),
+            NodeWork::Memset(m) => Work::Memset(*m),
+            NodeWork::Empty => Work::Empty,
+            NodeWork::Child(g) => Work::Child(g.0),
+            NodeWork::Event { event, wait } => Work::Event { event: event.0, wait },
         }
     }
 }
@@ -69,10 +101,12 @@ const INVALIDATED: u32 = 2;
 pub struct Graphs {
     next: u64,
     graphs: HashMap<u64, Vec<Node>>,
-    /// Executable graphs: their context and their work in order.
-    execs: HashMap<u64, (u64, Vec<Work>)>,
+    /// Executable graphs: their context and their nodes' work in order.
+    execs: HashMap<u64, (u64, Vec<(u64, Work)>)>,
     /// Capturing streams.
     captures: HashMap<u64, Capture>,
+    /// Each clone's copy of a node: `(clone, original node)` to node.
+    clones: HashMap<(u64, u64), u64>,
 }
 
 impl Graphs {
@@ -178,12 +212,161 @@ impl Graphs {
         Err(err(CuError::STREAM_CAPTURE_UNSUPPORTED, format!("{why} while a stream is capturing")))
     }
 
+    /// A graph's nodes in an order that respects their dependencies (the
+    /// order they were added where none decides), child graphs inlined.
+    fn ordered(&self, graph: u64, depth: u32) -> BResult<Vec<(u64, Work)>> {
+        let nodes = self.graphs.get(&graph).ok_or(CuError::INVALID_VALUE)?;
+        if depth > 64 {
+            return Err(err(CuError::INVALID_VALUE, "child graphs nested too deep"));
+        }
+        let mut done: Vec<u64> = Vec::with_capacity(nodes.len());
+        let mut out = Vec::new();
+        while done.len() < nodes.len() {
+            let next = nodes
+                .iter()
+                .find(|n| !done.contains(&n.id) && n.deps.iter().all(|d| done.contains(d)))
+                .ok_or_else(|| err(CuError::INVALID_VALUE, "the graph has a cycle"))?;
+            done.push(next.id);
+            match &next.work {
+                Work::Child(child) => out.extend(self.ordered(*child, depth + 1)?),
+                work => out.push((next.id, work.clone())),
+            }
+        }
+        Ok(out)
+    }
+
     pub fn instantiate(&mut self, ctx: Obj, graph: Obj) -> BResult<Obj> {
-        let nodes = self.graphs.get(&graph.0).ok_or(CuError::INVALID_VALUE)?;
-        let work = nodes.iter().map(|n| n.work.clone()).collect();
+        let work = self.ordered(graph.0, 0)?;
         let id = self.id();
         self.execs.insert(id, (ctx.0, work));
         Ok(Obj(id))
+    }
+
+    /// The graph holding `node`, and its place there.
+    fn locate(&self, node: u64) -> BResult<(u64, usize)> {
+        self.graphs
+            .iter()
+            .find_map(|(&g, nodes)| nodes.iter().position(|n| n.id == node).map(|i| (g, i)))
+            .ok_or_else(|| err(CuError::INVALID_VALUE, "no such node"))
+    }
+
+    pub fn add_node(&mut self, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
+        let work = Work::of(node);
+        if let Work::Child(child) = work {
+            if child == graph.0 || !self.graphs.contains_key(&child) {
+                return Err(CuError::INVALID_VALUE.into());
+            }
+        }
+        let id = self.id();
+        let nodes = self.graphs.get_mut(&graph.0).ok_or(CuError::INVALID_VALUE)?;
+        let deps: Vec<u64> = deps.iter().map(|d| d.0).collect();
+        if !deps.iter().all(|d| nodes.iter().any(|n| n.id == *d)) {
+            return Err(err(CuError::INVALID_VALUE, "a dependency outside the graph"));
+        }
+        nodes.push(Node { id, work, deps });
+        Ok(Obj(id))
+    }
+
+    pub fn dependencies(&mut self, graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()> {
+        let nodes = self.graphs.get_mut(&graph.0).ok_or(CuError::INVALID_VALUE)?;
+        let has = |id: u64| nodes.iter().any(|n| n.id == id);
+        if from.len() != to.len() || !from.iter().chain(to).all(|n| has(n.0)) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        for (f, t) in from.iter().zip(to) {
+            let node = nodes.iter_mut().find(|n| n.id == t.0).expect("checked above");
+            match (remove, node.deps.iter().position(|d| *d == f.0)) {
+                (false, None) => node.deps.push(f.0),
+                (true, Some(i)) => drop(node.deps.remove(i)),
+                _ => return Err(CuError::INVALID_VALUE.into()),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>> {
+        let nodes = self.graphs.get(&graph.0).ok_or(CuError::INVALID_VALUE)?;
+        Ok(nodes.iter().flat_map(|n| n.deps.iter().map(move |&d| (Obj(d), Obj(n.id)))).collect())
+    }
+
+    pub fn node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
+        let (graph, i) = self.locate(node.0)?;
+        let nodes = &self.graphs[&graph];
+        Ok(if dependents {
+            nodes.iter().filter(|n| n.deps.contains(&node.0)).map(|n| Obj(n.id)).collect()
+        } else {
+            nodes[i].deps.iter().copied().map(Obj).collect()
+        })
+    }
+
+    pub fn kernel_node_set(&mut self, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()> {
+        let new = Work::of(kernel);
+        let slot = match exec {
+            Some(exec) => {
+                let (_, work) = self.execs.get_mut(&exec.0).ok_or(CuError::INVALID_VALUE)?;
+                work.iter_mut().find(|(id, _)| *id == node.0).map(|(_, w)| w)
+            }
+            None => {
+                let (graph, i) = self.locate(node.0)?;
+                self.graphs.get_mut(&graph).map(|nodes| &mut nodes[i].work)
+            }
+        };
+        match slot {
+            Some(w @ Work::Kernel { .. }) => {
+                *w = new;
+                Ok(())
+            }
+            _ => Err(err(CuError::INVALID_VALUE, "not a kernel node")),
+        }
+    }
+
+    pub fn clone_graph(&mut self, graph: Obj) -> BResult<Obj> {
+        let nodes = self.graphs.get(&graph.0).ok_or(CuError::INVALID_VALUE)?;
+        let originals: Vec<(u64, Work, Vec<u64>)> =
+            nodes.iter().map(|n| (n.id, n.work.clone(), n.deps.clone())).collect();
+        let clone = self.id();
+        let mut renamed = HashMap::new();
+        for (id, _, _) in &originals {
+            let new = self.id();
+            renamed.insert(*id, new);
+            self.clones.insert((clone, *id), new);
+        }
+        let copies = originals
+            .into_iter()
+            .map(|(id, work, deps)| Node { id: renamed[&id], work, deps: deps.iter().map(|d| renamed[d]).collect() })
+            .collect();
+        self.graphs.insert(clone, copies);
+        Ok(Obj(clone))
+    }
+
+    pub fn find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj> {
+        self.clones.get(&(clone.0, node.0)).map(|&n| Obj(n)).ok_or_else(|| CuError::INVALID_VALUE.into())
+    }
+
+    pub fn destroy_node(&mut self, node: Obj) -> BResult<()> {
+        let (graph, i) = self.locate(node.0)?;
+        let nodes = self.graphs.get_mut(&graph).expect("located");
+        nodes.remove(i);
+        for n in nodes {
+            n.deps.retain(|d| *d != node.0);
+        }
+        Ok(())
+    }
+
+    /// Takes a graph shaped as the executable one (the same kinds of node in
+    /// the same order) as its new work.
+    pub fn exec_update(&mut self, exec: Obj, graph: Obj) -> BResult<ExecUpdate> {
+        let work = self.ordered(graph.0, 0)?;
+        let (_, old) = self.execs.get_mut(&exec.0).ok_or(CuError::INVALID_VALUE)?;
+        let same = old.len() == work.len() && old.iter().zip(&work).all(|(a, b)| a.1.node_type() == b.1.node_type());
+        if !same {
+            return Ok(ExecUpdate { status: UPDATE_FAILURE, result: TOPOLOGY_CHANGED, ..ExecUpdate::default() });
+        }
+        // The executable graph keeps its own nodes' names.
+        for ((_, w), (_, new)) in old.iter_mut().zip(work) {
+            *w = new;
+        }
+        Ok(ExecUpdate::default())
     }
 
     pub fn exec_destroy(&mut self, exec: Obj) -> BResult<()> {
@@ -193,7 +376,7 @@ impl Graphs {
     /// What an executable graph runs, for a launch in `ctx`.
     pub fn exec(&self, ctx: Obj, exec: Obj) -> BResult<Vec<Work>> {
         match self.execs.get(&exec.0) {
-            Some((c, work)) if *c == ctx.0 => Ok(work.clone()),
+            Some((c, work)) if *c == ctx.0 => Ok(work.iter().map(|(_, w)| w.clone()).collect()),
             Some(_) => Err(err(CuError::INVALID_CONTEXT, "the graph was instantiated in another context")),
             None => Err(CuError::INVALID_VALUE.into()),
         }

@@ -25,7 +25,8 @@ use std::time::Instant;
 use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, CuError, DeviceInfo, PoolProps, ResourceDesc};
 
 use super::{
-    BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, Launch, Memset, Obj, ParamSlot, CU_EVENT_DISABLE_TIMING,
+    BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, ExecUpdate, Launch, Memset, NodeWork, Obj, ParamSlot,
+    CU_EVENT_DISABLE_TIMING,
 };
 use crate::image::{self, Image, KernelInfo};
 use arrays::{Arrays, Device};
@@ -410,6 +411,14 @@ impl State {
                 Work::Kernel { func, launch, params } => self.run_kernel(ctx, func, &launch, &params)?,
                 Work::Memset(op) => set_memory(&mut self.memory, &op)?,
                 Work::Copy { dst, src, size } => copy_memory(&mut self.memory, dst, src, size)?,
+                // SAFETY: a memcpy node's host ends are registered host
+                // memory, which the session keeps (or guards) while its
+                // graphs may run.
+                Work::Copy3D(c) => unsafe { self.arrays.copy(&mut self.memory, &c)? },
+                Work::Event { event, wait: false } => self.event(Obj(event))?.recorded = Some(Instant::now()),
+                // Everything before it has run already.
+                Work::Event { wait: true, .. } | Work::Empty => {}
+                Work::Child(_) => unreachable!("child graphs are inlined at instantiation"),
             }
             self.ctx(ctx)?;
         }
@@ -1370,6 +1379,53 @@ impl Backend for Emulated {
 
     fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
         self.state().graphs.nodes(graph, roots)
+    }
+
+    unsafe fn graph_add_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        match *node {
+            NodeWork::Kernel { func, .. } => drop(s.function(func)?),
+            NodeWork::Event { event, .. } => drop(s.event(event)?),
+            _ => {}
+        }
+        s.graphs.add_node(graph, deps, node)
+    }
+
+    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()> {
+        self.state().graphs.dependencies(graph, from, to, remove)
+    }
+
+    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>> {
+        self.state().graphs.edges(graph)
+    }
+
+    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
+        self.state().graphs.node_edges(node, dependents)
+    }
+
+    fn graph_kernel_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.graphs.kernel_node_set(node, exec, kernel)
+    }
+
+    fn graph_clone(&self, graph: Obj) -> BResult<Obj> {
+        self.state().graphs.clone_graph(graph)
+    }
+
+    fn graph_node_find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj> {
+        self.state().graphs.find_in_clone(node, clone)
+    }
+
+    fn graph_destroy_node(&self, node: Obj) -> BResult<()> {
+        self.state().graphs.destroy_node(node)
+    }
+
+    fn graph_exec_update(&self, ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.graphs.exec_update(exec, graph)
     }
 
     fn graph_node_type(&self, node: Obj) -> BResult<u32> {

@@ -11,6 +11,8 @@ use std::sync::{Mutex, PoisonError};
 
 use gpuplex_protocol::{calls, CuError, Graph, GraphExec, Stream};
 
+mod nodes;
+
 use crate::client;
 use crate::context;
 use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
@@ -308,22 +310,37 @@ instantiate_with_params!(cuGraphInstantiateWithParams_ptsz, ptsz_stream);
 unsafe fn nodes(graph: *mut c_void, out: *mut *mut c_void, count: *mut usize, roots: bool) -> Result<(), CuError> {
     check_out(count)?;
     let reply = client::call(calls::GraphNodes::Request { hGraph: Graph(graph as u64), roots })?;
-    let found = reply.nodes.0;
-    if !out.is_null() {
-        // SAFETY: room for `*count`, per the contract.
-        let room = unsafe { *count };
+    // SAFETY: per this function's contract.
+    unsafe { write_lists(count, &mut [(out, &reply.nodes.0)]) };
+    Ok(())
+}
+
+/// Answers a query for lists of nodes as the driver does: with every list
+/// NULL, `*count` is how many there are; otherwise up to `*count` of each
+/// are written (the rest of the room NULL) and `*count` says how many.
+/// The lists are as long as each other.
+///
+/// # Safety
+/// `count` is valid for reads and writes, each list NULL (all of them) or
+/// valid for `*count` writes.
+pub(super) unsafe fn write_lists(count: *mut usize, lists: &mut [(*mut *mut c_void, &Vec<u64>)]) {
+    let found = lists.first().map_or(0, |(_, l)| l.len());
+    if lists.iter().all(|(out, _)| out.is_null()) {
+        // SAFETY: valid, per the contract.
+        unsafe { write_out(count, found) };
+        return;
+    }
+    // SAFETY: valid for reads, per the contract.
+    let room = unsafe { *count };
+    for (out, list) in lists.iter().filter(|(out, _)| !out.is_null()) {
         for i in 0..room {
-            let node = found.get(i).map_or(std::ptr::null_mut(), |&h| h as usize as *mut c_void);
-            // SAFETY: `i < room`.
+            let node = list.get(i).map_or(std::ptr::null_mut(), |&h| h as usize as *mut c_void);
+            // SAFETY: `i < room`, the list's room per the contract.
             unsafe { out.add(i).write(node) };
         }
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(count, found.len().min(room)) };
-    } else {
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(count, found.len()) };
     }
-    Ok(())
+    // SAFETY: valid, per the contract.
+    unsafe { write_out(count, found.min(room)) };
 }
 
 /// # Safety

@@ -1,0 +1,413 @@
+//! Graphs built node by node. Each node is made by the server's driver; this
+//! side reads the C structures, packs a kernel node's parameters as a
+//! launch's, and keeps the kernel parameters it set on each node so that
+//! `cuGraphKernelNodeGetParams` can hand back arguments the program may read
+//! and change, as the driver's copies are.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, PoisonError};
+
+use gpuplex_protocol::{calls, CuError, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Seq};
+
+use super::write_lists;
+use crate::client;
+use crate::ffi::{check_out, entry, write_out, CUresult};
+use crate::memory::copy3d::{node_copy, Memcpy3D};
+
+/// `CUDA_KERNEL_NODE_PARAMS_v1`; v2 adds `kern` and `ctx`.
+#[repr(C)]
+pub struct KernelNodeParams {
+    func: *mut c_void,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+}
+
+#[repr(C)]
+pub struct KernelNodeParamsV2 {
+    v1: KernelNodeParams,
+    kern: *mut c_void,
+    ctx: *mut c_void,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+pub struct MemsetNodeParams {
+    dst: u64,
+    pitch: usize,
+    value: u32,
+    element_size: u32,
+    width: usize,
+    height: usize,
+}
+
+/// `CUgraphExecUpdateResultInfo`.
+#[repr(C)]
+pub struct ExecUpdateResultInfo {
+    result: u32,
+    error_node: *mut c_void,
+    error_from: *mut c_void,
+}
+
+/// A kernel node's launch as this process last set it: its parameters
+/// packed, and a pointer to each of them there.
+struct KernelNode {
+    func: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    packed: Vec<u8>,
+    args: Vec<*mut c_void>,
+}
+
+// SAFETY: `args` point into the node's own `packed`, which moves with it.
+unsafe impl Send for KernelNode {}
+
+static KERNEL_NODES: Mutex<Option<HashMap<u64, KernelNode>>> = Mutex::new(None);
+
+fn kernel_nodes<T>(f: impl FnOnce(&mut HashMap<u64, KernelNode>) -> T) -> T {
+    f(KERNEL_NODES.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashMap::new))
+}
+
+/// A kernel node's launch, read from either form of the C structure (a v2
+/// one may name a `CUkernel` instead of a function).
+struct Kernel {
+    func: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    packed: Vec<u8>,
+}
+
+/// # Safety
+/// `p` is NULL or valid for a read, and its parameters as the CUDA API requires.
+unsafe fn kernel_v1(p: *const KernelNodeParams, kern: *mut c_void) -> Result<Kernel, CuError> {
+    // SAFETY: NULL or valid, per the contract.
+    let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    let func = if p.func.is_null() { kern } else { p.func } as u64;
+    if func == 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // SAFETY: per the contract.
+    let (packed, _) = unsafe { crate::launch::packed_params(func, p.kernel_params, p.extra)? };
+    Ok(Kernel { func, grid: p.grid, block: p.block, shared_mem: p.shared_mem, packed })
+}
+
+/// # Safety
+/// As for [`kernel_v1`].
+unsafe fn kernel_v2(p: *const KernelNodeParamsV2) -> Result<Kernel, CuError> {
+    // SAFETY: NULL or valid, per the contract.
+    let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    // SAFETY: per the contract.
+    unsafe { kernel_v1(&p.v1, p.kern) }
+}
+
+/// Remembers what a node's kernel now gets, with a pointer to each argument.
+fn remember(node: u64, k: Kernel) -> Result<(), CuError> {
+    let layout = crate::launch::layout(k.func)?;
+    let mut n = KernelNode {
+        func: k.func,
+        grid: k.grid,
+        block: k.block,
+        shared_mem: k.shared_mem,
+        packed: k.packed,
+        args: Vec::new(),
+    };
+    let base = n.packed.as_mut_ptr();
+    n.args = layout.iter().map(|&(offset, _)| base.wrapping_add(offset as usize).cast()).collect();
+    kernel_nodes(|m| m.insert(node, n));
+    Ok(())
+}
+
+fn deps(deps: *const *mut c_void, n: usize) -> Result<Seq<u64>, CuError> {
+    if n == 0 {
+        return Ok(Seq(Vec::new()));
+    }
+    if deps.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // SAFETY: `n` handles, as the CUDA API requires.
+    Ok(Seq(unsafe { std::slice::from_raw_parts(deps, n) }.iter().map(|&d| d as u64).collect()))
+}
+
+fn made(out: *mut *mut c_void, node: GraphNode) -> Result<(), CuError> {
+    // SAFETY: checked non-NULL by the caller; the export's caller vouches for it.
+    unsafe { write_out(out, node.0 as *mut c_void) };
+    Ok(())
+}
+
+fn add_kernel(out: *mut *mut c_void, graph: *mut c_void, d: Seq<u64>, k: Kernel) -> Result<(), CuError> {
+    check_out(out)?;
+    let req = calls::GraphAddKernelNode::Request {
+        graph: Graph(graph as u64),
+        deps: d,
+        func: Func(k.func),
+        gridX: k.grid[0],
+        gridY: k.grid[1],
+        gridZ: k.grid[2],
+        blockX: k.block[0],
+        blockY: k.block[1],
+        blockZ: k.block[2],
+        sharedMem: k.shared_mem,
+        params: k.packed.clone(),
+    };
+    let node = client::call(req)?.node;
+    remember(node.0, k)?;
+    made(out, node)
+}
+
+fn set_kernel(node: *mut c_void, exec: u64, k: Kernel) -> Result<(), CuError> {
+    let req = calls::GraphKernelNodeSetParams::Request {
+        node: GraphNode(node as u64),
+        exec: GraphExec(exec),
+        func: Func(k.func),
+        gridX: k.grid[0],
+        gridY: k.grid[1],
+        gridZ: k.grid[2],
+        blockX: k.block[0],
+        blockY: k.block[1],
+        blockZ: k.block[2],
+        sharedMem: k.shared_mem,
+        params: k.packed.clone(),
+    };
+    client::call(req)?;
+    // An executable graph's copy changes; the node itself keeps its launch.
+    if exec == 0 {
+        remember(node as u64, k)?;
+    }
+    Ok(())
+}
+
+/// Writes a node's kernel launch as this process set it.
+///
+/// # Safety
+/// `p` is valid for a write.
+unsafe fn get_kernel(node: *mut c_void, p: *mut KernelNodeParams) -> Result<(), CuError> {
+    check_out(p)?;
+    let params = kernel_nodes(|m| {
+        m.get(&(node as u64)).map(|n| KernelNodeParams {
+            func: n.func as *mut c_void,
+            grid: n.grid,
+            block: n.block,
+            shared_mem: n.shared_mem,
+            kernel_params: n.args.as_ptr().cast_mut(),
+            extra: std::ptr::null_mut(),
+        })
+    });
+    let Some(params) = params else {
+        crate::log::warn("cuGraphKernelNodeGetParams: only for kernel nodes the program added or set itself");
+        return Err(CuError::NOT_SUPPORTED);
+    };
+    // SAFETY: checked non-NULL; per the contract.
+    unsafe { write_out(p, params) };
+    Ok(())
+}
+
+fn add(out: *mut *mut c_void, node: impl FnOnce() -> Result<GraphNode, CuError>) -> Result<(), CuError> {
+    check_out(out)?;
+    made(out, node()?)
+}
+
+fn memset_node(graph: *mut c_void, d: Seq<u64>, p: *const MemsetNodeParams) -> Result<GraphNode, CuError> {
+    // SAFETY: NULL or valid, as the export's caller vouches.
+    let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    let req = calls::GraphAddMemsetNode::Request {
+        graph: Graph(graph as u64),
+        deps: d,
+        dst: DevPtr(p.dst),
+        pitch: p.pitch as u64,
+        value: p.value,
+        elementSize: p.element_size,
+        width: p.width as u64,
+        height: p.height as u64,
+    };
+    Ok(client::call(req)?.node)
+}
+
+fn event_node(graph: *mut c_void, d: Seq<u64>, event: *mut c_void, wait: bool) -> Result<GraphNode, CuError> {
+    let req =
+        calls::GraphAddEventNode::Request { graph: Graph(graph as u64), deps: d, event: Event(event as u64), wait };
+    Ok(client::call(req)?.node)
+}
+
+/// Edges with data are not offered: only the default (all zero) may come.
+fn plain_edges(data: *const u64, n: usize) -> Result<(), CuError> {
+    // SAFETY: NULL or `n` entries, as the export's caller vouches.
+    if !data.is_null() && unsafe { std::slice::from_raw_parts(data, n) }.iter().any(|&e| e != 0) {
+        crate::log::warn("graph edges with data (programmatic dependencies) are not supported by gpuplex");
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    Ok(())
+}
+
+fn dependencies(
+    graph: *mut c_void,
+    from: *const *mut c_void,
+    to: *const *mut c_void,
+    data: *const u64,
+    n: usize,
+    remove: bool,
+) -> Result<(), CuError> {
+    plain_edges(data, n)?;
+    let req = calls::GraphDependencies::Request {
+        graph: Graph(graph as u64),
+        from: deps(from, n)?,
+        to: deps(to, n)?,
+        remove,
+    };
+    client::call(req).map(drop)
+}
+
+/// Zeroes `n` edge data entries where asked for: every edge is a default one.
+///
+/// # Safety
+/// `data` is NULL or valid for `n` writes.
+unsafe fn no_edge_data(data: *mut u64, n: usize) {
+    if !data.is_null() {
+        // SAFETY: per the contract.
+        unsafe { std::ptr::write_bytes(data, 0, n) };
+    }
+}
+
+/// # Safety
+/// As for [`write_lists`], `data` as the lists.
+unsafe fn edges(
+    graph: *mut c_void,
+    from: *mut *mut c_void,
+    to: *mut *mut c_void,
+    data: *mut u64,
+    count: *mut usize,
+) -> Result<(), CuError> {
+    check_out(count)?;
+    let reply = client::call(calls::GraphEdges::Request { graph: Graph(graph as u64) })?;
+    // SAFETY: per the contract.
+    unsafe {
+        write_lists(count, &mut [(from, &reply.from.0), (to, &reply.to.0)]);
+        no_edge_data(data, *count);
+    }
+    Ok(())
+}
+
+/// # Safety
+/// As for [`write_lists`], `data` as the list.
+unsafe fn node_edges(
+    node: *mut c_void,
+    out: *mut *mut c_void,
+    data: *mut u64,
+    count: *mut usize,
+    dependents: bool,
+) -> Result<(), CuError> {
+    check_out(count)?;
+    let reply = client::call(calls::GraphNodeEdges::Request { node: GraphNode(node as u64), dependents })?;
+    // SAFETY: per the contract.
+    unsafe {
+        write_lists(count, &mut [(out, &reply.nodes.0)]);
+        no_edge_data(if out.is_null() { std::ptr::null_mut() } else { data }, *count);
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `info` is valid for a write.
+unsafe fn exec_update(exec: *mut c_void, graph: *mut c_void, info: *mut ExecUpdateResultInfo) -> Result<(), CuError> {
+    check_out(info)?;
+    let reply =
+        client::call(calls::GraphExecUpdate::Request { exec: GraphExec(exec as u64), graph: Graph(graph as u64) })?;
+    let node = |n: GraphNode| n.0 as *mut c_void;
+    let result = ExecUpdateResultInfo {
+        result: reply.result,
+        error_node: node(reply.errorNode),
+        error_from: node(reply.errorFromNode),
+    };
+    // SAFETY: checked non-NULL; per the contract.
+    unsafe { write_out(info, result) };
+    CuError::check(reply.status)
+}
+
+type Deps = *const *mut c_void;
+type Out = *mut *mut c_void;
+
+// Every export's pointers are as the CUDA API requires; the helpers read
+// and write them only as its contract allows.
+exports! {
+    cuGraphAddKernelNode(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const KernelNodeParams) =>
+        // SAFETY: per the export's contract.
+        add_kernel(out, g, deps(d, n)?, unsafe { kernel_v1(p, std::ptr::null_mut())? });
+    cuGraphAddKernelNode_v2(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const KernelNodeParamsV2) =>
+        // SAFETY: per the export's contract.
+        add_kernel(out, g, deps(d, n)?, unsafe { kernel_v2(p)? });
+    cuGraphKernelNodeSetParams(node: *mut c_void, p: *const KernelNodeParams) =>
+        // SAFETY: per the export's contract.
+        set_kernel(node, 0, unsafe { kernel_v1(p, std::ptr::null_mut())? });
+    cuGraphKernelNodeSetParams_v2(node: *mut c_void, p: *const KernelNodeParamsV2) =>
+        // SAFETY: per the export's contract.
+        set_kernel(node, 0, unsafe { kernel_v2(p)? });
+    cuGraphExecKernelNodeSetParams(e: *mut c_void, node: *mut c_void, p: *const KernelNodeParams) =>
+        // SAFETY: per the export's contract.
+        set_kernel(node, e as u64, unsafe { kernel_v1(p, std::ptr::null_mut())? });
+    cuGraphExecKernelNodeSetParams_v2(e: *mut c_void, node: *mut c_void, p: *const KernelNodeParamsV2) =>
+        // SAFETY: per the export's contract.
+        set_kernel(node, e as u64, unsafe { kernel_v2(p)? });
+    cuGraphKernelNodeGetParams(node: *mut c_void, p: *mut KernelNodeParams) =>
+        // SAFETY: per the export's contract.
+        unsafe { get_kernel(node, p) };
+    cuGraphKernelNodeGetParams_v2(node: *mut c_void, p: *mut KernelNodeParamsV2) =>
+        // SAFETY: per the export's contract; v2 begins with v1, and a node
+        // this process made names its function, not a kernel.
+        unsafe {
+            get_kernel(node, p.cast())?;
+            (*p).kern = std::ptr::null_mut();
+            (*p).ctx = std::ptr::null_mut();
+            Ok(())
+        };
+    cuGraphAddMemcpyNode(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const Memcpy3D, _ctx: *mut c_void) =>
+        add(out, || {
+            let req = calls::GraphAddMemcpyNode::Request { graph: Graph(g as u64), deps: deps(d, n)?, copy: node_copy(p)? };
+            Ok(client::call(req)?.node)
+        });
+    cuGraphAddMemsetNode(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const MemsetNodeParams, _ctx: *mut c_void) =>
+        add(out, || memset_node(g, deps(d, n)?, p));
+    cuGraphAddEmptyNode(out: Out, g: *mut c_void, d: Deps, n: usize) =>
+        add(out, || Ok(client::call(calls::GraphAddEmptyNode::Request { graph: Graph(g as u64), deps: deps(d, n)? })?.node));
+    cuGraphAddChildGraphNode(out: Out, g: *mut c_void, d: Deps, n: usize, child: *mut c_void) =>
+        add(out, || {
+            let req = calls::GraphAddChildGraphNode::Request { graph: Graph(g as u64), deps: deps(d, n)?, child: Graph(child as u64) };
+            Ok(client::call(req)?.node)
+        });
+    cuGraphAddEventRecordNode(out: Out, g: *mut c_void, d: Deps, n: usize, e: *mut c_void) =>
+        add(out, || event_node(g, deps(d, n)?, e, false));
+    cuGraphAddEventWaitNode(out: Out, g: *mut c_void, d: Deps, n: usize, e: *mut c_void) =>
+        add(out, || event_node(g, deps(d, n)?, e, true));
+    cuGraphAddDependencies(g: *mut c_void, from: Deps, to: Deps, n: usize) =>
+        dependencies(g, from, to, std::ptr::null(), n, false);
+    cuGraphAddDependencies_v2(g: *mut c_void, from: Deps, to: Deps, data: *const u64, n: usize) =>
+        dependencies(g, from, to, data, n, false);
+    cuGraphRemoveDependencies(g: *mut c_void, from: Deps, to: Deps, n: usize) =>
+        dependencies(g, from, to, std::ptr::null(), n, true);
+    cuGraphRemoveDependencies_v2(g: *mut c_void, from: Deps, to: Deps, data: *const u64, n: usize) =>
+        dependencies(g, from, to, data, n, true);
+    cuGraphGetEdges(g: *mut c_void, from: Out, to: Out, count: *mut usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { edges(g, from, to, std::ptr::null_mut(), count) };
+    cuGraphGetEdges_v2(g: *mut c_void, from: Out, to: Out, data: *mut u64, count: *mut usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { edges(g, from, to, data, count) };
+    cuGraphNodeGetDependencies(node: *mut c_void, out: Out, count: *mut usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { node_edges(node, out, std::ptr::null_mut(), count, false) };
+    cuGraphNodeGetDependencies_v2(node: *mut c_void, out: Out, data: *mut u64, count: *mut usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { node_edges(node, out, data, count, false) };
+    cuGraphNodeGetDependentNodes(node: *mut c_void, out: Out, count: *mut usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { node_edges(node, out, std::ptr::null_mut(), count, true) };
+    cuGraphNodeGetDependentNodes_v2(node: *mut c_void, out: Out, data: *mut u64, count: *mut usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { node_edges(node, out, data, count, true) };
+    cuGraphExecUpdate_v2(e: *mut c_void, g: *mut c_void, info: *mut ExecUpdateResultInfo) =>
+        // SAFETY: per the export's contract.
+        unsafe { exec_update(e, g, info) };
+}

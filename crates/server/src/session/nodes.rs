@@ -1,0 +1,220 @@
+//! Graphs built node by node: kernels, copies, memsets, empty nodes, child
+//! graphs and events, their dependencies, and what programs ask and change
+//! of them afterwards.
+//!
+//! Every handle a node names is checked as for the call it stands for: a
+//! kernel's parameters as a launch's, a copy's ends and a memset's rows
+//! against the session's memory, dependencies against the nodes of the same
+//! graph. A copy's host ends must be host blocks the session shares with
+//! the guest (not a staging slot, which other copies reuse): the driver
+//! reaches them whenever the graph runs.
+
+use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{CallError, CuError, Graph, GraphNode, Seq, Stream, COPY_3D, SIDE_INLINE};
+
+use super::tables::{Entry, Kind, Owner};
+use super::{invalid, Session};
+use crate::backend::{self, ExecUpdate, NodeWork, Obj};
+
+type R<T> = Result<T, CallError>;
+
+/// The most dependencies one call may name: far more than programs use,
+/// few enough that checking them is cheap.
+const MAX_DEPS: usize = 4096;
+
+impl Session {
+    /// `nodes`, each a node of `graph`, as the backend's.
+    fn nodes_of(&self, graph: u64, nodes: &[u64]) -> R<Vec<Obj>> {
+        if nodes.len() > MAX_DEPS {
+            return Err(invalid(format!("{} nodes in one call", nodes.len())));
+        }
+        nodes
+            .iter()
+            .map(|&n| match self.tables.get(Kind::GraphNode, n)? {
+                e if e.owner == Owner::Graph(graph) => Ok(e.obj),
+                _ => Err(invalid(format!("node {n:#x} is not in the graph"))),
+            })
+            .collect()
+    }
+
+    /// The handle of a node of `graph`, issued once per node.
+    fn node_handle(&mut self, graph: u64, node: Obj) -> u64 {
+        if node == Obj(0) {
+            return 0;
+        }
+        self.tables.add(Kind::GraphNode, Entry { obj: node, ctx: 0, owner: Owner::Graph(graph) })
+    }
+
+    fn add_node(&mut self, graph: Graph, deps: &Seq<u64>, node: NodeWork<'_>) -> R<GraphNode> {
+        let g = self.tables.get(Kind::Graph, graph.0)?.obj;
+        let deps = self.nodes_of(graph.0, &deps.0)?;
+        let (_, ctx) = self.current_ctx()?;
+        // SAFETY: a memcpy node's host ends are checked ranges of the
+        // session's shared blocks, which stay mapped (or guarded, once freed)
+        // while the session has graphs.
+        let obj = unsafe { self.backend.graph_add_node(ctx, g, &deps, &node)? };
+        Ok(GraphNode(self.node_handle(graph.0, obj)))
+    }
+
+    /// A kernel's launch as a node holds it, its parameters checked.
+    fn kernel_node(
+        &mut self,
+        func: gpuplex_protocol::Func,
+        dims: [u32; 6],
+        shared_mem: u32,
+        params: &[u8],
+    ) -> R<(Obj, backend::Launch)> {
+        let (_, func) = self.kernel_with(func, params)?;
+        Ok((func, self.launch_config(dims, shared_mem, Stream::NULL, &[])?))
+    }
+
+    pub(super) fn graph_add_kernel_node(&mut self, req: GraphAddKernelNode::Request) -> R<GraphAddKernelNode::Reply> {
+        let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
+        let (func, launch) = self.kernel_node(req.func, dims, req.sharedMem, &req.params)?;
+        let node =
+            self.add_node(req.graph, &req.deps, NodeWork::Kernel { func, launch: &launch, params: &req.params })?;
+        Ok(GraphAddKernelNode::Reply { node })
+    }
+
+    pub(super) fn graph_add_memcpy_node(&mut self, req: GraphAddMemcpyNode::Request) -> R<GraphAddMemcpyNode::Reply> {
+        let c = &req.copy;
+        if c.shape != COPY_3D {
+            return Err(invalid("a memcpy node is a 3D copy"));
+        }
+        if c.src.kind == SIDE_INLINE || c.dst.kind == SIDE_INLINE {
+            return Err(CallError::new(
+                CuError::NOT_SUPPORTED,
+                "a memcpy node's host memory must be shared with the server (allocated with cuMemAllocHost)",
+            ));
+        }
+        let (_, ctx) = self.current_ctx()?;
+        let (src, src_slot) = self.copy_end(ctx, &c.src, c, std::ptr::null_mut())?;
+        let (dst, dst_slot) = self.copy_end(ctx, &c.dst, c, std::ptr::null_mut())?;
+        if src_slot.is_some() || dst_slot.is_some() {
+            return Err(invalid("a staging slot cannot be a memcpy node's host memory"));
+        }
+        let copy = backend::Copy3D { shape: COPY_3D, src, dst, width: c.width, height: c.height, depth: c.depth };
+        let node = self.add_node(req.graph, &req.deps, NodeWork::Memcpy(&copy))?;
+        Ok(GraphAddMemcpyNode::Reply { node })
+    }
+
+    pub(super) fn graph_add_memset_node(&mut self, req: GraphAddMemsetNode::Request) -> R<GraphAddMemsetNode::Reply> {
+        let op = backend::Memset {
+            dst: req.dst.0,
+            pitch: req.pitch,
+            value: req.value,
+            element_size: req.elementSize,
+            width: req.width,
+            height: req.height,
+        };
+        self.check_memset(&op)?;
+        let node = self.add_node(req.graph, &req.deps, NodeWork::Memset(&op))?;
+        Ok(GraphAddMemsetNode::Reply { node })
+    }
+
+    pub(super) fn graph_add_empty_node(&mut self, req: GraphAddEmptyNode::Request) -> R<GraphAddEmptyNode::Reply> {
+        Ok(GraphAddEmptyNode::Reply { node: self.add_node(req.graph, &req.deps, NodeWork::Empty)? })
+    }
+
+    pub(super) fn graph_add_child_node(
+        &mut self,
+        req: GraphAddChildGraphNode::Request,
+    ) -> R<GraphAddChildGraphNode::Reply> {
+        let child = self.tables.get(Kind::Graph, req.child.0)?.obj;
+        Ok(GraphAddChildGraphNode::Reply { node: self.add_node(req.graph, &req.deps, NodeWork::Child(child))? })
+    }
+
+    pub(super) fn graph_add_event_node(&mut self, req: GraphAddEventNode::Request) -> R<GraphAddEventNode::Reply> {
+        let event = self.tables.get(Kind::Event, req.event.0)?.obj;
+        let node = self.add_node(req.graph, &req.deps, NodeWork::Event { event, wait: req.wait })?;
+        Ok(GraphAddEventNode::Reply { node })
+    }
+
+    pub(super) fn graph_dependencies(&mut self, req: GraphDependencies::Request) -> R<GraphDependencies::Reply> {
+        let g = self.tables.get(Kind::Graph, req.graph.0)?.obj;
+        if req.from.0.len() != req.to.0.len() {
+            return Err(invalid("as many nodes each side of the edges"));
+        }
+        let (from, to) = (self.nodes_of(req.graph.0, &req.from.0)?, self.nodes_of(req.graph.0, &req.to.0)?);
+        self.backend.graph_dependencies(g, &from, &to, req.remove)?;
+        Ok(GraphDependencies::Reply {})
+    }
+
+    pub(super) fn graph_edges(&mut self, req: GraphEdges::Request) -> R<GraphEdges::Reply> {
+        let g = self.tables.get(Kind::Graph, req.graph.0)?.obj;
+        let edges = self.backend.graph_edges(g)?;
+        let (mut from, mut to) = (Vec::with_capacity(edges.len()), Vec::with_capacity(edges.len()));
+        for (f, t) in edges {
+            from.push(self.node_handle(req.graph.0, f));
+            to.push(self.node_handle(req.graph.0, t));
+        }
+        Ok(GraphEdges::Reply { from: Seq(from), to: Seq(to) })
+    }
+
+    /// A node of one of the session's graphs, as `(graph handle, backend node)`.
+    fn node(&self, node: GraphNode) -> R<(u64, Obj)> {
+        match self.tables.get(Kind::GraphNode, node.0)? {
+            Entry { obj, owner: Owner::Graph(g), .. } => Ok((g, obj)),
+            _ => Err(invalid("not a graph's node")),
+        }
+    }
+
+    pub(super) fn graph_node_edges(&mut self, req: GraphNodeEdges::Request) -> R<GraphNodeEdges::Reply> {
+        let (graph, node) = self.node(req.node)?;
+        let nodes = self.backend.graph_node_edges(node, req.dependents)?;
+        Ok(GraphNodeEdges::Reply { nodes: Seq(nodes.into_iter().map(|n| self.node_handle(graph, n)).collect()) })
+    }
+
+    pub(super) fn graph_kernel_node_set(
+        &mut self,
+        req: GraphKernelNodeSetParams::Request,
+    ) -> R<GraphKernelNodeSetParams::Reply> {
+        let (_, node) = self.node(req.node)?;
+        let exec = match req.exec.0 {
+            0 => None,
+            h => Some(self.tables.get(Kind::GraphExec, h)?.obj),
+        };
+        let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
+        let (func, launch) = self.kernel_node(req.func, dims, req.sharedMem, &req.params)?;
+        let (_, ctx) = self.current_ctx()?;
+        let kernel = NodeWork::Kernel { func, launch: &launch, params: &req.params };
+        self.backend.graph_kernel_node_set(ctx, node, exec, &kernel)?;
+        Ok(GraphKernelNodeSetParams::Reply {})
+    }
+
+    pub(super) fn graph_clone(&mut self, req: cuGraphClone::Request) -> R<cuGraphClone::Reply> {
+        let g = self.tables.get(Kind::Graph, req.originalGraph.0)?.obj;
+        let clone = self.backend.graph_clone(g)?;
+        Ok(cuGraphClone::Reply { phGraphClone: Graph(self.graph_handle(clone)) })
+    }
+
+    pub(super) fn graph_find_in_clone(
+        &mut self,
+        req: cuGraphNodeFindInClone::Request,
+    ) -> R<cuGraphNodeFindInClone::Reply> {
+        let (_, node) = self.node(req.hOriginalNode)?;
+        let clone = self.tables.get(Kind::Graph, req.hClonedGraph.0)?.obj;
+        let found = self.backend.graph_node_find_in_clone(node, clone)?;
+        Ok(cuGraphNodeFindInClone::Reply { phNode: GraphNode(self.node_handle(req.hClonedGraph.0, found)) })
+    }
+
+    pub(super) fn graph_destroy_node(&mut self, req: cuGraphDestroyNode::Request) -> R<cuGraphDestroyNode::Reply> {
+        let (_, node) = self.node(req.hNode)?;
+        self.backend.graph_destroy_node(node)?;
+        self.tables.remove(Kind::GraphNode, req.hNode.0)?;
+        Ok(cuGraphDestroyNode::Reply {})
+    }
+
+    pub(super) fn graph_exec_update(&mut self, req: GraphExecUpdate::Request) -> R<GraphExecUpdate::Reply> {
+        let exec = self.tables.get(Kind::GraphExec, req.exec.0)?;
+        let ctx = self.ctx_of(&exec)?;
+        let g = self.tables.get(Kind::Graph, req.graph.0)?.obj;
+        let ExecUpdate { status, result, error_node, error_from } = self.backend.graph_exec_update(ctx, exec.obj, g)?;
+        Ok(GraphExecUpdate::Reply {
+            status,
+            result,
+            errorNode: GraphNode(self.node_handle(req.graph.0, error_node)),
+            errorFromNode: GraphNode(self.node_handle(req.graph.0, error_from)),
+        })
+    }
+}

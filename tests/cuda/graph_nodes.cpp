@@ -1,0 +1,201 @@
+// graph_nodes: a graph built node by node, as simpleCudaGraphs builds one:
+// a copy in from pinned memory and a memset, a kernel after both, a copy
+// out after it, an empty node and an event record closing it; launched
+// three times on new input; its edges and a node's dependencies read back;
+// a kernel node's parameters read, and changed in the executable graph; a
+// clone and its copy of a node; a child graph; edges added and removed; an
+// executable graph updated from a graph of the same shape and refused one
+// of another; a node destroyed. Every result is compared with the host's.
+#include "common.h"
+
+#include <vector>
+
+EMBED(vector_add_fatbin, "vector_add.fatbin");
+
+static const int N = 1 << 16;
+
+static CUDA_MEMCPY3D copy_1d(CUmemorytype src_type, const void *src, CUmemorytype dst_type, void *dst, size_t bytes) {
+    CUDA_MEMCPY3D c = {};
+    c.srcMemoryType = src_type;
+    c.dstMemoryType = dst_type;
+    if (src_type == CU_MEMORYTYPE_HOST)
+        c.srcHost = src;
+    else
+        c.srcDevice = (CUdeviceptr)src;
+    if (dst_type == CU_MEMORYTYPE_HOST)
+        c.dstHost = dst;
+    else
+        c.dstDevice = (CUdeviceptr)dst;
+    c.WidthInBytes = bytes, c.Height = 1, c.Depth = 1;
+    return c;
+}
+
+// sum[i] == in[i] + b for i < n, and untouched (NaN) from n on.
+static bool sums(const float *sum, const float *in, float b, int n) {
+    for (int i = 0; i < N; i++) {
+        bool ok = i < n ? sum[i] == in[i] + b : sum[i] != sum[i];
+        if (!ok) return false;
+    }
+    return true;
+}
+
+static size_t count_nodes(CUgraph g) {
+    size_t n = 0;
+    CHECK(cuGraphGetNodes(g, nullptr, &n));
+    return n;
+}
+
+int main() {
+    CUcontext ctx;
+    init_primary(&ctx);
+    CUmodule mod;
+    CUfunction add;
+    CHECK(cuModuleLoadData(&mod, vector_add_fatbin));
+    CHECK(cuModuleGetFunction(&add, mod, "vector_add"));
+    float *in, *out;
+    CHECK(cuMemAllocHost((void **)&in, N * sizeof(float)));
+    CHECK(cuMemAllocHost((void **)&out, N * sizeof(float)));
+    CUdeviceptr a, b, sum;
+    CHECK(cuMemAlloc(&a, N * sizeof(float)));
+    CHECK(cuMemAlloc(&b, N * sizeof(float)));
+    CHECK(cuMemAlloc(&sum, N * sizeof(float)));
+    CUevent done;
+    CHECK(cuEventCreate(&done, CU_EVENT_DEFAULT));
+
+    CUgraph graph;
+    CHECK(cuGraphCreate(&graph, 0));
+    CUgraphNode copy_in, set_b, kernel, copy_out, join, record;
+    CUDA_MEMCPY3D c = copy_1d(CU_MEMORYTYPE_HOST, in, CU_MEMORYTYPE_DEVICE, (void *)a, N * sizeof(float));
+    CHECK(cuGraphAddMemcpyNode(&copy_in, graph, nullptr, 0, &c, ctx));
+    CUDA_MEMSET_NODE_PARAMS m = {};
+    m.dst = b, m.value = 0x40400000, m.elementSize = 4, m.width = N, m.height = 1;  // 3.0f
+    CHECK(cuGraphAddMemsetNode(&set_b, graph, nullptr, 0, &m, ctx));
+    int n = N;
+    void *args[] = {&a, &b, &sum, &n};
+    CUDA_KERNEL_NODE_PARAMS k = {};
+    k.func = add, k.gridDimX = (N + 255) / 256, k.gridDimY = k.gridDimZ = 1;
+    k.blockDimX = 256, k.blockDimY = k.blockDimZ = 1, k.kernelParams = args;
+    CUgraphNode both[] = {copy_in, set_b};
+    CHECK(cuGraphAddKernelNode(&kernel, graph, both, 2, &k));
+    c = copy_1d(CU_MEMORYTYPE_DEVICE, (void *)sum, CU_MEMORYTYPE_HOST, out, N * sizeof(float));
+    CHECK(cuGraphAddMemcpyNode(&copy_out, graph, &kernel, 1, &c, ctx));
+    CHECK(cuGraphAddEmptyNode(&join, graph, &copy_out, 1));
+    CHECK(cuGraphAddEventRecordNode(&record, graph, &join, 1, done));
+    printf("nodes: %zu\n", count_nodes(graph));
+    size_t edges = 0;
+    CHECK(cuGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+    CUgraphNode deps[4] = {};
+    size_t ndeps = 4;
+    CHECK(cuGraphNodeGetDependencies(kernel, deps, nullptr, &ndeps));
+    size_t ndependents = 0;
+    CHECK(cuGraphNodeGetDependentNodes(kernel, nullptr, nullptr, &ndependents));
+    printf("edges: %zu; the kernel after the copy in and the memset: %s; one node after it: %s\n", edges,
+           yes_no(ndeps == 2 && ((deps[0] == copy_in && deps[1] == set_b) || (deps[0] == set_b && deps[1] == copy_in))),
+           yes_no(ndependents == 1));
+    CUgraphNodeType type;
+    CHECK(cuGraphNodeGetType(record, &type));
+    printf("the last node records an event: %s\n", yes_no(type == CU_GRAPH_NODE_TYPE_EVENT_RECORD));
+
+    CUgraphExec exec;
+    CHECK(cuGraphInstantiate(&exec, graph, 0));
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    bool all = true;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) in[i] = (float)((i * (round + 3)) % 1000) - 400.0f;
+        CHECK(cuMemsetD32(sum, 0x7fc00000, N));
+        CHECK(cuGraphLaunch(exec, s));
+        CHECK(cuEventSynchronize(done));
+        all = all && sums(out, in, 3.0f, N);
+    }
+    printf("launched three times on new input, every sum right: %s checksum=%016llx\n", yes_no(all),
+           (unsigned long long)checksum(out, N * sizeof(float)));
+
+    // The kernel node's parameters, read back and changed in the executable graph only.
+    CUDA_KERNEL_NODE_PARAMS got = {};
+    CHECK(cuGraphKernelNodeGetParams(kernel, &got));
+    printf("kernel node parameters: its function, its grid, n = %d: %s\n", *(int *)got.kernelParams[3],
+           yes_no(got.func == add && got.gridDimX == (unsigned)(N + 255) / 256));
+    int half = N / 2;
+    void *half_args[] = {&a, &b, &sum, &half};
+    k.kernelParams = half_args;
+    CHECK(cuGraphExecKernelNodeSetParams(exec, kernel, &k));
+    CHECK(cuMemsetD32(sum, 0x7fc00000, N));
+    CHECK(cuGraphLaunch(exec, s));
+    CHECK(cuStreamSynchronize(s));
+    printf("the executable graph's kernel now covers half: %s\n", yes_no(sums(out, in, 3.0f, N / 2)));
+    CHECK(cuGraphKernelNodeGetParams(kernel, &got));
+    printf("the graph's own node still says n = %d\n", *(int *)got.kernelParams[3]);
+
+    // A clone, its copy of the kernel node, instantiated and run.
+    CUgraph clone;
+    CHECK(cuGraphClone(&clone, graph));
+    CUgraphNode kernel_in_clone;
+    CHECK(cuGraphNodeFindInClone(&kernel_in_clone, kernel, clone));
+    CHECK(cuGraphNodeGetType(kernel_in_clone, &type));
+    printf("clone: %zu nodes, its copy of the kernel node is a kernel node: %s\n", count_nodes(clone),
+           yes_no(type == CU_GRAPH_NODE_TYPE_KERNEL && kernel_in_clone != kernel));
+
+    // A child graph: the clone without its event record, then a memset of
+    // the sum, in a graph of its own.
+    CUgraphNode record_in_clone;
+    CHECK(cuGraphNodeFindInClone(&record_in_clone, record, clone));
+    CHECK(cuGraphDestroyNode(record_in_clone));
+    CUgraph parent;
+    CHECK(cuGraphCreate(&parent, 0));
+    CUgraphNode child, zero;
+    CHECK(cuGraphAddChildGraphNode(&child, parent, nullptr, 0, clone));
+    m = {};
+    m.dst = sum, m.value = 0, m.elementSize = 4, m.width = N, m.height = 1;
+    CHECK(cuGraphAddMemsetNode(&zero, parent, &child, 1, &m, ctx));
+    CUgraphExec parent_exec;
+    CHECK(cuGraphInstantiate(&parent_exec, parent, 0));
+    CHECK(cuGraphLaunch(parent_exec, s));
+    CHECK(cuStreamSynchronize(s));
+    std::vector<float> after(N);
+    CHECK(cuMemcpyDtoH(after.data(), sum, N * sizeof(float)));
+    bool zeroed = true;
+    for (float v : after) zeroed = zeroed && v == 0.0f;
+    printf("a child graph ran, then the memset after it: %s %s\n", yes_no(sums(out, in, 3.0f, N)), yes_no(zeroed));
+
+    // Edges added and removed between empty nodes.
+    CUgraph plain;
+    CHECK(cuGraphCreate(&plain, 0));
+    CUgraphNode e[3];
+    for (auto &node : e) CHECK(cuGraphAddEmptyNode(&node, plain, nullptr, 0));
+    CUgraphNode from[] = {e[0], e[1]}, to[] = {e[1], e[2]};
+    CHECK(cuGraphAddDependencies(plain, from, to, nullptr, 2));
+    size_t roots = 0, before = 0, after_removal = 0;
+    CHECK(cuGraphGetRootNodes(plain, nullptr, &roots));
+    CHECK(cuGraphGetEdges(plain, nullptr, nullptr, nullptr, &before));
+    CHECK(cuGraphRemoveDependencies(plain, from, to, nullptr, 1));
+    CHECK(cuGraphGetEdges(plain, nullptr, nullptr, nullptr, &after_removal));
+    printf("edges added: %zu, one root; after removing one: %zu edge(s)\n", before, after_removal);
+    (void)roots;
+
+    // Updates: from a graph of the same shape, then from one missing a node.
+    CUgraph same, fewer;
+    CHECK(cuGraphClone(&same, graph));
+    CUgraphExecUpdateResultInfo info;
+    CUresult rc = cuGraphExecUpdate(exec, same, &info);
+    printf("an update from a graph of the same shape: %s, result %d\n", err_name(rc), (int)info.result);
+    CHECK(cuGraphClone(&fewer, graph));
+    CUgraphNode set_in_fewer;
+    CHECK(cuGraphNodeFindInClone(&set_in_fewer, set_b, fewer));
+    CHECK(cuGraphDestroyNode(set_in_fewer));
+    rc = cuGraphExecUpdate(exec, fewer, &info);
+    printf("an update from a graph missing a node: %s, result %d\n", err_name(rc), (int)info.result);
+    CHECK(cuGraphDestroyNode(join));
+    printf("a node destroyed: %zu nodes left\n", count_nodes(graph));
+
+    CHECK(cuGraphExecDestroy(parent_exec));
+    CHECK(cuGraphExecDestroy(exec));
+    for (CUgraph g : {graph, clone, parent, plain, same, fewer}) CHECK(cuGraphDestroy(g));
+    CHECK(cuStreamDestroy(s));
+    CHECK(cuEventDestroy(done));
+    CHECK(cuMemFreeHost(in));
+    CHECK(cuMemFreeHost(out));
+    CHECK(cuModuleUnload(mod));
+    printf("done\n");
+    return 0;
+}
