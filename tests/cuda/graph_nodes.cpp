@@ -5,7 +5,9 @@
 // a kernel node's parameters read, and changed in the executable graph; a
 // clone and its copy of a node; a child graph; edges added and removed; an
 // executable graph updated from a graph of the same shape and refused one
-// of another; a node destroyed. Every result is compared with the host's.
+// of another; a node destroyed; host functions, as host nodes and launched
+// into a capture, running after the work before them. Every result is
+// compared with the host's.
 #include "common.h"
 
 #include <vector>
@@ -38,6 +40,23 @@ static bool sums(const float *sum, const float *in, float b, int n) {
     }
     return true;
 }
+
+// What host functions saw: how often each ran, and the sum of the copy
+// that came before.
+struct Seen {
+    int runs = 0;
+    double sum = 0;
+    const float *data = nullptr;
+};
+
+static void CUDA_CB look(void *p) {
+    Seen *seen = (Seen *)p;
+    seen->runs++;
+    seen->sum = 0;
+    for (int i = 0; i < N; i++) seen->sum += seen->data[i];
+}
+
+static void CUDA_CB count(void *p) { ((Seen *)p)->runs++; }
 
 static size_t count_nodes(CUgraph g) {
     size_t n = 0;
@@ -187,6 +206,54 @@ int main() {
     printf("an update from a graph missing a node: %s, result %d\n", err_name(rc), (int)info.result);
     CHECK(cuGraphDestroyNode(join));
     printf("a node destroyed: %zu nodes left\n", count_nodes(graph));
+
+    // A host node after a copy out: it sees the copy's data.
+    CUgraph with_host;
+    CHECK(cuGraphCreate(&with_host, 0));
+    CUgraphNode copy_node, host_node;
+    c = copy_1d(CU_MEMORYTYPE_DEVICE, (void *)a, CU_MEMORYTYPE_HOST, out, N * sizeof(float));
+    CHECK(cuGraphAddMemcpyNode(&copy_node, with_host, nullptr, 0, &c, ctx));
+    Seen seen;
+    seen.data = out;
+    CUDA_HOST_NODE_PARAMS h = {};
+    h.fn = look, h.userData = &seen;
+    CHECK(cuGraphAddHostNode(&host_node, with_host, &copy_node, 1, &h));
+    CUDA_HOST_NODE_PARAMS h_back = {};
+    CHECK(cuGraphHostNodeGetParams(host_node, &h_back));
+    CUgraphExec host_exec;
+    CHECK(cuGraphInstantiate(&host_exec, with_host, 0));
+    CHECK(cuGraphLaunch(host_exec, s));
+    CHECK(cuStreamSynchronize(s));
+    double want = 0;
+    for (int i = 0; i < N; i++) want += in[i];
+    printf("a host node after a copy: ran %d time(s), saw the copy: %s, its parameters read back: %s\n", seen.runs,
+           yes_no(seen.sum == want), yes_no(h_back.fn == look && h_back.userData == &seen));
+
+    // A host function launched into a capture, between a memset and a copy.
+    Seen counted;
+    CUstream cap;
+    CHECK(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuMemsetD32Async(b, 0x3f800000, N, cap));  // 1.0f
+    CHECK(cuLaunchHostFunc(cap, count, &counted));
+    CHECK(cuMemcpyDtoDAsync(sum, b, N * sizeof(float), cap));
+    CUgraph captured;
+    CHECK(cuStreamEndCapture(cap, &captured));
+    size_t captured_nodes = count_nodes(captured);
+    CUgraphExec captured_exec;
+    CHECK(cuGraphInstantiate(&captured_exec, captured, 0));
+    for (int i = 0; i < 3; i++) CHECK(cuGraphLaunch(captured_exec, cap));
+    CHECK(cuStreamSynchronize(cap));
+    CHECK(cuMemcpyDtoH(after.data(), sum, N * sizeof(float)));
+    bool ones = true;
+    for (float v : after) ones = ones && v == 1.0f;
+    printf("a captured host function: %zu nodes, ran %d times in 3 launches, the copy after it done: %s\n",
+           captured_nodes, counted.runs, yes_no(ones));
+    CHECK(cuGraphExecDestroy(captured_exec));
+    CHECK(cuGraphExecDestroy(host_exec));
+    CHECK(cuGraphDestroy(captured));
+    CHECK(cuGraphDestroy(with_host));
+    CHECK(cuStreamDestroy(cap));
 
     CHECK(cuGraphExecDestroy(parent_exec));
     CHECK(cuGraphExecDestroy(exec));

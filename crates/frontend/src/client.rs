@@ -332,6 +332,17 @@ impl Conn {
         Ok(lanes)
     }
 
+    /// A connection of its own on which the server asks for host functions
+    /// to be run (see [`crate::host_calls`]).
+    pub fn open_host_calls(&mut self) -> Result<Box<dyn Carrier>, CuError> {
+        let offer: gpuplex_protocol::HostCallsOffer = self.exchange(Opcode::OpenHostCalls, 0, &[])?;
+        let index = gpuplex_protocol::HOST_CALLS_LANE;
+        crate::memory::lanes::connect_joined(&self.address, self.token.as_ref(), offer.key, index).map_err(|why| {
+            log::warn(&format!("host functions cannot reach this process: {why}"));
+            CuError::NOT_SUPPORTED
+        })
+    }
+
     /// A lane failed mid-copy: the session is over.
     pub fn lose_lanes(&mut self, e: LaneError) -> CuError {
         match e {

@@ -600,6 +600,12 @@ type StreamCallback = unsafe extern "C" fn(stream: *mut c_void, status: CUresult
 
 fn launch_host_func(stream: Stream, f: Option<HostFn>, user_data: *mut c_void) -> Result<(), CuError> {
     let f = f.ok_or(CuError::INVALID_VALUE)?;
+    // Into a capture, it becomes a host node of the graph, which the server's
+    // driver runs (through `host_calls`) whenever the graph runs.
+    if crate::graph::is_capturing(stream) {
+        let id = crate::host_calls::register(f, user_data)?;
+        return client::call(calls::LaunchHostFunc::Request { stream, id }).map(drop);
+    }
     run_in_stream_order(stream)?;
     // SAFETY: the caller's function and data, called as CUDA would.
     unsafe { f(user_data) };

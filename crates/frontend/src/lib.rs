@@ -33,6 +33,7 @@ mod device;
 mod export_tables;
 mod ffi;
 mod graph;
+mod host_calls;
 mod launch;
 mod log;
 mod memo;

@@ -77,6 +77,24 @@ wire_struct! {
     }
 }
 
+/// The lane index under which a session's host-call connection joins.
+pub const HOST_CALLS_LANE: u32 = u32::MAX;
+
+wire_struct! {
+    /// The reply to `OpenHostCalls`: the key the host-call connection
+    /// presents in its `JoinLane`.
+    pub struct HostCallsOffer {
+        pub key: [u8; 32],
+    }
+}
+
+wire_struct! {
+    /// A `HostCall` frame: run the host function the guest registered as `id`.
+    pub struct HostCallRun {
+        pub id: u64,
+    }
+}
+
 wire_struct! {
     /// One live session, as `gpuplex info` lists it.
     pub struct SessionSummary {

@@ -214,3 +214,50 @@ fn nodes_built_by_hand_are_checked_as_their_calls() {
         assert_eq!((edges.from.0, edges.to.0.len()), (vec![a.0], 1));
     });
 }
+
+/// A graph's host node runs in the guest: the server asks for it on the
+/// guest's host-call connection and waits for the answer. Without that
+/// connection, a host node is refused; once it is gone, host nodes are
+/// skipped and graphs still run to their end.
+#[test]
+fn host_nodes_run_in_the_guest_and_a_vanished_guest_does_not_stall_the_graph() {
+    within_30_s(|| {
+        use gpuplex_protocol::{codec, Header, HostCallRun, HostCallsOffer, LaneJoin, Opcode, Seq, HOST_CALLS_LANE};
+        let address = start_server("graphs-host");
+        let mut c = Client::connect(&address);
+        let graph = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+        let host = |c: &mut Client| c.call(GraphAddHostNode::Request { graph, deps: Seq(vec![]), id: 7 });
+        assert_eq!(err(host(&mut c)), CuError::INVALID_VALUE, "no host-call connection yet");
+
+        let offer: HostCallsOffer = c.session_request(Opcode::OpenHostCalls);
+        let join = |key: [u8; 32]| {
+            let mut carrier = gpuplex_transport::connect(&address, None).unwrap();
+            let payload = codec::encode(&LaneJoin { key, index: HOST_CALLS_LANE });
+            carrier.send(&Header::request(Opcode::JoinLane, 1, 0, payload.len()), &payload).unwrap();
+            let status = carrier.recv(&mut Vec::new()).unwrap().status.get();
+            (carrier, status)
+        };
+        assert_ne!(join([9; 32]).1, 0, "a wrong key is refused");
+        let (mut calls, status) = join(offer.key);
+        assert_eq!(status, 0);
+        assert_ne!(join(offer.key).1, 0, "one host-call connection per session");
+        host(&mut c).unwrap();
+        let exec = c.call(cuGraphInstantiateWithFlags::Request { hGraph: graph, flags: 0 }).unwrap().phGraphExec;
+
+        // The guest's side: answer the one host call the launch makes.
+        let answering = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let h = calls.recv(&mut buf).unwrap();
+            assert_eq!(h.opcode.get(), Opcode::HostCall as u16);
+            assert_eq!(codec::decode::<HostCallRun>(&buf).unwrap().id, 7);
+            calls.send(&Header::reply(&h, 0, 0), &[]).unwrap();
+            calls
+        });
+        c.call(cuGraphLaunch::Request { hGraphExec: exec, hStream: Stream::NULL }).unwrap();
+        c.call(cuStreamSynchronize::Request { hStream: Stream::NULL }).unwrap();
+        drop(answering.join().unwrap());
+        // The connection is gone: the next launch runs to its end regardless.
+        c.call(cuGraphLaunch::Request { hGraphExec: exec, hStream: Stream::NULL }).unwrap();
+        c.call(cuStreamSynchronize::Request { hStream: Stream::NULL }).unwrap();
+    });
+}

@@ -26,6 +26,12 @@ pub fn capturing() -> bool {
     CAPTURES.load(Ordering::Relaxed) > 0
 }
 
+/// Whether stream `s` (as this thread names it) is capturing.
+pub fn is_capturing(s: Stream) -> bool {
+    capturing()
+        && CAPTURING.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|set| set.contains(&key(s)))
+}
+
 fn key(s: Stream) -> (u64, u64) {
     (s.0, if s == Stream::PER_THREAD { context::thread_id() } else { 0 })
 }

@@ -44,6 +44,61 @@ pub struct MemsetNodeParams {
     height: usize,
 }
 
+/// `CUDA_HOST_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct HostNodeParams {
+    run: Option<HostFn>,
+    data: *mut c_void,
+}
+
+// SAFETY: the program's function and data, only ever handed back to it.
+unsafe impl Send for HostNodeParams {}
+
+/// Each host node's function as this process last set it.
+static HOST_NODES: Mutex<Option<HashMap<u64, HostNodeParams>>> = Mutex::new(None);
+
+fn host_nodes<T>(f: impl FnOnce(&mut HashMap<u64, HostNodeParams>) -> T) -> T {
+    f(HOST_NODES.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashMap::new))
+}
+
+/// The number the server runs a host node's function by.
+fn host_id(p: *const HostNodeParams) -> Result<(HostNodeParams, u64), CuError> {
+    // SAFETY: NULL or valid, as the export's caller vouches.
+    let p = *unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    let run = p.run.ok_or(CuError::INVALID_VALUE)?;
+    Ok((p, crate::host_calls::register(run, p.data)?))
+}
+
+fn add_host(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const HostNodeParams) -> Result<(), CuError> {
+    check_out(out)?;
+    let (params, id) = host_id(p)?;
+    let node = client::call(calls::GraphAddHostNode::Request { graph: Graph(graph as u64), deps: d, id })?.node;
+    host_nodes(|m| m.insert(node.0, params));
+    made(out, node)
+}
+
+fn set_host(node: *mut c_void, exec: u64, p: *const HostNodeParams) -> Result<(), CuError> {
+    let (params, id) = host_id(p)?;
+    client::call(calls::GraphHostNodeSetParams::Request { node: GraphNode(node as u64), exec: GraphExec(exec), id })?;
+    // An executable graph's copy changes; the node itself keeps its function.
+    if exec == 0 {
+        host_nodes(|m| m.insert(node as u64, params));
+    }
+    Ok(())
+}
+
+fn get_host(node: *mut c_void, p: *mut HostNodeParams) -> Result<(), CuError> {
+    check_out(p)?;
+    let params = host_nodes(|m| m.get(&(node as u64)).copied()).ok_or_else(|| {
+        crate::log::warn("cuGraphHostNodeGetParams: only for host nodes the program added or set itself");
+        CuError::NOT_SUPPORTED
+    })?;
+    // SAFETY: checked non-NULL; the export's caller vouches for it.
+    unsafe { write_out(p, params) };
+    Ok(())
+}
+
 /// `CUgraphExecUpdateResultInfo`.
 #[repr(C)]
 pub struct ExecUpdateResultInfo {
@@ -329,6 +384,7 @@ unsafe fn exec_update(exec: *mut c_void, graph: *mut c_void, info: *mut ExecUpda
 
 type Deps = *const *mut c_void;
 type Out = *mut *mut c_void;
+type HostFn = crate::host_calls::HostFn;
 
 // Every export's pointers are as the CUDA API requires; the helpers read
 // and write them only as its contract allows.
@@ -407,6 +463,12 @@ exports! {
     cuGraphNodeGetDependentNodes_v2(node: *mut c_void, out: Out, data: *mut u64, count: *mut usize) =>
         // SAFETY: per the export's contract.
         unsafe { node_edges(node, out, data, count, true) };
+    cuGraphAddHostNode(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const HostNodeParams) =>
+        add_host(out, g, deps(d, n)?, p);
+    cuGraphHostNodeSetParams(node: *mut c_void, p: *const HostNodeParams) => set_host(node, 0, p);
+    cuGraphExecHostNodeSetParams(e: *mut c_void, node: *mut c_void, p: *const HostNodeParams) =>
+        set_host(node, e as u64, p);
+    cuGraphHostNodeGetParams(node: *mut c_void, p: *mut HostNodeParams) => get_host(node, p);
     cuGraphExecUpdate_v2(e: *mut c_void, g: *mut c_void, info: *mut ExecUpdateResultInfo) =>
         // SAFETY: per the export's contract.
         unsafe { exec_update(e, g, info) };

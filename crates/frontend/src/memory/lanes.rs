@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use gpuplex_protocol::lane::{ChunkHeader, Cut, AHEAD};
 use gpuplex_protocol::{codec, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, Opcode};
-use gpuplex_transport::{Address, Lane, Pipe, Token, TransportError};
+use gpuplex_transport::{Address, Carrier, Lane, Pipe, Token, TransportError};
 
 use super::streaming;
 use crate::log;
@@ -161,8 +161,18 @@ impl Lanes {
 
 /// Connects one lane and joins it to the session.
 fn join(offer: &LaneOffer, index: u32, address: &Address, token: Option<&Token>) -> Result<Lane, String> {
+    connect_joined(address, token, offer.key, index)?.into_lane().map_err(|e| e.to_string())
+}
+
+/// A new connection to the server, joined to the session as its lane `index`.
+pub fn connect_joined(
+    address: &Address,
+    token: Option<&Token>,
+    key: [u8; 32],
+    index: u32,
+) -> Result<Box<dyn Carrier>, String> {
     let mut carrier = gpuplex_transport::connect(address, token).map_err(|e| e.to_string())?;
-    let payload = codec::encode(&LaneJoin { key: offer.key, index });
+    let payload = codec::encode(&LaneJoin { key, index });
     let request = Header::request(Opcode::JoinLane, 1, 0, payload.len());
     let mut reply = Vec::new();
     let header = carrier.send(&request, &payload).and_then(|()| carrier.recv(&mut reply)).map_err(|e| e.to_string())?;
@@ -170,7 +180,7 @@ fn join(offer: &LaneOffer, index: u32, address: &Address, token: Option<&Token>)
         let detail = codec::decode::<ErrorDetail>(&reply).map(|d| d.detail).unwrap_or_default();
         return Err(format!("refused ({}): {detail}", header.status.get()));
     }
-    carrier.into_lane().map_err(|e| e.to_string())
+    Ok(carrier)
 }
 
 fn work(lane: Lane, pipe: Option<Pipe>, jobs: Receiver<Job>, done: Sender<Result<u64, LaneError>>) {

@@ -395,9 +395,12 @@ pub trait Backend: Send + Sync {
     fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>>;
     /// The nodes `node` depends on, or with `dependents` those depending on it.
     fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>>;
-    /// New parameters for a kernel node, in its graph or (`exec`) in an
-    /// executable graph made from it.
-    fn graph_kernel_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()>;
+    /// New parameters for a kernel or host node, in its graph or (`exec`)
+    /// in an executable graph made from it.
+    fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()>;
+    /// Runs `f` once the stream's earlier work is done (and, while the
+    /// stream captures, makes it a host node).
+    fn launch_host_func(&self, ctx: Obj, stream: Obj, f: HostFn) -> BResult<()>;
     fn graph_clone(&self, graph: Obj) -> BResult<Obj>;
     fn graph_node_find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj>;
     fn graph_destroy_node(&self, node: Obj) -> BResult<()>;
@@ -422,7 +425,19 @@ pub enum NodeWork<'a> {
         event: Obj,
         wait: bool,
     },
+    Host(HostFn),
 }
+
+/// A host function as the driver calls it: `run(data)`.
+#[derive(Clone, Copy, Debug)]
+pub struct HostFn {
+    pub run: unsafe extern "C" fn(*mut std::ffi::c_void),
+    pub data: *mut std::ffi::c_void,
+}
+
+// SAFETY: `data` is what `run` takes, valid on any thread: the session
+// keeps it alive while its graphs and streams may call it.
+unsafe impl Send for HostFn {}
 
 /// What `cuGraphExecUpdate` says: the call's own result, and
 /// `CUgraphExecUpdateResultInfo`.

@@ -401,6 +401,18 @@ impl Api for Session {
         self.graph_exec_update(req)
     }
 
+    fn GraphAddHostNode(&mut self, req: GraphAddHostNode::Request) -> R<GraphAddHostNode::Reply> {
+        self.graph_add_host_node(req)
+    }
+
+    fn GraphHostNodeSetParams(&mut self, req: GraphHostNodeSetParams::Request) -> R<GraphHostNodeSetParams::Reply> {
+        self.graph_host_node_set(req)
+    }
+
+    fn LaunchHostFunc(&mut self, req: LaunchHostFunc::Request) -> R<LaunchHostFunc::Reply> {
+        self.launch_host_func(req)
+    }
+
     fn GraphNodes(&mut self, req: GraphNodes::Request) -> R<GraphNodes::Reply> {
         self.graph_nodes(req)
     }

@@ -14,6 +14,7 @@
 mod api;
 mod arrays;
 mod graphs;
+mod host_calls;
 mod images;
 pub mod lanes;
 mod launcher;
@@ -113,6 +114,11 @@ pub struct Session {
     /// Streams capturing now, as `(context, stream)`; the seat keeps its
     /// hands off the session's streams while there are any.
     capturing: Vec<(Obj, Obj)>,
+    /// The guest's host functions' connection, once opened, and every host
+    /// function handed to the driver (which may call them until the
+    /// session's contexts are gone: dropped after them).
+    host_calls: Option<Arc<host_calls::HostCalls>>,
+    host_fns: Vec<Arc<host_calls::HostCall>>,
 }
 
 /// A device's primary context as this session sees it. The handle stays the
@@ -173,6 +179,8 @@ impl Session {
             driver_capture_mode: 0,
             made_graphs: false,
             capturing: Vec::new(),
+            host_calls: None,
+            host_fns: Vec::new(),
         }
     }
 
@@ -253,7 +261,7 @@ impl Session {
                 self.drain_launches();
             }
             match opcode {
-                Opcode::Hello | Opcode::JoinLane | Opcode::Heartbeat | Opcode::DeviceOutput => {
+                Opcode::Hello | Opcode::JoinLane | Opcode::Heartbeat | Opcode::DeviceOutput | Opcode::HostCall => {
                     return Err(SessionError::Protocol(format!("{} inside a session", opcode.name())))
                 }
                 Opcode::ServerInfo | Opcode::Status => {
@@ -262,6 +270,7 @@ impl Session {
                 }
                 Opcode::SharedMemory => self.share_memory(line.carrier(), &header)?,
                 Opcode::OpenLanes => self.open_lanes(line.carrier(), &header, hubs)?,
+                Opcode::OpenHostCalls => self.open_host_calls(line.carrier(), &header, hubs)?,
                 call if header.is_posted() => {
                     if let Err(e) = self.run_call(call, &header, buf)? {
                         // A launch read before this one may have failed first.
@@ -408,6 +417,18 @@ impl Session {
             }
             Err(e) => Ok(reply_error(carrier, header, e)?),
         }
+    }
+
+    /// Answers `OpenHostCalls` with the key its connection joins under.
+    fn open_host_calls(&mut self, carrier: &mut dyn Carrier, header: &Header, hubs: &Hubs) -> Result<(), SessionError> {
+        if self.host_calls.is_some() {
+            let again = CallError::new(CuError::INVALID_VALUE, "host calls are open already");
+            return Ok(reply_error(carrier, header, again)?);
+        }
+        let calls = Arc::new(host_calls::HostCalls::new(self.id, carrier.peer()));
+        hubs.host_calls().insert(self.lane_key, calls.clone());
+        self.host_calls = Some(calls);
+        Ok(send_reply(carrier, header, &codec::encode(&gpuplex_protocol::HostCallsOffer { key: self.lane_key }))?)
     }
 
     /// Forgets what died with a backend context.

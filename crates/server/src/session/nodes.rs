@@ -10,13 +10,18 @@
 //! reaches them whenever the graph runs.
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{CallError, CuError, Graph, GraphNode, Seq, Stream, COPY_3D, SIDE_INLINE};
+use gpuplex_protocol::{CallError, CuError, Graph, GraphExec, GraphNode, Seq, Stream, COPY_3D, SIDE_INLINE};
 
+use super::host_calls::{self, HostCall};
 use super::tables::{Entry, Kind, Owner};
 use super::{invalid, Session};
-use crate::backend::{self, ExecUpdate, NodeWork, Obj};
+use crate::backend::{self, ExecUpdate, HostFn, NodeWork, Obj};
 
 type R<T> = Result<T, CallError>;
+
+/// The most host functions one session hands the driver: each stays until
+/// the session ends, since a graph may run it until then.
+const MAX_HOST_FNS: usize = 1 << 20;
 
 /// The most dependencies one call may name: far more than programs use,
 /// few enough that checking them is cheap.
@@ -165,21 +170,63 @@ impl Session {
         Ok(GraphNodeEdges::Reply { nodes: Seq(nodes.into_iter().map(|n| self.node_handle(graph, n)).collect()) })
     }
 
+    /// A node, and the executable graph whose copy of it is meant (NULL:
+    /// the node itself), as the backend's.
+    fn node_in(&self, node: GraphNode, exec: GraphExec) -> R<(Obj, Option<Obj>)> {
+        let (_, node) = self.node(node)?;
+        let exec = match exec.0 {
+            0 => None,
+            h => Some(self.tables.get(Kind::GraphExec, h)?.obj),
+        };
+        Ok((node, exec))
+    }
+
     pub(super) fn graph_kernel_node_set(
         &mut self,
         req: GraphKernelNodeSetParams::Request,
     ) -> R<GraphKernelNodeSetParams::Reply> {
-        let (_, node) = self.node(req.node)?;
-        let exec = match req.exec.0 {
-            0 => None,
-            h => Some(self.tables.get(Kind::GraphExec, h)?.obj),
-        };
+        let (node, exec) = self.node_in(req.node, req.exec)?;
         let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
         let (func, launch) = self.kernel_node(req.func, dims, req.sharedMem, &req.params)?;
         let (_, ctx) = self.current_ctx()?;
         let kernel = NodeWork::Kernel { func, launch: &launch, params: &req.params };
-        self.backend.graph_kernel_node_set(ctx, node, exec, &kernel)?;
+        self.backend.graph_node_set(ctx, node, exec, &kernel)?;
         Ok(GraphKernelNodeSetParams::Reply {})
+    }
+
+    /// The guest's host function `id`, as the driver takes it.
+    fn host_fn(&mut self, id: u64) -> R<HostFn> {
+        let calls = self.host_calls.clone().filter(|c| c.connected()).ok_or_else(host_calls::not_connected)?;
+        if self.host_fns.len() >= MAX_HOST_FNS {
+            return Err(CallError::new(CuError::OUT_OF_MEMORY, "too many host functions in one session"));
+        }
+        let call = HostCall::new(calls, id);
+        let f = call.host_fn();
+        self.host_fns.push(call);
+        Ok(f)
+    }
+
+    pub(super) fn graph_add_host_node(&mut self, req: GraphAddHostNode::Request) -> R<GraphAddHostNode::Reply> {
+        let f = self.host_fn(req.id)?;
+        Ok(GraphAddHostNode::Reply { node: self.add_node(req.graph, &req.deps, NodeWork::Host(f))? })
+    }
+
+    pub(super) fn graph_host_node_set(
+        &mut self,
+        req: GraphHostNodeSetParams::Request,
+    ) -> R<GraphHostNodeSetParams::Reply> {
+        let (node, exec) = self.node_in(req.node, req.exec)?;
+        let f = self.host_fn(req.id)?;
+        let (_, ctx) = self.current_ctx()?;
+        self.backend.graph_node_set(ctx, node, exec, &NodeWork::Host(f))?;
+        Ok(GraphHostNodeSetParams::Reply {})
+    }
+
+    pub(super) fn launch_host_func(&mut self, req: LaunchHostFunc::Request) -> R<LaunchHostFunc::Reply> {
+        let (ctx, stream) = self.stream(req.stream)?;
+        let f = self.host_fn(req.id)?;
+        self.backend.launch_host_func(ctx, stream, f)?;
+        Ok(LaunchHostFunc::Reply {})
     }
 
     pub(super) fn graph_clone(&mut self, req: cuGraphClone::Request) -> R<cuGraphClone::Reply> {

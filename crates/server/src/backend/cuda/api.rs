@@ -18,7 +18,7 @@ use cudarc::driver::sys::{
 use gpuplex_protocol::{CallError, CuError};
 
 use super::arrays::{Array3DDescriptor, Memcpy2D, Memcpy3D, Resource};
-use super::graph::{ExecUpdateResultInfo, KernelNodeParams, MemsetNodeParams};
+use super::graph::{ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams};
 use super::{BResult, LaunchConfig};
 
 /// `CUmemLocation`.
@@ -363,6 +363,16 @@ driver_api! {
     cuGraphClone(clone: *mut *mut c_void, graph: *mut c_void);
     cuGraphNodeFindInClone(node: *mut *mut c_void, original: *mut c_void, clone: *mut c_void);
     cuGraphDestroyNode(node: *mut c_void);
+    cuGraphAddHostNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        count: usize,
+        params: *const HostNodeParams,
+    );
+    cuGraphHostNodeSetParams(node: *mut c_void, params: *const HostNodeParams);
+    cuGraphExecHostNodeSetParams(exec: *mut c_void, node: *mut c_void, params: *const HostNodeParams);
+    cuLaunchHostFunc(stream: CUstream, run: unsafe extern "C" fn(*mut c_void), data: *mut c_void);
     cuGraphExecUpdate_v2(exec: *mut c_void, graph: *mut c_void, info: *mut ExecUpdateResultInfo);
     cuProfilerStart();
     cuProfilerStop();

@@ -9,7 +9,7 @@ use gpuplex_protocol::{CallError, CuError};
 
 use super::api::{self, check};
 use super::{arrays, enter, handle, obj, query, raw, size, with_packed, BResult, CaptureInfo, Launch, Obj};
-use crate::backend::{ExecUpdate, NodeWork};
+use crate::backend::{ExecUpdate, HostFn, NodeWork};
 
 pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
     enter(ctx)?;
@@ -137,6 +137,19 @@ pub(super) struct MemsetNodeParams {
     height: usize,
 }
 
+/// `CUDA_HOST_NODE_PARAMS`.
+#[repr(C)]
+pub(super) struct HostNodeParams {
+    run: unsafe extern "C" fn(*mut c_void),
+    data: *mut c_void,
+}
+
+impl HostNodeParams {
+    fn of(f: HostFn) -> HostNodeParams {
+        HostNodeParams { run: f.run, data: f.data }
+    }
+}
+
 /// `CUgraphExecUpdateResultInfo`.
 #[repr(C)]
 pub(super) struct ExecUpdateResultInfo {
@@ -202,6 +215,7 @@ pub(super) unsafe fn add_node(ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWor
             NodeWork::Child(child) => api::cuGraphAddChildGraphNode(out, g, d, n, raw(child)),
             NodeWork::Event { event, wait: false } => api::cuGraphAddEventRecordNode(out, g, d, n, raw(event)),
             NodeWork::Event { event, wait: true } => api::cuGraphAddEventWaitNode(out, g, d, n, raw(event)),
+            NodeWork::Host(f) => api::cuGraphAddHostNode(out, g, d, n, &HostNodeParams::of(f)),
         }
     })
 }
@@ -245,18 +259,37 @@ pub(super) fn node_edges(node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
     Ok(pairs.into_iter().map(|(n, _)| n).collect())
 }
 
-pub(super) fn kernel_node_set(ctx: Obj, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()> {
-    let NodeWork::Kernel { func, launch, params } = *kernel else {
-        return Err(CallError::new(CuError::INVALID_VALUE, "not a kernel's parameters"));
-    };
+pub(super) fn node_set(ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
     enter(ctx)?;
-    // SAFETY: a live node (and executable graph); the parameters live across the call.
-    check(kernel_params(func, launch, params, |p| unsafe {
-        match exec {
-            Some(exec) => api::cuGraphExecKernelNodeSetParams_v2(raw(exec), raw(node), p),
-            None => api::cuGraphKernelNodeSetParams_v2(raw(node), p),
-        }
-    }))
+    let (n, e) = (raw(node), exec.map(raw::<c_void>));
+    check(match *work {
+        NodeWork::Kernel { func, launch, params } => kernel_params(func, launch, params, |p| {
+            // SAFETY: a live node (and executable graph); the parameters
+            // live across the call, which copies them.
+            unsafe {
+                match e {
+                    Some(e) => api::cuGraphExecKernelNodeSetParams_v2(e, n, p),
+                    None => api::cuGraphKernelNodeSetParams_v2(n, p),
+                }
+            }
+        }),
+        // SAFETY: as above.
+        NodeWork::Host(f) => unsafe {
+            let p = HostNodeParams::of(f);
+            match e {
+                Some(e) => api::cuGraphExecHostNodeSetParams(e, n, &p),
+                None => api::cuGraphHostNodeSetParams(n, &p),
+            }
+        },
+        _ => return Err(CallError::new(CuError::INVALID_VALUE, "only kernel and host nodes are set here")),
+    })
+}
+
+pub(super) fn launch_host_func(ctx: Obj, stream: Obj, f: HostFn) -> BResult<()> {
+    enter(ctx)?;
+    // SAFETY: a live or special stream; the session keeps the function's
+    // data alive while its streams may run it.
+    check(unsafe { api::cuLaunchHostFunc(raw(stream), f.run, f.data) })
 }
 
 pub(super) fn clone(graph: Obj) -> BResult<Obj> {

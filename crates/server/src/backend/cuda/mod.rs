@@ -34,8 +34,8 @@ use gpuplex_protocol::{
 };
 
 use super::{
-    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, ExecUpdate, HostCopy, Launch, Memset,
-    NodeWork, Obj, ParamSlot, Place, Way,
+    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, ExecUpdate, HostCopy, HostFn, Launch,
+    Memset, NodeWork, Obj, ParamSlot, Place, Way,
 };
 
 mod api;
@@ -1180,8 +1180,12 @@ impl Backend for Cuda {
         graph::node_edges(node, dependents)
     }
 
-    fn graph_kernel_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()> {
-        graph::kernel_node_set(ctx, node, exec, kernel)
+    fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
+        graph::node_set(ctx, node, exec, work)
+    }
+
+    fn launch_host_func(&self, ctx: Obj, stream: Obj, f: HostFn) -> BResult<()> {
+        graph::launch_host_func(ctx, stream, f)
     }
 
     fn graph_clone(&self, graph: Obj) -> BResult<Obj> {

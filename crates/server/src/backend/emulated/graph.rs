@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use gpuplex_protocol::CuError;
 
 use super::err;
-use crate::backend::{BResult, CaptureInfo, Copy3D, ExecUpdate, Launch, Memset, NodeWork, Obj};
+use crate::backend::{BResult, CaptureInfo, Copy3D, ExecUpdate, HostFn, Launch, Memset, NodeWork, Obj};
 
 /// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`, and the update result that goes
 /// with it when the graph is not shaped as the executable one.
@@ -48,6 +48,7 @@ pub enum Work {
         event: u64,
         wait: bool,
     },
+    Host(HostFn),
 }
 
 impl Work {
@@ -59,6 +60,7 @@ impl Work {
             Work::Memset(_) => 2,
             Work::Child(_) => 4,
             Work::Empty => 5,
+            Work::Host(_) => 3,
             Work::Event { wait: true, .. } => 6,
             Work::Event { wait: false, .. } => 7,
         }
@@ -74,6 +76,7 @@ impl Work {
             NodeWork::Empty => Work::Empty,
             NodeWork::Child(g) => Work::Child(g.0),
             NodeWork::Event { event, wait } => Work::Event { event: event.0, wait },
+            NodeWork::Host(f) => Work::Host(f),
         }
     }
 }
@@ -299,8 +302,9 @@ impl Graphs {
         })
     }
 
-    pub fn kernel_node_set(&mut self, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()> {
-        let new = Work::of(kernel);
+    /// New work for a kernel or host node, of the same kind.
+    pub fn node_set(&mut self, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
+        let new = Work::of(work);
         let slot = match exec {
             Some(exec) => {
                 let (_, work) = self.execs.get_mut(&exec.0).ok_or(CuError::INVALID_VALUE)?;
@@ -312,11 +316,11 @@ impl Graphs {
             }
         };
         match slot {
-            Some(w @ Work::Kernel { .. }) => {
+            Some(w @ (Work::Kernel { .. } | Work::Host(_))) if w.node_type() == new.node_type() => {
                 *w = new;
                 Ok(())
             }
-            _ => Err(err(CuError::INVALID_VALUE, "not a kernel node")),
+            _ => Err(err(CuError::INVALID_VALUE, "not a node of that kind")),
         }
     }
 

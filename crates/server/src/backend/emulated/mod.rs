@@ -25,7 +25,7 @@ use std::time::Instant;
 use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, CuError, DeviceInfo, PoolProps, ResourceDesc};
 
 use super::{
-    BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, ExecUpdate, Launch, Memset, NodeWork, Obj, ParamSlot,
+    BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, ExecUpdate, HostFn, Launch, Memset, NodeWork, Obj, ParamSlot,
     CU_EVENT_DISABLE_TIMING,
 };
 use crate::image::{self, Image, KernelInfo};
@@ -418,6 +418,8 @@ impl State {
                 Work::Event { event, wait: false } => self.event(Obj(event))?.recorded = Some(Instant::now()),
                 // Everything before it has run already.
                 Work::Event { wait: true, .. } | Work::Empty => {}
+                // SAFETY: the session's function and data, kept while its graphs live.
+                Work::Host(f) => unsafe { (f.run)(f.data) },
                 Work::Child(_) => unreachable!("child graphs are inlined at instantiation"),
             }
             self.ctx(ctx)?;
@@ -1404,10 +1406,24 @@ impl Backend for Emulated {
         self.state().graphs.node_edges(node, dependents)
     }
 
-    fn graph_kernel_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, kernel: &NodeWork<'_>) -> BResult<()> {
+    fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
         let mut s = self.state();
         s.ctx(ctx)?;
-        s.graphs.kernel_node_set(node, exec, kernel)
+        s.graphs.node_set(node, exec, work)
+    }
+
+    fn launch_host_func(&self, ctx: Obj, stream: Obj, f: HostFn) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        if let Some(recorded) = s.graphs.record(stream, Work::Host(f)) {
+            return recorded;
+        }
+        // The stream's earlier work has run: every call runs at once here.
+        // The device stays locked while the guest runs the function, as it
+        // is for a kernel.
+        // SAFETY: the session's function and data.
+        unsafe { (f.run)(f.data) };
+        Ok(())
     }
 
     fn graph_clone(&self, graph: Obj) -> BResult<Obj> {

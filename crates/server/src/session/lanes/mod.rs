@@ -46,11 +46,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use gpuplex_protocol::lane::{ChunkHeader, Cut};
-use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer};
+use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, HOST_CALLS_LANE};
 use gpuplex_transport::shm::Region;
 use gpuplex_transport::{Carrier, Lane, Peer, Pipe, TransportError};
 use tracing::{debug, warn};
 
+use super::host_calls::HostCalls;
 use super::shared::register_once;
 use crate::backend::{Backend, HostCopy, Obj, Way};
 use batches::{Batches, Fences};
@@ -182,18 +183,26 @@ pub struct Lanes {
     lost: Option<String>,
 }
 
-/// Every live session's hub, by key.
+/// Every live session's hub and host-call endpoint, by key.
 #[derive(Default)]
-pub struct Hubs(Mutex<HashMap<LaneKey, Arc<Hub>>>);
+pub struct Hubs {
+    lanes: Mutex<HashMap<LaneKey, Arc<Hub>>>,
+    host_calls: Mutex<HashMap<LaneKey, Arc<HostCalls>>>,
+}
 
 impl Hubs {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LaneKey, Arc<Hub>>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Forgets the hubs of a session that ended.
+    pub(in crate::session) fn host_calls(&self) -> std::sync::MutexGuard<'_, HashMap<LaneKey, Arc<HostCalls>>> {
+        self.host_calls.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets the hubs and host calls of a session that ended.
     pub fn close(&self, session: u64) {
         self.lock().retain(|_, hub| hub.session != session);
+        self.host_calls().retain(|_, calls| calls.session != session);
     }
 }
 
@@ -515,7 +524,7 @@ impl Lanes {
 
 /// Whether a lane may join a session: the same process locally, the same
 /// host remotely.
-fn same_origin(session: Peer, lane: Peer) -> bool {
+pub(super) fn same_origin(session: Peer, lane: Peer) -> bool {
     match (session, lane) {
         (Peer::Local { pid, .. }, Peer::Local { pid: lane_pid, .. }) => pid == lane_pid,
         (Peer::Remote(a), Peer::Remote(b)) => a.ip() == b.ip(),
@@ -527,6 +536,9 @@ fn same_origin(session: Peer, lane: Peer) -> bool {
 /// session's hub, then reads chunks on this thread (a writer thread sends)
 /// until the lane or the session ends.
 pub fn run_lane(mut carrier: Box<dyn Carrier>, header: &Header, join: LaneJoin, hubs: &Hubs) {
+    if join.index == HOST_CALLS_LANE {
+        return super::host_calls::join(carrier, header, &join, hubs);
+    }
     let peer = carrier.peer();
     let hub = hubs.lock().get(&join.key).cloned();
     let refuse = |carrier: &mut dyn Carrier, why: &str| {

@@ -1,0 +1,120 @@
+//! Host functions that stay in the guest: a graph's host nodes, and host
+//! functions launched into a capturing stream. The guest registers each
+//! function under a number; the driver here calls [`run_host_call`] with
+//! that number, which asks the guest to run it over a connection of its own
+//! and waits for the answer, as the driver waits for a host function.
+//!
+//! The connection is opened by the guest (`OpenHostCalls`, then a lane
+//! connection joining as [`HOST_CALLS_LANE`]) before its first host
+//! function reaches the server, from the session's own peer. Should it
+//! fail, the guest is gone: every call after returns at once.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, HostCallRun, LaneJoin, Opcode};
+use gpuplex_transport::{Carrier, Peer};
+use tracing::{debug, warn};
+
+use super::lanes::{same_origin, Hubs};
+use crate::backend::HostFn;
+
+/// A session's connection for host calls.
+pub struct HostCalls {
+    pub(super) session: u64,
+    peer: Peer,
+    channel: Mutex<Option<Box<dyn Carrier>>>,
+    next: AtomicU64,
+}
+
+impl HostCalls {
+    pub fn new(session: u64, peer: Peer) -> HostCalls {
+        HostCalls { session, peer, channel: Mutex::new(None), next: AtomicU64::new(1) }
+    }
+
+    pub fn connected(&self) -> bool {
+        self.channel.lock().unwrap_or_else(PoisonError::into_inner).is_some()
+    }
+
+    /// Has the guest run its function `id`, and waits until it has. Calls
+    /// from several driver threads take turns on the connection.
+    fn run(&self, id: u64) {
+        let mut channel = self.channel.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(carrier) = channel.as_mut() else { return };
+        let payload = codec::encode(&HostCallRun { id });
+        let request = self.next.fetch_add(1, Ordering::Relaxed);
+        let header = Header::request(Opcode::HostCall, request, 0, payload.len());
+        let mut reply = Vec::new();
+        match carrier.send(&header, &payload).and_then(|()| carrier.recv(&mut reply)) {
+            Ok(h) if h.request_id.get() == request && h.status.get() == 0 => {}
+            Ok(_) => {
+                warn!(session = self.session, "the guest answered a host call wrongly; no more host calls");
+                *channel = None;
+            }
+            Err(e) => {
+                debug!(session = self.session, "host calls ended: {}", crate::chain(&e));
+                *channel = None;
+            }
+        }
+    }
+}
+
+/// What the driver calls a guest's host function with.
+pub struct HostCall {
+    calls: Arc<HostCalls>,
+    id: u64,
+}
+
+impl HostCall {
+    /// The function as the driver takes it. The call must stay where it is
+    /// (shared, on the heap) and outlive every graph and stream that may run it.
+    pub fn host_fn(&self) -> HostFn {
+        HostFn { run: run_host_call, data: (self as *const HostCall).cast_mut().cast() }
+    }
+
+    pub fn new(calls: Arc<HostCalls>, id: u64) -> Arc<HostCall> {
+        Arc::new(HostCall { calls, id })
+    }
+}
+
+/// The host function the driver runs for a guest's.
+///
+/// # Safety
+/// `data` is a [`HostCall`] that outlives the call.
+unsafe extern "C" fn run_host_call(data: *mut c_void) {
+    // SAFETY: per this function's contract.
+    let call = unsafe { &*data.cast::<HostCall>() };
+    call.calls.run(call.id);
+}
+
+/// Serves a connection whose `JoinLane` named the host-call lane: hands it
+/// to its session's host calls, answering the join.
+pub fn join(mut carrier: Box<dyn Carrier>, header: &Header, join: &LaneJoin, hubs: &Hubs) {
+    let peer = carrier.peer();
+    let calls = hubs.host_calls().get(&join.key).cloned();
+    let refusal = match &calls {
+        None => Some("no session has that key"),
+        Some(c) if !same_origin(c.peer, peer) => Some("host calls must come from the session's own peer"),
+        Some(c) if c.connected() => Some("the session's host calls are connected already"),
+        Some(_) => None,
+    };
+    if let Some(why) = refusal {
+        warn!(%peer, "refused a host-call connection: {why}");
+        let payload = codec::encode(&ErrorDetail { detail: why.into() });
+        let _ = carrier.send(&Header::reply(header, CuError::INVALID_VALUE.0, payload.len()), &payload);
+        return;
+    }
+    let calls = calls.expect("refused above when missing");
+    // Held across the answer: once the guest has it, the session sees the
+    // connection, whichever of its calls comes next.
+    let mut channel = calls.channel.lock().unwrap_or_else(PoisonError::into_inner);
+    if carrier.send(&Header::reply(header, 0, 0), &[]).is_ok() {
+        *channel = Some(carrier);
+    }
+}
+
+/// The error for a host function before the guest opened its host calls.
+pub fn not_connected() -> CallError {
+    CallError::new(CuError::INVALID_VALUE, "host calls are not connected (OpenHostCalls, then join)")
+}
