@@ -129,6 +129,17 @@ int main() {
     CHECK(cuStreamEndCapture(s, &graph));
     CHECK(cuGraphDestroy(graph));
 
+    // Dependencies of a capture replaced: the next work starts a new root.
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuMemsetD32Async(c, 0, 16, s));
+    CHECK(cuStreamUpdateCaptureDependencies(s, nullptr, nullptr, 0, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+    CHECK(cuMemsetD32Async(c, 1, 16, s));
+    CHECK(cuStreamEndCapture(s, &graph));
+    size_t two_roots = 0;
+    CHECK(cuGraphGetRootNodes(graph, nullptr, &two_roots));
+    printf("capture dependencies replaced by none: roots: %zu\n", two_roots);
+    CHECK(cuGraphDestroy(graph));
+
     // A graph built empty runs and does nothing.
     CUgraph empty;
     CHECK(cuGraphCreate(&empty, 0));

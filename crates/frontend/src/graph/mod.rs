@@ -364,3 +364,21 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(graph: *mut c_void, out: *mut *mut 
     // SAFETY: per this function's contract.
     entry("cuGraphGetRootNodes", || unsafe { nodes(graph, out, count, true) })
 }
+
+/// `cuStreamUpdateCaptureDependencies(_v2)`: edges with data are not offered.
+fn update_deps(s: Stream, deps: *mut *mut c_void, data: *const u64, n: usize, flags: u32) -> Result<(), CuError> {
+    nodes::plain_edges(data, n)?;
+    let deps = nodes::deps(deps.cast_const(), n)?;
+    client::call(calls::StreamUpdateCaptureDependencies::Request { hStream: s, deps, flags }).map(drop)
+}
+
+exports! {
+    cuStreamUpdateCaptureDependencies(s: *mut c_void, d: *mut *mut c_void, n: usize, flags: u32) =>
+        update_deps(stream(s), d, std::ptr::null(), n, flags);
+    cuStreamUpdateCaptureDependencies_ptsz(s: *mut c_void, d: *mut *mut c_void, n: usize, flags: u32) =>
+        update_deps(ptsz_stream(s), d, std::ptr::null(), n, flags);
+    cuStreamUpdateCaptureDependencies_v2(s: *mut c_void, d: *mut *mut c_void, data: *const u64, n: usize, flags: u32) =>
+        update_deps(stream(s), d, data, n, flags);
+    cuStreamUpdateCaptureDependencies_v2_ptsz(s: *mut c_void, d: *mut *mut c_void, data: *const u64, n: usize, flags: u32) =>
+        update_deps(ptsz_stream(s), d, data, n, flags);
+}

@@ -177,7 +177,7 @@ fn remember(node: u64, k: Kernel) -> Result<(), CuError> {
     Ok(())
 }
 
-fn deps(deps: *const *mut c_void, n: usize) -> Result<Seq<u64>, CuError> {
+pub(super) fn deps(deps: *const *mut c_void, n: usize) -> Result<Seq<u64>, CuError> {
     if n == 0 {
         return Ok(Seq(Vec::new()));
     }
@@ -289,7 +289,7 @@ fn event_node(graph: *mut c_void, d: Seq<u64>, event: *mut c_void, wait: bool) -
 }
 
 /// Edges with data are not offered: only the default (all zero) may come.
-fn plain_edges(data: *const u64, n: usize) -> Result<(), CuError> {
+pub(super) fn plain_edges(data: *const u64, n: usize) -> Result<(), CuError> {
     // SAFETY: NULL or `n` entries, as the export's caller vouches.
     if !data.is_null() && unsafe { std::slice::from_raw_parts(data, n) }.iter().any(|&e| e != 0) {
         crate::log::warn("graph edges with data (programmatic dependencies) are not supported by gpuplex");

@@ -374,6 +374,9 @@ pub trait Backend: Send + Sync {
     fn stream_capture_info(&self, ctx: Obj, stream: Obj, edges: bool) -> BResult<CaptureInfo>;
     /// Sets the calling thread's capture mode; returns the one it had.
     fn exchange_capture_mode(&self, mode: u32) -> BResult<u32>;
+    /// Adds to (`flags` 0) or replaces (1) the nodes a capturing stream's
+    /// next work depends on.
+    fn stream_update_capture_deps(&self, ctx: Obj, stream: Obj, deps: &[Obj], flags: u32) -> BResult<()>;
     fn graph_create(&self, flags: u32) -> BResult<Obj>;
     fn graph_destroy(&self, graph: Obj) -> BResult<()>;
     fn graph_instantiate(&self, ctx: Obj, graph: Obj, flags: u64) -> BResult<Obj>;

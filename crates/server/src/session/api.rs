@@ -413,6 +413,13 @@ impl Api for Session {
         self.launch_host_func(req)
     }
 
+    fn StreamUpdateCaptureDependencies(
+        &mut self,
+        req: StreamUpdateCaptureDependencies::Request,
+    ) -> R<StreamUpdateCaptureDependencies::Reply> {
+        self.update_capture_deps(req)
+    }
+
     fn GraphNodes(&mut self, req: GraphNodes::Request) -> R<GraphNodes::Reply> {
         self.graph_nodes(req)
     }

@@ -101,6 +101,19 @@ impl Session {
         })
     }
 
+    pub(super) fn update_capture_deps(
+        &mut self,
+        req: StreamUpdateCaptureDependencies::Request,
+    ) -> R<StreamUpdateCaptureDependencies::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        if req.deps.0.len() > super::nodes::MAX_DEPS {
+            return Err(CallError::new(CuError::INVALID_VALUE, format!("{} nodes in one call", req.deps.0.len())));
+        }
+        let deps = req.deps.0.iter().map(|&n| Ok(self.tables.get(Kind::GraphNode, n)?.obj)).collect::<R<Vec<Obj>>>()?;
+        self.backend.stream_update_capture_deps(ctx, stream, &deps, req.flags)?;
+        Ok(StreamUpdateCaptureDependencies::Reply {})
+    }
+
     pub(super) fn graph_create(&mut self, req: cuGraphCreate::Request) -> R<cuGraphCreate::Reply> {
         let graph = self.backend.graph_create(req.flags)?;
         Ok(cuGraphCreate::Reply { phGraph: Graph(self.graph_handle(graph)) })

@@ -25,7 +25,7 @@ const MAX_HOST_FNS: usize = 1 << 20;
 
 /// The most dependencies one call may name: far more than programs use,
 /// few enough that checking them is cheap.
-const MAX_DEPS: usize = 4096;
+pub(super) const MAX_DEPS: usize = 4096;
 
 impl Session {
     /// `nodes`, each a node of `graph`, as the backend's.

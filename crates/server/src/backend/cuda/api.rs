@@ -363,6 +363,7 @@ driver_api! {
     cuGraphClone(clone: *mut *mut c_void, graph: *mut c_void);
     cuGraphNodeFindInClone(node: *mut *mut c_void, original: *mut c_void, clone: *mut c_void);
     cuGraphDestroyNode(node: *mut c_void);
+    cuStreamUpdateCaptureDependencies(stream: CUstream, deps: *mut *mut c_void, count: usize, flags: c_uint);
     cuGraphAddHostNode(
         node: *mut *mut c_void,
         graph: *mut c_void,

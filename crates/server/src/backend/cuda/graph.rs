@@ -49,6 +49,13 @@ pub(super) fn capture_info(ctx: Obj, stream: Obj, edges: bool) -> BResult<Captur
     })
 }
 
+pub(super) fn update_capture_deps(ctx: Obj, stream: Obj, deps: &[Obj], flags: u32) -> BResult<()> {
+    enter(ctx)?;
+    let mut deps = raw_nodes(deps);
+    // SAFETY: a live stream of `ctx`; `deps.len()` live nodes of the session's.
+    check(unsafe { api::cuStreamUpdateCaptureDependencies(raw(stream), deps.as_mut_ptr(), deps.len(), flags) })
+}
+
 pub(super) fn exchange_capture_mode(mode: u32) -> BResult<u32> {
     let mut mode = mode as c_int;
     // SAFETY: in-out pointer to a local.

@@ -1135,6 +1135,10 @@ impl Backend for Cuda {
         graph::exchange_capture_mode(mode)
     }
 
+    fn stream_update_capture_deps(&self, ctx: Obj, stream: Obj, deps: &[Obj], flags: u32) -> BResult<()> {
+        graph::update_capture_deps(ctx, stream, deps, flags)
+    }
+
     fn graph_create(&self, flags: u32) -> BResult<Obj> {
         graph::create(flags)
     }

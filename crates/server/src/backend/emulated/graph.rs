@@ -193,6 +193,25 @@ impl Graphs {
         Some(Ok(()))
     }
 
+    /// Adds to (`flags` 0) or replaces (1) what a capture's next node
+    /// depends on; the nodes must be the capture's graph's.
+    pub fn update_capture_deps(&mut self, stream: Obj, deps: &[Obj], flags: u32) -> BResult<()> {
+        let c = self.captures.get_mut(&stream.0).ok_or_else(|| err(CuError::ILLEGAL_STATE, "not capturing"))?;
+        let nodes = self.graphs.get(&c.graph).expect("a capture's graph");
+        if flags > 1 || !deps.iter().all(|d| nodes.iter().any(|n| n.id == d.0)) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        if flags == 1 {
+            c.tail.clear();
+        }
+        for d in deps {
+            if !c.tail.contains(&d.0) {
+                c.tail.push(d.0);
+            }
+        }
+        Ok(())
+    }
+
     /// Fails what `stream`'s capture cannot take, and the capture with it.
     pub fn refuse(&mut self, stream: Obj, code: CuError, why: &str) -> BResult<()> {
         match self.captures.get_mut(&stream.0) {

@@ -1341,6 +1341,12 @@ impl Backend for Emulated {
         Ok(MODE.replace(mode))
     }
 
+    fn stream_update_capture_deps(&self, ctx: Obj, stream: Obj, deps: &[Obj], flags: u32) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.update_capture_deps(stream, deps, flags)
+    }
+
     fn graph_create(&self, flags: u32) -> BResult<Obj> {
         if flags != 0 {
             return Err(CuError::INVALID_VALUE.into());
