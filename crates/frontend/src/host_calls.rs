@@ -19,17 +19,24 @@ pub type HostFn = unsafe extern "C" fn(*mut c_void);
 /// Registered functions and their data (an address, kept as a number).
 static FNS: Mutex<Option<HashMap<u64, (HostFn, usize)>>> = Mutex::new(None);
 static NEXT: AtomicU64 = AtomicU64::new(1);
+/// Each function and data's number.
+static NUMBERS: Mutex<Option<HashMap<(usize, usize), u64>>> = Mutex::new(None);
 static OPENED: OnceLock<Result<(), CuError>> = OnceLock::new();
 
 fn fns<T>(f: impl FnOnce(&mut HashMap<u64, (HostFn, usize)>) -> T) -> T {
     f(FNS.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashMap::new))
 }
 
-/// The number the server knows `f(data)` by.
+/// The number the server knows `f(data)` by: the same each time the same
+/// function and data come, so that the server keeps one record for them.
 pub fn register(f: HostFn, data: *mut c_void) -> Result<u64, CuError> {
     (*OPENED.get_or_init(open))?;
-    let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    fns(|m| m.insert(id, (f, data as usize)));
+    let mut numbers = NUMBERS.lock().unwrap_or_else(PoisonError::into_inner);
+    let id = *numbers.get_or_insert_with(HashMap::new).entry((f as usize, data as usize)).or_insert_with(|| {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        fns(|m| m.insert(id, (f, data as usize)));
+        id
+    });
     Ok(id)
 }
 

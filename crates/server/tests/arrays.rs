@@ -6,8 +6,8 @@
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{
-    Array, ArrayDesc, Copy3D, CopySide, CuError, DevPtr, ResourceDesc, Stream, COPY_2D, COPY_3D, RESOURCE_ARRAY,
-    RESOURCE_LINEAR, RESOURCE_MIPMAPPED_ARRAY, RESOURCE_PITCH2D, SIDE_ARRAY, SIDE_DEVICE, SIDE_INLINE,
+    Array, ArrayDesc, Copy3D, CopySide, CuError, DevPtr, ResourceDesc, Stream, COPY_2D, COPY_3D, COPY_ARRAY_LINEAR,
+    RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_MIPMAPPED_ARRAY, RESOURCE_PITCH2D, SIDE_ARRAY, SIDE_DEVICE, SIDE_INLINE,
     TEXTURE_DESC_BYTES,
 };
 
@@ -88,6 +88,22 @@ fn copies_reach_every_row_inside_the_allocation_and_nothing_beyond() {
         let req = Memcpy3D::Request { copy: slices, input: vec![0; 32 * 8 * 3], stream: Stream::NULL, sync: true };
         assert_eq!(err(c.call(req)), CuError::INVALID_VALUE, "a third slice past the end");
         assert_eq!(c.read(p, 32), image[..32], "nothing refused was written");
+
+        // Each copy function takes only the positions it has: a 2D copy no
+        // slice, a linear array copy no row (else the range checked would
+        // not be the range copied).
+        let other = c.alloc(64 * 16);
+        let shaped = |c: &mut Client, shape, src: CopySide, dst: CopySide, width, height| {
+            let copy = Copy3D { shape, src, dst, width, height, depth: 1 };
+            c.call(Memcpy3D::Request { copy, input: vec![], stream: Stream::NULL, sync: true }).map(drop)
+        };
+        let sliced = CopySide { z: 1, height: 1, ..device(p, 64) };
+        assert_eq!(shaped(&mut c, COPY_2D, sliced, device(other, 64), 8, 1), Err(CuError::INVALID_VALUE));
+        let a = array(&mut c, 16, 1).unwrap();
+        let rowed = CopySide { y: 1, ..device(p, 64) };
+        assert_eq!(shaped(&mut c, COPY_ARRAY_LINEAR, rowed, in_array(a), 8, 1), Err(CuError::INVALID_VALUE));
+        // Rows of linear memory may not overlap.
+        assert_eq!(shaped(&mut c, COPY_2D, device(p, 16), device(other, 64), 32, 4), Err(CuError::INVALID_VALUE));
     });
 }
 
@@ -127,6 +143,10 @@ fn objects_read_only_the_session_s_memory_and_bad_descriptors_fail_alone() {
         let pitched = ResourceDesc { width: 16, height: 16, pitch: 64, ..resource(RESOURCE_PITCH2D, p.0) };
         let tex = texture(&mut c, pitched.clone()).unwrap();
         c.call(TexObjectDestroy::Request { object: tex }).unwrap();
+        let flat = ResourceDesc { height: 0, ..pitched.clone() };
+        assert_eq!(texture(&mut c, flat), Err(CuError::INVALID_VALUE), "no rows");
+        let narrow = ResourceDesc { pitch: 32, ..pitched.clone() };
+        assert_eq!(texture(&mut c, narrow), Err(CuError::INVALID_VALUE), "rows wider than the pitch");
         let taller = ResourceDesc { height: 17, ..pitched.clone() };
         assert_eq!(texture(&mut c, taller), Err(CuError::INVALID_VALUE));
         let wider = ResourceDesc { width: 17, pitch: 68, ..pitched.clone() };

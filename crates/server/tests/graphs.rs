@@ -261,3 +261,62 @@ fn host_nodes_run_in_the_guest_and_a_vanished_guest_does_not_stall_the_graph() {
         c.call(cuStreamSynchronize::Request { hStream: Stream::NULL }).unwrap();
     });
 }
+
+/// A cycle is refused at instantiation; child graphs are copied in, so
+/// nesting them cannot make a graph grow without bound; a graph cloned
+/// after one of its captured nodes was destroyed clones without it.
+#[test]
+fn hostile_graph_shapes_fail_alone() {
+    within_30_s(|| {
+        use gpuplex_protocol::Seq;
+        let address = start_server("graphs-hostile");
+        let mut c = Client::connect(&address);
+        let graph = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+        let a = empty_node(&mut c, graph, vec![]).unwrap();
+        let b = empty_node(&mut c, graph, vec![a.0]).unwrap();
+        let back = GraphDependencies::Request { graph, from: Seq(vec![b.0]), to: Seq(vec![a.0]), remove: false };
+        c.call(back).unwrap();
+        let instantiate = cuGraphInstantiateWithFlags::Request { hGraph: graph, flags: 0 };
+        assert_eq!(err(c.call(instantiate)), CuError::INVALID_VALUE, "a cycle");
+
+        // Each level holds the one below twice: the copies stop growing at a bound.
+        let mut level = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+        empty_node(&mut c, level, vec![]).unwrap();
+        let mut refused = None;
+        for depth in 0..40 {
+            let up = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+            let child = |c: &mut Client| {
+                c.call(GraphAddChildGraphNode::Request { graph: up, deps: Seq(vec![]), child: level }).map(drop)
+            };
+            if let Err(e) = child(&mut c).and_then(|()| child(&mut c)) {
+                refused = Some((depth, e));
+                break;
+            }
+            level = up;
+        }
+        let (depth, e) = refused.expect("nesting is bounded");
+        assert_eq!(e, CuError::OUT_OF_MEMORY, "refused at depth {depth}");
+
+        // Captured, a node destroyed, the capture's next node added, cloned.
+        let s = c.call(cuStreamCreate::Request { flags: 1 }).unwrap().phStream;
+        let p = c.alloc(64);
+        let set = Memset::Request {
+            dst: p,
+            pitch: 64,
+            value: 1,
+            elementSize: 1,
+            width: 64,
+            height: 1,
+            stream: s,
+            sync: false,
+        };
+        c.call(StreamBeginCapture::Request { hStream: s, mode: 0 }).unwrap();
+        c.call(set.clone()).unwrap();
+        let info = c.call(StreamCaptureInfo::Request { hStream: s, edges: false }).unwrap();
+        c.call(cuGraphDestroyNode::Request { hNode: GraphNode(info.deps.0[0]) }).unwrap();
+        c.call(set).unwrap();
+        let captured = c.call(StreamEndCapture::Request { hStream: s }).unwrap().graph;
+        c.call(cuGraphClone::Request { originalGraph: captured }).unwrap();
+        assert!(c.free_memory() > 0, "the server carries on");
+    });
+}

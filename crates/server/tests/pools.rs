@@ -132,7 +132,7 @@ fn bad_pool_calls_fail_alone_and_destroyed_pools_outlive_their_allocations() {
         assert_eq!(err(c.call(MemPoolSetAccess::Request { pool, access })), CuError::NOT_SUPPORTED);
         assert_eq!(err(c.call(cuMemPoolDestroy::Request { pool })), CuError::INVALID_VALUE, "the default pool");
         let unknown = MemPoolGetAttribute::Request { pool, attr: 99 };
-        assert_eq!(err(c.call(unknown)), CuError::INVALID_VALUE, "the device's to refuse");
+        assert_eq!(err(c.call(unknown)), CuError::NOT_SUPPORTED, "an attribute gpuplex does not know");
 
         // Destroyed with an allocation live: the handle is gone, the allocation
         // stays usable until freed, by cuMemFree as well.
@@ -149,5 +149,26 @@ fn bad_pool_calls_fail_alone_and_destroyed_pools_outlive_their_allocations() {
         assert_eq!(c.free_memory(), before + MIB);
         assert_eq!(free_async(&mut c, p), Err(CuError::INVALID_VALUE), "freed twice");
         assert!(c.free_memory() > 0, "the server carries on");
+    });
+}
+
+/// Readings taken before a synchronization gave memory back, or before a
+/// reclaim, are not what an allocation's growth is measured from (once a
+/// subtraction that went below zero and ended the session).
+#[test]
+fn an_allocation_after_the_pool_gave_memory_back_is_measured_from_then() {
+    within_30_s(|| {
+        let address = start_server("pools-after-release");
+        let mut c = Client::connect(&address);
+        let p = alloc_from(&mut c, 8 * MIB, MemPool(0)).unwrap();
+        free_async(&mut c, p).unwrap();
+        sync(&mut c);
+        let small = alloc_from(&mut c, MIB, MemPool(0)).unwrap();
+        free_async(&mut c, small).unwrap();
+        // A cuMemAlloc allocation freed in stream order too.
+        let plain = c.alloc(MIB);
+        free_async(&mut c, plain).unwrap();
+        sync(&mut c);
+        assert!(c.free_memory() > 0, "the session carries on");
     });
 }

@@ -341,7 +341,8 @@ unsafe fn edges(
     // SAFETY: per the contract.
     unsafe {
         write_lists(count, &mut [(from, &reply.from.0), (to, &reply.to.0)]);
-        no_edge_data(data, *count);
+        // A count-only query writes no edges, nor their data.
+        no_edge_data(if from.is_null() && to.is_null() { std::ptr::null_mut() } else { data }, *count);
     }
     Ok(())
 }

@@ -66,15 +66,26 @@ impl End {
         Some((start, last_row.checked_mul(self.pitch)?.checked_add(width)?))
     }
 
-    /// The host address of row `y` of slice `z`, counted from the end's first row.
-    fn host_row(&self, z: u64, y: u64) -> *mut u8 {
-        let at = ((self.z + z) * self.height + self.y + y) * self.pitch + self.x;
-        self.host.wrapping_add(at as usize)
+    /// Whether rows or slices of this end overlap, which the driver refuses
+    /// of linear memory: rows narrower than the copy, slices shorter.
+    fn overlapping(&self, [width, height, depth]: [u64; 3]) -> bool {
+        let rows = (height > 1 || depth > 1) && self.x.checked_add(width).is_none_or(|end| self.pitch < end);
+        let slices = depth > 1 && self.y.checked_add(height).is_none_or(|end| self.height < end);
+        rows || slices
     }
 
-    /// The end moved on by `[x, y, z]`.
+    /// The host address of row `y` of slice `z`, counted from the end's
+    /// first row. Its [`End::extent`] was checked first, so the address is
+    /// within what that says; the sums wrap only as pointer arithmetic would.
+    fn host_row(&self, z: u64, y: u64) -> *mut u8 {
+        let row = self.z.wrapping_add(z).wrapping_mul(self.height).wrapping_add(self.y).wrapping_add(y);
+        self.host.wrapping_add(row.wrapping_mul(self.pitch).wrapping_add(self.x) as usize)
+    }
+
+    /// The end moved on by `[x, y, z]` (wrapping: where that overflows, the
+    /// server refuses what it names).
     fn offset(&self, [x, y, z]: [u64; 3]) -> End {
-        End { x: self.x + x, y: self.y + y, z: self.z + z, ..*self }
+        End { x: self.x.wrapping_add(x), y: self.y.wrapping_add(y), z: self.z.wrapping_add(z), ..*self }
     }
 }
 
@@ -111,14 +122,13 @@ fn side(end: &End, dims: [u64; 3]) -> Result<CopySide, CuError> {
         DEVICE => {}
         ARRAY => side = CopySide { kind: SIDE_ARRAY, at: end.array, pitch: 0, height: 0, ..side },
         HOST => {
-            // What the driver refuses of a host end it does not see: rows
-            // or slices narrower than the copy.
-            let [width, height, depth] = dims;
-            if (height > 1 && end.pitch < width) || (depth > 1 && end.height < height) {
+            // What the driver refuses of a host end it does not see.
+            if end.overlapping(dims) {
                 return Err(CuError::INVALID_VALUE);
             }
             let (start, len) = end.extent(dims).ok_or(CuError::INVALID_VALUE)?;
-            let first = (end.host as u64).checked_add(start).ok_or(CuError::INVALID_VALUE)?;
+            let first = (end.host as u64).checked_add(start).filter(|f| f.checked_add(len).is_some());
+            let first = first.ok_or(CuError::INVALID_VALUE)?;
             side = match host::shared_range(first, len as usize) {
                 Some((block, offset)) => CopySide { kind: SIDE_BLOCK, at: offset, block, x: 0, y: 0, z: 0, ..side },
                 None => CopySide { kind: SIDE_INLINE, at: 0, block: 0, x: 0, y: 0, z: 0, pitch: 0, height: 0 },
@@ -154,7 +164,10 @@ fn copy(c: Copy, stream: Stream, sync: bool) -> Result<(), CuError> {
     // Posted only where nothing can fail: the device ends are the process's
     // own allocations and no array is involved (its bounds are the server's).
     let known = |end: &End| match end.memory {
-        DEVICE => end.extent(c.dims()).is_some_and(|(s, n)| known_range(end.device.wrapping_add(s), n as usize)),
+        DEVICE => {
+            !end.overlapping(c.dims())
+                && end.extent(c.dims()).is_some_and(|(s, n)| known_range(end.device.wrapping_add(s), n as usize))
+        }
         HOST => true,
         _ => false,
     };
@@ -207,6 +220,7 @@ fn inline(c: &Copy, stream: Stream, sync: bool, to_device: bool) -> Result<(), C
                 let req = calls::Memcpy3D::Request { copy, input, stream, sync };
                 if to_device {
                     let known = other.memory == DEVICE
+                        && !other.overlapping(dims)
                         && other
                             .offset([x, y, z])
                             .extent(dims)
@@ -218,6 +232,9 @@ fn inline(c: &Copy, stream: Stream, sync: bool, to_device: bool) -> Result<(), C
                     }
                 } else {
                     let out = client::call(req)?.output;
+                    if out.len() as u64 != width * rows * slices {
+                        return Err(CuError::UNKNOWN);
+                    }
                     for (row, (rz, ry)) in out.chunks_exact(width as usize).zip(host_rows) {
                         // SAFETY: the caller's buffer holds the rows the copy writes, as the API requires.
                         unsafe {

@@ -10,9 +10,9 @@
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{
-    element_bytes, CallError, CopySide, CuError, ResourceDesc, COPY_2D_UNALIGNED, RESOURCE_ARRAY, RESOURCE_LINEAR,
-    RESOURCE_MIPMAPPED_ARRAY, RESOURCE_PITCH2D, RESOURCE_VIEW_DESC_BYTES, SIDE_ARRAY, SIDE_BLOCK, SIDE_DEVICE,
-    SIDE_INLINE, TEXTURE_DESC_BYTES,
+    element_bytes, CallError, CopySide, CuError, ResourceDesc, COPY_2D, COPY_2D_UNALIGNED, COPY_3D, COPY_ARRAY_LINEAR,
+    RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_MIPMAPPED_ARRAY, RESOURCE_PITCH2D, RESOURCE_VIEW_DESC_BYTES, SIDE_ARRAY,
+    SIDE_BLOCK, SIDE_DEVICE, SIDE_INLINE, TEXTURE_DESC_BYTES,
 };
 
 use super::tables::{Entry, HandleMap, Kind, Owner};
@@ -53,6 +53,31 @@ fn linear_extent(side: &CopySide, c: &gpuplex_protocol::Copy3D) -> Option<(u64, 
     }
     let last_row = (c.depth - 1).checked_mul(side.height)?.checked_add(c.height - 1)?;
     Some((start, last_row.checked_mul(side.pitch)?.checked_add(c.width)?))
+}
+
+/// Checks a copy's shape as the driver function it names takes it: a 2D
+/// copy has one slice and no z, a linear array copy one row at byte
+/// offsets (so that the range checked below is exactly the range copied);
+/// rows and slices of linear memory do not overlap.
+pub(super) fn check_shape(c: &gpuplex_protocol::Copy3D) -> R<()> {
+    let sides = [&c.src, &c.dst];
+    let fits = match c.shape {
+        COPY_3D => true,
+        COPY_2D | COPY_2D_UNALIGNED => c.depth == 1 && sides.iter().all(|s| s.z == 0),
+        COPY_ARRAY_LINEAR => c.height == 1 && c.depth == 1 && sides.iter().all(|s| s.y == 0 && s.z == 0),
+        shape => return Err(invalid(format!("copy shape {shape}"))),
+    };
+    if !fits {
+        return Err(invalid("a position or extent the copy's function does not take"));
+    }
+    for s in sides.iter().filter(|s| matches!(s.kind, SIDE_DEVICE | SIDE_BLOCK)) {
+        let rows = (c.height > 1 || c.depth > 1) && s.x.checked_add(c.width).is_none_or(|end| s.pitch < end);
+        let slices = c.depth > 1 && s.y.checked_add(c.height).is_none_or(|end| s.height < end);
+        if rows || slices {
+            return Err(invalid("a pitch or slice height smaller than the copy"));
+        }
+    }
+    Ok(())
 }
 
 impl Session {
@@ -129,6 +154,7 @@ impl Session {
 
     pub(super) fn memcpy_3d(&mut self, mut req: Memcpy3D::Request) -> R<Memcpy3D::Reply> {
         let c = req.copy.clone();
+        check_shape(&c)?;
         let (ctx, stream) = self.stream(req.stream)?;
         let bytes = c.bytes().ok_or_else(|| invalid("copy size overflows"))?;
         let (src_inline, dst_inline) = (c.src.kind == SIDE_INLINE, c.dst.kind == SIDE_INLINE);
@@ -175,10 +201,12 @@ impl Session {
             RESOURCE_LINEAR => self.tables.check_range(res.at, res.size)?,
             RESOURCE_PITCH2D => {
                 let elem = element_bytes(res.format, res.channels).map_err(|code| CallError::new(code, "format"))?;
+                let row = res.width.checked_mul(elem).filter(|&row| row > 0 && res.height > 0 && res.pitch >= row);
+                let row = row.ok_or_else(|| invalid("pitched memory with no rows, or rows wider than the pitch"))?;
                 let extent = res
-                    .width
-                    .checked_mul(elem)
-                    .and_then(|row| res.pitch.checked_mul(res.height.saturating_sub(1))?.checked_add(row))
+                    .pitch
+                    .checked_mul(res.height - 1)
+                    .and_then(|e| e.checked_add(row))
                     .ok_or_else(|| invalid("pitched extent overflows"))?;
                 self.tables.check_range(res.at, extent)?;
             }

@@ -72,9 +72,17 @@ impl Session {
 
     pub(super) fn end_capture(&mut self, req: StreamEndCapture::Request) -> R<StreamEndCapture::Reply> {
         let (ctx, stream) = self.stream(req.hStream)?;
+        let capturing = self.backend.stream_capture_info(ctx, stream, false).map(|i| i.graph).ok();
         let ended = self.backend.stream_end_capture(ctx, stream);
         // The capture is over whether or not it made a graph.
         self.capture_gone(|c| c == (ctx, stream));
+        if ended.is_err() {
+            // The driver discarded the graph: a handle the capture's queries
+            // gave for it (and its nodes') must name nothing now.
+            if let Some(h) = capturing.and_then(|g| self.tables.issued(Kind::Graph, 0, g)) {
+                let _ = self.tables.remove(Kind::Graph, h);
+            }
+        }
         Ok(StreamEndCapture::Reply { graph: Graph(self.graph_handle(ended?)) })
     }
 

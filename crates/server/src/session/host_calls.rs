@@ -7,14 +7,17 @@
 //! The connection is opened by the guest (`OpenHostCalls`, then a lane
 //! connection joining as [`HOST_CALLS_LANE`]) before its first host
 //! function reaches the server, from the session's own peer. Should it
-//! fail, the guest is gone: every call after returns at once.
+//! fail, the guest is gone: every call after returns at once. The session
+//! shuts it down when it ends, so that a guest that never answers holds
+//! up nothing past its own session.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, HostCallRun, LaneJoin, Opcode};
-use gpuplex_transport::{Carrier, Peer};
+use gpuplex_transport::{Carrier, Peer, TransportError};
 use tracing::{debug, warn};
 
 use super::lanes::{same_origin, Hubs};
@@ -25,16 +28,40 @@ pub struct HostCalls {
     pub(super) session: u64,
     peer: Peer,
     channel: Mutex<Option<Box<dyn Carrier>>>,
+    /// A second descriptor of the connection's socket, to shut it down from
+    /// outside a call that waits on it.
+    socket: Mutex<Option<OwnedFd>>,
+    connected: AtomicBool,
     next: AtomicU64,
 }
 
 impl HostCalls {
     pub fn new(session: u64, peer: Peer) -> HostCalls {
-        HostCalls { session, peer, channel: Mutex::new(None), next: AtomicU64::new(1) }
+        HostCalls {
+            session,
+            peer,
+            channel: Mutex::new(None),
+            socket: Mutex::new(None),
+            connected: AtomicBool::new(false),
+            next: AtomicU64::new(1),
+        }
     }
 
+    /// Whether host functions can reach the guest. Asked without waiting
+    /// for a host function under way.
     pub fn connected(&self) -> bool {
-        self.channel.lock().unwrap_or_else(PoisonError::into_inner).is_some()
+        self.connected.load(Ordering::Acquire)
+    }
+
+    /// Ends the connection, and any host call waiting on it: when the
+    /// session ends, a guest that never answers holds nothing up.
+    pub fn close(&self) {
+        self.connected.store(false, Ordering::Release);
+        if let Some(socket) = self.socket.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            // SAFETY: a descriptor this owns; shutting it down wakes the
+            // other descriptor's waiting call, which then fails.
+            unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RDWR) };
+        }
     }
 
     /// Has the guest run its function `id`, and waits until it has. Calls
@@ -46,16 +73,20 @@ impl HostCalls {
         let request = self.next.fetch_add(1, Ordering::Relaxed);
         let header = Header::request(Opcode::HostCall, request, 0, payload.len());
         let mut reply = Vec::new();
-        match carrier.send(&header, &payload).and_then(|()| carrier.recv(&mut reply)) {
-            Ok(h) if h.request_id.get() == request && h.status.get() == 0 => {}
+        let answered = match carrier.send(&header, &payload).and_then(|()| carrier.recv(&mut reply)) {
+            Ok(h) if h.request_id.get() == request && h.status.get() == 0 => true,
             Ok(_) => {
                 warn!(session = self.session, "the guest answered a host call wrongly; no more host calls");
-                *channel = None;
+                false
             }
             Err(e) => {
                 debug!(session = self.session, "host calls ended: {}", crate::chain(&e));
-                *channel = None;
+                false
             }
+        };
+        if !answered {
+            *channel = None;
+            self.connected.store(false, Ordering::Release);
         }
     }
 }
@@ -106,11 +137,22 @@ pub fn join(mut carrier: Box<dyn Carrier>, header: &Header, join: &LaneJoin, hub
         return;
     }
     let calls = calls.expect("refused above when missing");
+    // A second descriptor of the socket, to shut it down with the session.
+    let carrier = carrier.into_socket().and_then(|(kind, socket)| {
+        let spare = socket.try_clone().map_err(TransportError::Io)?;
+        Ok((gpuplex_transport::adopt(kind, socket)?, spare))
+    });
+    let (mut carrier, spare) = match carrier {
+        Ok(c) => c,
+        Err(e) => return warn!(%peer, "cannot keep a host-call connection: {}", crate::chain(&e)),
+    };
     // Held across the answer: once the guest has it, the session sees the
     // connection, whichever of its calls comes next.
     let mut channel = calls.channel.lock().unwrap_or_else(PoisonError::into_inner);
-    if carrier.send(&Header::reply(header, 0, 0), &[]).is_ok() {
+    if channel.is_none() && carrier.send(&Header::reply(header, 0, 0), &[]).is_ok() {
         *channel = Some(carrier);
+        *calls.socket.lock().unwrap_or_else(PoisonError::into_inner) = Some(spare);
+        calls.connected.store(true, Ordering::Release);
     }
 }
 

@@ -118,7 +118,8 @@ pub struct Session {
     /// function handed to the driver (which may call them until the
     /// session's contexts are gone: dropped after them).
     host_calls: Option<Arc<host_calls::HostCalls>>,
-    host_fns: Vec<Arc<host_calls::HostCall>>,
+    /// Keyed by the guest's numbers, hence hashed as any key a client picks.
+    host_fns: std::collections::HashMap<u64, Arc<host_calls::HostCall>>,
 }
 
 /// A device's primary context as this session sees it. The handle stays the
@@ -180,7 +181,7 @@ impl Session {
             made_graphs: false,
             capturing: Vec::new(),
             host_calls: None,
-            host_fns: Vec::new(),
+            host_fns: std::collections::HashMap::new(),
         }
     }
 
@@ -452,6 +453,11 @@ impl Drop for Session {
     /// registrations, libraries (they span contexts), then every live context, which takes its memory, modules,
     /// streams and events with it.
     fn drop(&mut self) {
+        // A host function waiting on the guest returns now: nothing below
+        // waits for one that is never answered.
+        if let Some(calls) = &self.host_calls {
+            calls.close();
+        }
         // No launch may still run, and no stream be timed, while its context goes.
         self.launcher.stop();
         self.seat.stop();
@@ -469,10 +475,16 @@ impl Drop for Session {
             }
         }
         let contexts: Vec<Obj> = self.tables.contexts.values().filter_map(|c| c.obj).collect();
+        let mut all_gone = true;
         for ctx in contexts {
             if let Err(e) = self.backend.ctx_destroy(ctx) {
                 warn!("teardown: context destroy failed: {e}");
+                all_gone = false;
             }
+        }
+        if !all_gone {
+            // A graph left in the driver may still call its host functions.
+            std::mem::forget(std::mem::take(&mut self.host_fns));
         }
     }
 }

@@ -86,6 +86,7 @@ impl Session {
         if c.shape != COPY_3D {
             return Err(invalid("a memcpy node is a 3D copy"));
         }
+        super::arrays::check_shape(c)?;
         if c.src.kind == SIDE_INLINE || c.dst.kind == SIDE_INLINE {
             return Err(CallError::new(
                 CuError::NOT_SUPPORTED,
@@ -194,15 +195,19 @@ impl Session {
         Ok(GraphKernelNodeSetParams::Reply {})
     }
 
-    /// The guest's host function `id`, as the driver takes it.
+    /// The guest's host function `id`, as the driver takes it: one record
+    /// per number, kept until the session ends.
     fn host_fn(&mut self, id: u64) -> R<HostFn> {
         let calls = self.host_calls.clone().filter(|c| c.connected()).ok_or_else(host_calls::not_connected)?;
+        if let Some(call) = self.host_fns.get(&id) {
+            return Ok(call.host_fn());
+        }
         if self.host_fns.len() >= MAX_HOST_FNS {
             return Err(CallError::new(CuError::OUT_OF_MEMORY, "too many host functions in one session"));
         }
         let call = HostCall::new(calls, id);
         let f = call.host_fn();
-        self.host_fns.push(call);
+        self.host_fns.insert(id, call);
         Ok(f)
     }
 

@@ -11,6 +11,11 @@
 //! synchronization in between stays charged until the next reading, never
 //! the other way round. An allocation made while its stream is capturing
 //! belongs to the graph, not the pool, and is charged at its size.
+//!
+//! Memory freed in stream order that no pool reading covers (a `cuMemAlloc`
+//! allocation freed that way, a destroyed pool's last allocation) stays
+//! charged until an event recorded after the free has passed: the driver
+//! frees it only when the stream gets there, which a guest could put off.
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{
@@ -20,7 +25,7 @@ use tracing::warn;
 
 use super::tables::{HandleMap, Kind, Owner, Region};
 use super::{invalid, Session};
-use crate::backend::Obj;
+use crate::backend::{Obj, CU_EVENT_DISABLE_TIMING};
 
 type R<T> = Result<T, CallError>;
 
@@ -38,6 +43,18 @@ pub struct Pools {
     allocations: HandleMap<u64, Allocation>,
     /// What the pools hold as last read, and the captured allocations.
     held: u64,
+    /// Frees the driver may not have carried out yet, and their bytes.
+    pending: Vec<Pending>,
+    pending_bytes: u64,
+}
+
+/// Bytes freed in stream order, charged until `event` (recorded after the
+/// free) has passed; with no event (a free captured into a graph), until the
+/// session ends.
+struct Pending {
+    bytes: u64,
+    ctx: Obj,
+    event: Option<Obj>,
 }
 
 struct Pool {
@@ -61,10 +78,23 @@ struct Allocation {
     captured: bool,
 }
 
+/// The pool attributes gpuplex knows, whose values fit the 8 bytes the
+/// driver is given (`CUmemPool_attribute` 1 to 8).
+fn known_attribute(attr: i32) -> R<()> {
+    if !(1..=8).contains(&attr) {
+        return Err(CallError::new(
+            CuError::NOT_SUPPORTED,
+            format!("pool attribute {attr} is not supported by gpuplex"),
+        ));
+    }
+    Ok(())
+}
+
 impl Pools {
-    /// Device memory the session's pools and captured allocations hold.
+    /// Device memory the session's pools, captured allocations and frees
+    /// not yet carried out hold.
     pub fn held_bytes(&self) -> u64 {
-        self.held
+        self.held + self.pending_bytes
     }
 
     /// A pool the guest may use, by its handle.
@@ -73,6 +103,18 @@ impl Pools {
             .get(&h)
             .filter(|p| !p.destroyed)
             .ok_or_else(|| CallError::new(CuError::INVALID_VALUE, format!("{h:#x} is not a memory pool")))
+    }
+
+    /// Forgets an allocation the driver no longer has: its charge if it was
+    /// a graph's, its place among its pool's live ones. Whether its pool is
+    /// done with (destroyed, its last allocation gone).
+    fn forget(&mut self, a: Allocation) -> bool {
+        if a.captured {
+            self.held -= a.size;
+        }
+        let p = self.pools.get_mut(&a.pool).expect("an allocation's pool outlives it");
+        p.live -= 1;
+        p.destroyed && p.live == 0
     }
 
     /// Records that pool `h` holds `bytes`.
@@ -137,6 +179,7 @@ impl Session {
     }
 
     pub(super) fn reread_pools(&mut self) {
+        self.release_pending();
         let handles: Vec<u64> = self.tables.pools.pools.keys().copied().collect();
         for h in handles {
             self.reread(h);
@@ -158,10 +201,47 @@ impl Session {
         self.tables.pools.held < before
     }
 
+    /// Keeps `bytes` freed in stream order charged until the stream has got
+    /// past the free.
+    fn hold_until_done(&mut self, ctx: Obj, stream: Obj, bytes: u64) {
+        let capturing = self.capturing.contains(&(ctx, stream));
+        let marked = (!capturing).then(|| {
+            let event = self.backend.event_create(ctx, CU_EVENT_DISABLE_TIMING).ok()?;
+            match self.backend.event_record(ctx, event, stream, 0) {
+                Ok(()) => Some(event),
+                Err(_) => {
+                    let _ = self.backend.event_destroy(ctx, event);
+                    None
+                }
+            }
+        });
+        let pools = &mut self.tables.pools;
+        pools.pending.push(Pending { bytes, ctx, event: marked.flatten() });
+        pools.pending_bytes += bytes;
+    }
+
+    /// Stops charging the frees the driver has carried out.
+    pub(super) fn release_pending(&mut self) {
+        let backend = &self.backend;
+        let pools = &mut self.tables.pools;
+        pools.pending.retain(|p| {
+            let Some(event) = p.event else { return true };
+            if let Err(e) = backend.event_query(p.ctx, event) {
+                if e.code == CuError::NOT_READY {
+                    return true;
+                }
+            }
+            let _ = backend.event_destroy(p.ctx, event);
+            pools.pending_bytes -= p.bytes;
+            false
+        });
+    }
+
     /// Charges `bytes` to the tenant; if that is refused while the session's
     /// pools keep freed memory, they give it back and the charge is tried
     /// again, as the driver itself reclaims a pool's memory before failing.
     pub(super) fn charge_reclaiming(&mut self, bytes: u64) -> R<()> {
+        self.release_pending();
         match self.account.charge(bytes) {
             Err(e) if e.code == CuError::OUT_OF_MEMORY && self.trim_pools() => {
                 self.account.settle(self.tables.charged_bytes());
@@ -190,12 +270,20 @@ impl Session {
         if req.size == 0 {
             return Err(invalid("zero-byte allocation"));
         }
-        let before = self.tables.pools.held;
         self.charge_reclaiming(req.size)?;
+        // What the pools hold now, read again (a synchronization may have
+        // given memory back since, a reclaim just did): the allocation's
+        // growth is measured from here.
+        self.reread(h);
+        let before = self.tables.pools.held;
         let ptr = self.backend.mem_alloc_from_pool(ctx, req.size, obj, stream)?;
         let captured = self.made_graphs && self.backend.stream_capture_status(ctx, stream).is_ok_and(|s| s != 0);
         let pools = &mut self.tables.pools;
-        pools.allocations.insert(ptr, Allocation { pool: h, size: req.size, captured });
+        if let Some(stale) = pools.allocations.insert(ptr, Allocation { pool: h, size: req.size, captured }) {
+            // The driver gave this address again: the allocation recorded
+            // under it (a failed capture's) is gone.
+            pools.forget(stale);
+        }
         pools.pools.get_mut(&h).expect("checked live").live += 1;
         if captured {
             pools.held += req.size;
@@ -204,7 +292,7 @@ impl Session {
         self.reread(h);
         // The pool may have grown by more than was asked (it rounds up):
         // that is the tenant's too, and refused like any other charge.
-        let grown = self.tables.pools.held - before;
+        let grown = self.tables.pools.held.saturating_sub(before);
         if grown > req.size {
             if let Err(e) = self.account.charge(grown - req.size) {
                 self.free_pooled(ctx, ptr, Some(stream))?;
@@ -223,14 +311,13 @@ impl Session {
         }
         let pools = &mut self.tables.pools;
         let a = pools.allocations.remove(&ptr).expect("the caller found it");
-        if a.captured {
-            pools.held -= a.size;
-        }
-        let p = pools.pools.get_mut(&a.pool).expect("an allocation's pool outlives it");
-        p.live -= 1;
-        if p.destroyed && p.live == 0 {
-            pools.set_reserved(a.pool, 0);
-            pools.pools.remove(&a.pool);
+        if pools.forget(a) {
+            // The driver releases the pool once the free is carried out.
+            let last = pools.pools.remove(&a.pool).map_or(0, |p| p.reserved);
+            pools.held -= last;
+            if let Some(stream) = stream {
+                self.hold_until_done(ctx, stream, last);
+            }
         }
         self.tables.remove_region(ptr);
         self.reread(a.pool);
@@ -257,7 +344,9 @@ impl Session {
         } else if self.tables.region_at(ptr).is_some_and(|r| r.owner.is_none()) {
             // A cuMemAlloc allocation may be freed in stream order too.
             self.backend.mem_free_async(ctx, ptr, stream)?;
+            let size = self.tables.region_at(ptr).map_or(0, |r| r.size);
             self.tables.remove_region(ptr);
+            self.hold_until_done(ctx, stream, size);
         } else {
             return Err(invalid(format!("{ptr:#x} is not an allocation")));
         }
@@ -265,8 +354,8 @@ impl Session {
     }
 
     pub(super) fn mem_pool_create(&mut self, req: MemPoolCreate::Request) -> R<MemPoolCreate::Reply> {
-        if req.props.location_kind != LOCATION_DEVICE {
-            return Err(CallError::new(CuError::NOT_SUPPORTED, "pools of host memory are not offered"));
+        if req.props.location_kind != LOCATION_DEVICE || req.props.kind != ALLOCATION_PINNED {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "only pools of pinned device memory are offered"));
         }
         let dev = req.props.location;
         let props = PoolProps { location: self.backend_device(dev)?, ..req.props };
@@ -279,16 +368,21 @@ impl Session {
         if self.tables.pools.defaults.values().any(|&d| d == h) {
             return Err(invalid("a device's default pool cannot be destroyed"));
         }
+        // Frees still on their way keep the pool alive in the driver: the
+        // reading stands, charged, until they are carried out (at once, but
+        // for a capture, which a wait would break).
+        let (_, ctx) = self.current_ctx()?;
+        let settled = self.capturing.is_empty() && self.backend.ctx_synchronize(ctx).is_ok();
+        self.reread(h);
         self.backend.mem_pool_destroy(obj)?;
         let pools = &mut self.tables.pools;
         // A device whose current pool this was goes back to its default.
         pools.current.retain(|_, &mut c| c != h);
         let p = pools.pools.get_mut(&h).expect("checked live");
-        if p.live == 0 {
+        p.destroyed = true;
+        if p.live == 0 && settled {
             pools.set_reserved(h, 0);
             pools.pools.remove(&h);
-        } else {
-            p.destroyed = true;
         }
         Ok(cuMemPoolDestroy::Reply {})
     }
@@ -305,6 +399,7 @@ impl Session {
         req: MemPoolSetAttribute::Request,
     ) -> R<MemPoolSetAttribute::Reply> {
         let obj = self.pool_obj(req.pool)?;
+        known_attribute(req.attr)?;
         self.backend.mem_pool_set_attribute(obj, req.attr, req.value)?;
         Ok(MemPoolSetAttribute::Reply {})
     }
@@ -314,6 +409,7 @@ impl Session {
         req: MemPoolGetAttribute::Request,
     ) -> R<MemPoolGetAttribute::Reply> {
         let obj = self.pool_obj(req.pool)?;
+        known_attribute(req.attr)?;
         let value = self.backend.mem_pool_get_attribute(obj, req.attr)?;
         if req.attr == RESERVED_MEM_CURRENT {
             self.tables.pools.set_reserved(req.pool.0, value);

@@ -187,6 +187,11 @@ impl Tables {
         h
     }
 
+    /// The handle issued for a backend object, if one is live.
+    pub fn issued(&self, kind: Kind, ctx: u64, obj: Obj) -> Option<u64> {
+        self.issued.get(&(kind as u8, ctx, obj.0)).copied().filter(|h| self.objects.contains_key(h))
+    }
+
     pub fn get(&self, kind: Kind, h: u64) -> Result<Entry, CallError> {
         match self.objects.get(&h) {
             Some((k, e)) if *k == kind => Ok(*e),

@@ -162,8 +162,9 @@ impl Arrays {
         let bad = || err(CuError::INVALID_VALUE, "a copy outside its memory");
         let width = row.len() as u64;
         let x = end.x.checked_add(dx).ok_or_else(bad)?;
+        let (ey, ez) = (end.y.checked_add(y).ok_or_else(bad)?, end.z.checked_add(z).ok_or_else(bad)?);
         let offset = |pitch: u64, height: u64| -> Option<u64> {
-            (end.z + z).checked_mul(height)?.checked_add(end.y + y)?.checked_mul(pitch)?.checked_add(x)
+            ez.checked_mul(height)?.checked_add(ey)?.checked_mul(pitch)?.checked_add(x)
         };
         match end.place {
             Place::Host(p) => {
@@ -189,7 +190,7 @@ impl Arrays {
                 let a = self.array(a)?;
                 // A linear copy's offset runs on across rows; a 2D or 3D
                 // copy stays inside one row of one slice.
-                let inside = linear || (x + width <= a.row && end.y + y < a.rows() && end.z + z < a.slices());
+                let inside = linear || (x.saturating_add(width) <= a.row && ey < a.rows() && ez < a.slices());
                 let at = if linear { Some(x) } else { offset(a.row, a.rows()) };
                 let range = at.filter(|_| inside).and_then(|at| Some(at as usize..(at.checked_add(width)?) as usize));
                 let bytes = range.and_then(|r| a.data.get_mut(r)).ok_or_else(bad)?;
@@ -293,7 +294,7 @@ impl DeviceMemory for Device<'_> {
                 out.copy_from_slice(&a.data[at..at + out.len()]);
                 Ok(())
             }
-            RESOURCE_PITCH2D => {
+            RESOURCE_PITCH2D if res.width > 0 && res.height > 0 => {
                 let (x, y) = (x.clamp(0, res.width as i64 - 1) as u64, y.clamp(0, res.height as i64 - 1) as u64);
                 self.memory.read(res.at + y * res.pitch + x * elem, out)
             }

@@ -42,8 +42,9 @@ pub enum Work {
     /// A memcpy node: host ends in registered host memory.
     Copy3D(Copy3D),
     Empty,
-    /// A child graph's nodes, inlined when the graph is instantiated.
-    Child(u64),
+    /// A child graph: a copy of its work in order, made when the node was
+    /// added (as the driver copies it), inlined when the graph is instantiated.
+    Child(Vec<(u64, Work)>),
     Event {
         event: u64,
         wait: bool,
@@ -51,7 +52,19 @@ pub enum Work {
     Host(HostFn),
 }
 
+/// The most work one graph may hold, child graphs inlined: the test device
+/// runs it with the device locked.
+const MAX_WORK: usize = 1 << 16;
+
 impl Work {
+    /// The work items this node stands for once child graphs are inlined.
+    fn size(&self) -> usize {
+        match self {
+            Work::Child(work) => work.len(),
+            _ => 1,
+        }
+    }
+
     /// `CUgraphNodeType`.
     fn node_type(&self) -> u32 {
         match self {
@@ -74,7 +87,8 @@ impl Work {
             NodeWork::Memcpy(c) => Work::Copy3D(*c),
             NodeWork::Memset(m) => Work::Memset(*m),
             NodeWork::Empty => Work::Empty,
-            NodeWork::Child(g) => Work::Child(g.0),
+            // The caller copies the child's work in.
+            NodeWork::Child(_) => Work::Child(Vec::new()),
             NodeWork::Event { event, wait } => Work::Event { event: event.0, wait },
             NodeWork::Host(f) => Work::Host(f),
         }
@@ -234,31 +248,48 @@ impl Graphs {
         Err(err(CuError::STREAM_CAPTURE_UNSUPPORTED, format!("{why} while a stream is capturing")))
     }
 
-    /// A graph's nodes in an order that respects their dependencies (the
-    /// order they were added where none decides), child graphs inlined.
-    fn ordered(&self, graph: u64, depth: u32) -> BResult<Vec<(u64, Work)>> {
+    /// A graph's work in an order that respects its dependencies (the order
+    /// the nodes were added where none decides), child graphs inlined:
+    /// Kahn's order, in time linear in the nodes and edges.
+    fn ordered(&self, graph: u64) -> BResult<Vec<(u64, Work)>> {
         let nodes = self.graphs.get(&graph).ok_or(CuError::INVALID_VALUE)?;
-        if depth > 64 {
-            return Err(err(CuError::INVALID_VALUE, "child graphs nested too deep"));
-        }
-        let mut done: Vec<u64> = Vec::with_capacity(nodes.len());
-        let mut out = Vec::new();
-        while done.len() < nodes.len() {
-            let next = nodes
-                .iter()
-                .find(|n| !done.contains(&n.id) && n.deps.iter().all(|d| done.contains(d)))
-                .ok_or_else(|| err(CuError::INVALID_VALUE, "the graph has a cycle"))?;
-            done.push(next.id);
-            match &next.work {
-                Work::Child(child) => out.extend(self.ordered(*child, depth + 1)?),
-                work => out.push((next.id, work.clone())),
+        let index: HashMap<u64, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id, i)).collect();
+        let mut waiting = vec![0usize; nodes.len()];
+        let mut after: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+        for (i, n) in nodes.iter().enumerate() {
+            for d in n.deps.iter().filter_map(|d| index.get(d)) {
+                waiting[i] += 1;
+                after[*d].push(i);
             }
+        }
+        let mut ready: std::collections::BTreeSet<usize> = (0..nodes.len()).filter(|&i| waiting[i] == 0).collect();
+        let mut out = Vec::with_capacity(nodes.len());
+        while let Some(i) = ready.pop_first() {
+            match &nodes[i].work {
+                Work::Child(work) => out.extend(work.iter().cloned()),
+                work => out.push((nodes[i].id, work.clone())),
+            }
+            for &j in &after[i] {
+                waiting[j] -= 1;
+                if waiting[j] == 0 {
+                    ready.insert(j);
+                }
+            }
+        }
+        if waiting.iter().any(|&w| w > 0) {
+            return Err(err(CuError::INVALID_VALUE, "the graph has a cycle"));
         }
         Ok(out)
     }
 
+    /// The work a graph runs, child graphs inlined: what one of its nodes
+    /// that inlined it would count.
+    fn size(&self, graph: u64) -> usize {
+        self.graphs.get(&graph).map_or(0, |nodes| nodes.iter().map(|n| n.work.size()).sum())
+    }
+
     pub fn instantiate(&mut self, ctx: Obj, graph: Obj) -> BResult<Obj> {
-        let work = self.ordered(graph.0, 0)?;
+        let work = self.ordered(graph.0)?;
         let id = self.id();
         self.execs.insert(id, (ctx.0, work));
         Ok(Obj(id))
@@ -273,11 +304,16 @@ impl Graphs {
     }
 
     pub fn add_node(&mut self, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
-        let work = Work::of(node);
-        if let Work::Child(child) = work {
-            if child == graph.0 || !self.graphs.contains_key(&child) {
-                return Err(CuError::INVALID_VALUE.into());
-            }
+        let work = match *node {
+            NodeWork::Child(child) if child != graph => Work::Child(self.ordered(child.0)?),
+            NodeWork::Child(_) => return Err(CuError::INVALID_VALUE.into()),
+            ref node => Work::of(node),
+        };
+        if self.size(graph.0) + work.size() > MAX_WORK {
+            return Err(err(
+                CuError::OUT_OF_MEMORY,
+                format!("more than {MAX_WORK} nodes in one graph, child graphs inlined"),
+            ));
         }
         let id = self.id();
         let nodes = self.graphs.get_mut(&graph.0).ok_or(CuError::INVALID_VALUE)?;
@@ -356,7 +392,11 @@ impl Graphs {
         }
         let copies = originals
             .into_iter()
-            .map(|(id, work, deps)| Node { id: renamed[&id], work, deps: deps.iter().map(|d| renamed[d]).collect() })
+            .map(|(id, work, deps)| Node {
+                id: renamed[&id],
+                work,
+                deps: deps.iter().filter_map(|d| renamed.get(d).copied()).collect(),
+            })
             .collect();
         self.graphs.insert(clone, copies);
         Ok(Obj(clone))
@@ -373,13 +413,16 @@ impl Graphs {
         for n in nodes {
             n.deps.retain(|d| *d != node.0);
         }
+        for c in self.captures.values_mut() {
+            c.tail.retain(|d| *d != node.0);
+        }
         Ok(())
     }
 
     /// Takes a graph shaped as the executable one (the same kinds of node in
     /// the same order) as its new work.
     pub fn exec_update(&mut self, exec: Obj, graph: Obj) -> BResult<ExecUpdate> {
-        let work = self.ordered(graph.0, 0)?;
+        let work = self.ordered(graph.0)?;
         let (_, old) = self.execs.get_mut(&exec.0).ok_or(CuError::INVALID_VALUE)?;
         let same = old.len() == work.len() && old.iter().zip(&work).all(|(a, b)| a.1.node_type() == b.1.node_type());
         if !same {

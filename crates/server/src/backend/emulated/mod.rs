@@ -420,7 +420,10 @@ impl State {
                 Work::Event { wait: true, .. } | Work::Empty => {}
                 // SAFETY: the session's function and data, kept while its graphs live.
                 Work::Host(f) => unsafe { (f.run)(f.data) },
-                Work::Child(_) => unreachable!("child graphs are inlined at instantiation"),
+                Work::Child(work) => {
+                    // Inlined at instantiation; run in order should one remain.
+                    self.run_graph(ctx, work.into_iter().map(|(_, w)| w).collect())?;
+                }
             }
             self.ctx(ctx)?;
         }
