@@ -241,7 +241,10 @@ impl Session {
     /// pools keep freed memory, they give it back and the charge is tried
     /// again, as the driver itself reclaims a pool's memory before failing.
     pub(super) fn charge_reclaiming(&mut self, bytes: u64) -> R<()> {
-        self.release_pending();
+        if !self.tables.pools.pending.is_empty() {
+            self.release_pending();
+            self.account.settle(self.tables.charged_bytes());
+        }
         match self.account.charge(bytes) {
             Err(e) if e.code == CuError::OUT_OF_MEMORY && self.trim_pools() => {
                 self.account.settle(self.tables.charged_bytes());
