@@ -6,10 +6,13 @@
 // clone and its copy of a node; a child graph; edges added and removed; an
 // executable graph updated from a graph of the same shape and refused one
 // of another; a node destroyed; host functions, as host nodes and launched
-// into a capture, running after the work before them. Every result is
-// compared with the host's.
+// into a capture, running after the work before them; a graph made with the
+// generic cuGraphAddNode and changed through cuGraph[Exec]NodeSetParams and
+// the per-type setters (memset, memcpy, event), as XLA's command buffers
+// are. Every result is compared with the host's.
 #include "common.h"
 
+#include <cmath>
 #include <vector>
 
 EMBED(vector_add_fatbin, "vector_add.fatbin");
@@ -176,6 +179,21 @@ int main() {
     bool zeroed = true;
     for (float v : after) zeroed = zeroed && v == 0.0f;
     printf("a child graph ran, then the memset after it: %s %s\n", yes_no(sums(out, in, 3.0f, N)), yes_no(zeroed));
+    // The executable graph's child replaced by a graph of the same shape
+    // whose memset sets 6.0f.
+    CUgraph reshaped;
+    CHECK(cuGraphClone(&reshaped, clone));
+    CUgraphNode set_in_clone, set_in_reshaped;
+    CHECK(cuGraphNodeFindInClone(&set_in_clone, set_b, clone));
+    CHECK(cuGraphNodeFindInClone(&set_in_reshaped, set_in_clone, reshaped));
+    m = {};
+    m.dst = b, m.value = 0x40c00000, m.elementSize = 4, m.width = N, m.height = 1;
+    CHECK(cuGraphMemsetNodeSetParams(set_in_reshaped, &m));
+    CHECK(cuGraphExecChildGraphNodeSetParams(parent_exec, child, reshaped));
+    CHECK(cuGraphLaunch(parent_exec, s));
+    CHECK(cuStreamSynchronize(s));
+    printf("the child replaced in the executable graph: sums with 6.0: %s\n", yes_no(sums(out, in, 6.0f, N)));
+    CHECK(cuGraphDestroy(reshaped));
 
     // Edges added and removed between empty nodes.
     CUgraph plain;
@@ -254,6 +272,115 @@ int main() {
     CHECK(cuGraphDestroy(captured));
     CHECK(cuGraphDestroy(with_host));
     CHECK(cuStreamDestroy(cap));
+
+    // Generic nodes: a copy in, a memset of b to 1.0f, the kernel, a copy
+    // out and an event record, each made by cuGraphAddNode.
+    CUgraph generic;
+    CHECK(cuGraphCreate(&generic, 0));
+    CUgraphNode g_in, g_set, g_kernel, g_out, g_record;
+    CUgraphNodeParams gp = {};
+    gp.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+    gp.memcpy.copyCtx = ctx;
+    gp.memcpy.copyParams = copy_1d(CU_MEMORYTYPE_HOST, in, CU_MEMORYTYPE_DEVICE, (void *)a, N * sizeof(float));
+    CHECK(cuGraphAddNode(&g_in, generic, nullptr, nullptr, 0, &gp));
+    gp = {};
+    gp.type = CU_GRAPH_NODE_TYPE_MEMSET;
+    gp.memset.dst = b, gp.memset.value = 0x3f800000, gp.memset.elementSize = 4;  // 1.0f
+    gp.memset.width = N, gp.memset.height = 1, gp.memset.ctx = ctx;
+    CHECK(cuGraphAddNode(&g_set, generic, nullptr, nullptr, 0, &gp));
+    CUgraphNodeParams set_params = gp;
+    gp = {};
+    gp.type = CU_GRAPH_NODE_TYPE_KERNEL;
+    gp.kernel.func = add, gp.kernel.gridDimX = (N + 255) / 256, gp.kernel.gridDimY = gp.kernel.gridDimZ = 1;
+    gp.kernel.blockDimX = 256, gp.kernel.blockDimY = gp.kernel.blockDimZ = 1;
+    n = N;
+    gp.kernel.kernelParams = args;
+    CUgraphNode inputs[] = {g_in, g_set};
+    CHECK(cuGraphAddNode(&g_kernel, generic, inputs, nullptr, 2, &gp));
+    CUgraphNodeParams kernel_params = gp;
+    gp = {};
+    gp.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+    gp.memcpy.copyCtx = ctx;
+    gp.memcpy.copyParams = copy_1d(CU_MEMORYTYPE_DEVICE, (void *)sum, CU_MEMORYTYPE_HOST, out, N * sizeof(float));
+    CHECK(cuGraphAddNode(&g_out, generic, &g_kernel, nullptr, 1, &gp));
+    CUgraphNodeParams out_params = gp;
+    gp = {};
+    gp.type = CU_GRAPH_NODE_TYPE_EVENT_RECORD;
+    gp.eventRecord.event = done;
+    CHECK(cuGraphAddNode(&g_record, generic, &g_out, nullptr, 1, &gp));
+    CUgraphExec generic_exec;
+    CHECK(cuGraphInstantiate(&generic_exec, generic, 0));
+    auto run_generic = [&](CUgraphExec e) {
+        for (int i = 0; i < N; i++) out[i] = nanf("");
+        CHECK(cuGraphLaunch(e, s));
+        CHECK(cuStreamSynchronize(s));
+    };
+    run_generic(generic_exec);
+    bool first = sums(out, in, 1.0f, N);
+    // The memset changed in the executable graph, generically.
+    set_params.memset.value = 0x40000000;  // 2.0f
+    CHECK(cuGraphExecNodeSetParams(generic_exec, g_set, &set_params));
+    run_generic(generic_exec);
+    bool second = sums(out, in, 2.0f, N);
+    printf("generic nodes: %zu, sums with 1.0 then, its memset set anew, 2.0: %s %s\n", count_nodes(generic),
+           yes_no(first), yes_no(second));
+    // The per-type setters: memset to 4.0f, the copy out of the first half
+    // only, the event record onto an event never recorded before.
+    CUDA_MEMSET_NODE_PARAMS ms = {};
+    ms.dst = b, ms.value = 0x40800000, ms.elementSize = 4, ms.width = N, ms.height = 1;
+    CHECK(cuGraphExecMemsetNodeSetParams(generic_exec, g_set, &ms, ctx));
+    CUDA_MEMCPY3D first_half = copy_1d(CU_MEMORYTYPE_DEVICE, (void *)sum, CU_MEMORYTYPE_HOST, out, N / 2 * sizeof(float));
+    CHECK(cuGraphExecMemcpyNodeSetParams(generic_exec, g_out, &first_half, ctx));
+    CUevent fresh;
+    CHECK(cuEventCreate(&fresh, CU_EVENT_DEFAULT));
+    float ms_between = 0;
+    CUresult before_rc = cuEventElapsedTime(&ms_between, fresh, fresh);
+    CHECK(cuGraphExecEventRecordNodeSetEvent(generic_exec, g_record, fresh));
+    run_generic(generic_exec);
+    CUresult after_rc = cuEventElapsedTime(&ms_between, fresh, fresh);
+    printf("set in the executable graph: sums with 4.0 over the first half only: %s; the new event recorded: %s\n",
+           yes_no(sums(out, in, 4.0f, N / 2)), yes_no(before_rc != CUDA_SUCCESS && after_rc == CUDA_SUCCESS));
+    // The graph's own nodes changed, then instantiated again: the changes
+    // made in the first executable graph are not in the graph.
+    set_params.memset.value = 0x40a00000;  // 5.0f
+    CHECK(cuGraphNodeSetParams(g_set, &set_params));
+    CHECK(cuGraphMemcpyNodeSetParams(g_out, &out_params.memcpy.copyParams));
+    CUgraphExec again;
+    CHECK(cuGraphInstantiate(&again, generic, 0));
+    run_generic(again);
+    printf("the graph's own memset set to 5.0, instantiated again, sums over all: %s\n", yes_no(sums(out, in, 5.0f, N)));
+    CHECK(cuGraphExecDestroy(again));
+    CHECK(cuGraphExecDestroy(generic_exec));
+
+    // A programmatic edge between two kernels, as XLA adds them on Hopper:
+    // its data read back, and both kernels run (each writes the same sums).
+    CUgraph pdl;
+    CHECK(cuGraphCreate(&pdl, 0));
+    CUgraphNode first_kernel, second_kernel;
+    CHECK(cuGraphAddNode(&first_kernel, pdl, nullptr, nullptr, 0, &kernel_params));
+    CUgraphEdgeData programmatic = {};
+    programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    CHECK(cuGraphAddNode(&second_kernel, pdl, &first_kernel, &programmatic, 1, &kernel_params));
+    CUgraphNode edge_from = nullptr, edge_to = nullptr;
+    CUgraphEdgeData edge = {};
+    size_t nedges = 1;
+    CHECK(cuGraphGetEdges(pdl, &edge_from, &edge_to, &edge, &nedges));
+    bool read_back = nedges == 1 && edge_from == first_kernel && edge_to == second_kernel &&
+                     edge.type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC &&
+                     edge.from_port == CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    CUgraphExec pdl_exec;
+    CHECK(cuGraphInstantiate(&pdl_exec, pdl, 0));
+    CHECK(cuMemsetD32(sum, 0x7fc00000, N));
+    CHECK(cuGraphLaunch(pdl_exec, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuMemcpyDtoH(out, sum, N * sizeof(float)));
+    printf("a programmatic edge between two kernels read back as such: %s; they ran: %s\n", yes_no(read_back),
+           yes_no(sums(out, in, 5.0f, N)));
+    CHECK(cuGraphExecDestroy(pdl_exec));
+    CHECK(cuGraphDestroy(pdl));
+    CHECK(cuGraphDestroy(generic));
+    CHECK(cuEventDestroy(fresh));
 
     CHECK(cuGraphExecDestroy(parent_exec));
     CHECK(cuGraphExecDestroy(exec));

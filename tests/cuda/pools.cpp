@@ -112,7 +112,7 @@ int main() {
     cuuint64_t zero = 0;
     CHECK(cuMemPoolSetAttribute(mine, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero));
     printf("its high watermark reset to what is in use: %s\n",
-           yes_no(attribute(mine, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == 0));
+           yes_no(attribute(mine, CU_MEMPOOL_ATTR_USED_MEM_HIGH) == attribute(mine, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)));
 
     CHECK(cuMemPoolDestroy(mine));
     CHECK(cuDeviceGetMemPool(&current, dev));

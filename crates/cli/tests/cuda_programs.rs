@@ -64,6 +64,7 @@ program_tests!(
     pools,
     arrays,
     graph_nodes,
+    tensor_maps,
 );
 
 /// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.

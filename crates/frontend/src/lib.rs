@@ -40,6 +40,7 @@ mod memo;
 mod memory;
 pub(crate) mod module;
 mod proc_address;
+mod tensor_map;
 mod trace;
 
 /// Marks this library as gpuplex's, so that a server never mistakes it for

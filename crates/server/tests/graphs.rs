@@ -160,7 +160,13 @@ fn nodes_built_by_hand_are_checked_as_their_calls() {
         assert_eq!(empty_node(&mut c, graph, vec![stranger.0]), Err(CuError::INVALID_VALUE), "another graph's node");
         assert_eq!(empty_node(&mut c, graph, vec![0xdead_0000]), Err(CuError::INVALID_HANDLE));
         assert_eq!(empty_node(&mut c, graph, vec![a.0; 5000]), Err(CuError::INVALID_VALUE), "too many");
-        let uneven = GraphDependencies::Request { graph, from: Seq(vec![a.0]), to: Seq(vec![]), remove: false };
+        let uneven = GraphDependencies::Request {
+            graph,
+            from: Seq(vec![a.0]),
+            to: Seq(vec![]),
+            data: Seq(vec![]),
+            remove: false,
+        };
         assert_eq!(err(c.call(uneven)), CuError::INVALID_VALUE);
 
         let spin = c.function(LAUNCH_PTX, "spin");
@@ -274,7 +280,13 @@ fn hostile_graph_shapes_fail_alone() {
         let graph = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
         let a = empty_node(&mut c, graph, vec![]).unwrap();
         let b = empty_node(&mut c, graph, vec![a.0]).unwrap();
-        let back = GraphDependencies::Request { graph, from: Seq(vec![b.0]), to: Seq(vec![a.0]), remove: false };
+        let back = GraphDependencies::Request {
+            graph,
+            from: Seq(vec![b.0]),
+            to: Seq(vec![a.0]),
+            data: Seq(vec![]),
+            remove: false,
+        };
         c.call(back).unwrap();
         let instantiate = cuGraphInstantiateWithFlags::Request { hGraph: graph, flags: 0 };
         assert_eq!(err(c.call(instantiate)), CuError::INVALID_VALUE, "a cycle");
@@ -318,5 +330,33 @@ fn hostile_graph_shapes_fail_alone() {
         let captured = c.call(StreamEndCapture::Request { hStream: s }).unwrap().graph;
         c.call(cuGraphClone::Request { originalGraph: captured }).unwrap();
         assert!(c.free_memory() > 0, "the server carries on");
+    });
+}
+
+#[test]
+fn a_child_graph_is_replaced_only_in_an_executable_graph_and_by_one_of_its_shape() {
+    within_30_s(|| {
+        use gpuplex_protocol::Seq;
+        let address = start_server("graphs-child-set");
+        let mut c = Client::connect(&address);
+        let graph_of = |c: &mut Client, nodes: usize| {
+            let g = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+            for _ in 0..nodes {
+                empty_node(c, g, vec![]).unwrap();
+            }
+            g
+        };
+        let (one, other_one, two) = (graph_of(&mut c, 1), graph_of(&mut c, 1), graph_of(&mut c, 2));
+        let parent = graph_of(&mut c, 0);
+        let child =
+            c.call(GraphAddChildGraphNode::Request { graph: parent, deps: Seq(vec![]), child: one }).unwrap().node;
+        let exec = c.call(cuGraphInstantiateWithFlags::Request { hGraph: parent, flags: 0 }).unwrap().phGraphExec;
+        let set = |c: &mut Client, exec: GraphExec, with: Graph| {
+            c.call(GraphChildNodeSetParams::Request { node: child, exec, child: with }).map(drop)
+        };
+        assert_eq!(set(&mut c, exec, other_one), Ok(()));
+        assert_eq!(err(set(&mut c, exec, two)), CuError::INVALID_VALUE, "another shape");
+        assert_eq!(err(set(&mut c, GraphExec(0), other_one)), CuError::INVALID_VALUE, "in the graph itself");
+        c.call(cuGraphLaunch::Request { hGraphExec: exec, hStream: Stream::NULL }).unwrap();
     });
 }

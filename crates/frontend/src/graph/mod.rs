@@ -56,6 +56,32 @@ fn begin(s: Stream, mode: u32) -> Result<(), CuError> {
     Ok(())
 }
 
+/// `cuStreamBeginCaptureToGraph`: the capture's work joins the program's
+/// graph, after its nodes `deps`.
+///
+/// # Safety
+/// `deps` and `data` are NULL or valid for `n` reads.
+unsafe fn begin_to_graph(
+    s: Stream,
+    graph: *mut c_void,
+    deps: *const *mut c_void,
+    data: *const nodes::EdgeData,
+    n: usize,
+    mode: u32,
+) -> Result<(), CuError> {
+    let req = calls::StreamBeginCaptureToGraph::Request {
+        hStream: s,
+        graph: Graph(graph as u64),
+        deps: nodes::deps(deps, n)?,
+        // SAFETY: per the contract.
+        data: unsafe { nodes::edge_data(data, n) },
+        mode,
+    };
+    client::call(req)?;
+    note_capture(s, true);
+    Ok(())
+}
+
 fn end(s: Stream, graph: *mut *mut c_void) -> Result<(), CuError> {
     check_out(graph)?;
     // The capture is over whatever the answer; a stream that was not
@@ -366,19 +392,42 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(graph: *mut c_void, out: *mut *mut 
 }
 
 /// `cuStreamUpdateCaptureDependencies(_v2)`: edges with data are not offered.
-fn update_deps(s: Stream, deps: *mut *mut c_void, data: *const u64, n: usize, flags: u32) -> Result<(), CuError> {
-    nodes::plain_edges(data, n)?;
+///
+/// # Safety
+/// `data` is NULL or valid for `n` reads.
+unsafe fn update_deps(
+    s: Stream,
+    deps: *mut *mut c_void,
+    data: *const nodes::EdgeData,
+    n: usize,
+    flags: u32,
+) -> Result<(), CuError> {
+    // SAFETY: per the contract.
+    if !unsafe { nodes::edge_data(data, n) }.0.is_empty() {
+        crate::log::warn("cuStreamUpdateCaptureDependencies_v2 with edge data is not supported by gpuplex");
+        return Err(CuError::NOT_SUPPORTED);
+    }
     let deps = nodes::deps(deps.cast_const(), n)?;
     client::call(calls::StreamUpdateCaptureDependencies::Request { hStream: s, deps, flags }).map(drop)
 }
 
 exports! {
+    cuStreamBeginCaptureToGraph(s: *mut c_void, g: *mut c_void, d: *const *mut c_void, data: *const nodes::EdgeData, n: usize, mode: u32) =>
+        // SAFETY: per the export's contract.
+        unsafe { begin_to_graph(stream(s), g, d, data, n, mode) };
+    cuStreamBeginCaptureToGraph_ptsz(s: *mut c_void, g: *mut c_void, d: *const *mut c_void, data: *const nodes::EdgeData, n: usize, mode: u32) =>
+        // SAFETY: per the export's contract.
+        unsafe { begin_to_graph(ptsz_stream(s), g, d, data, n, mode) };
     cuStreamUpdateCaptureDependencies(s: *mut c_void, d: *mut *mut c_void, n: usize, flags: u32) =>
-        update_deps(stream(s), d, std::ptr::null(), n, flags);
+        // SAFETY: no edge data.
+        unsafe { update_deps(stream(s), d, std::ptr::null(), n, flags) };
     cuStreamUpdateCaptureDependencies_ptsz(s: *mut c_void, d: *mut *mut c_void, n: usize, flags: u32) =>
-        update_deps(ptsz_stream(s), d, std::ptr::null(), n, flags);
-    cuStreamUpdateCaptureDependencies_v2(s: *mut c_void, d: *mut *mut c_void, data: *const u64, n: usize, flags: u32) =>
-        update_deps(stream(s), d, data, n, flags);
-    cuStreamUpdateCaptureDependencies_v2_ptsz(s: *mut c_void, d: *mut *mut c_void, data: *const u64, n: usize, flags: u32) =>
-        update_deps(ptsz_stream(s), d, data, n, flags);
+        // SAFETY: no edge data.
+        unsafe { update_deps(ptsz_stream(s), d, std::ptr::null(), n, flags) };
+    cuStreamUpdateCaptureDependencies_v2(s: *mut c_void, d: *mut *mut c_void, data: *const nodes::EdgeData, n: usize, flags: u32) =>
+        // SAFETY: per the export's contract.
+        unsafe { update_deps(stream(s), d, data, n, flags) };
+    cuStreamUpdateCaptureDependencies_v2_ptsz(s: *mut c_void, d: *mut *mut c_void, data: *const nodes::EdgeData, n: usize, flags: u32) =>
+        // SAFETY: per the export's contract.
+        unsafe { update_deps(ptsz_stream(s), d, data, n, flags) };
 }

@@ -282,48 +282,251 @@ fn memset_node(graph: *mut c_void, d: Seq<u64>, p: *const MemsetNodeParams) -> R
     Ok(client::call(req)?.node)
 }
 
+fn set_memcpy(node: *mut c_void, exec: u64, p: *const Memcpy3D) -> Result<(), CuError> {
+    let req = calls::GraphMemcpyNodeSetParams::Request {
+        node: GraphNode(node as u64),
+        exec: GraphExec(exec),
+        copy: node_copy(p)?,
+    };
+    client::call(req).map(drop)
+}
+
+fn set_memset(node: *mut c_void, exec: u64, p: *const MemsetNodeParams) -> Result<(), CuError> {
+    // SAFETY: NULL or valid, as the export's caller vouches.
+    let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    let req = calls::GraphMemsetNodeSetParams::Request {
+        node: GraphNode(node as u64),
+        exec: GraphExec(exec),
+        dst: DevPtr(p.dst),
+        pitch: p.pitch as u64,
+        value: p.value,
+        elementSize: p.element_size,
+        width: p.width as u64,
+        height: p.height as u64,
+    };
+    client::call(req).map(drop)
+}
+
+fn set_child(node: *mut c_void, exec: u64, child: *mut c_void) -> Result<(), CuError> {
+    let req = calls::GraphChildNodeSetParams::Request {
+        node: GraphNode(node as u64),
+        exec: GraphExec(exec),
+        child: Graph(child as u64),
+    };
+    client::call(req).map(drop)
+}
+
+fn set_event(node: *mut c_void, exec: u64, event: *mut c_void, wait: bool) -> Result<(), CuError> {
+    let req = calls::GraphEventNodeSetEvent::Request {
+        node: GraphNode(node as u64),
+        exec: GraphExec(exec),
+        event: Event(event as u64),
+        wait,
+    };
+    client::call(req).map(drop)
+}
+
+/// `CUgraphNodeParams`: a node type, then that type's parameters.
+#[repr(C)]
+pub struct NodeParams {
+    kind: u32,
+    reserved: [i32; 3],
+    params: [u64; 29],
+    reserved2: i64,
+}
+
+const _: () = assert!(std::mem::size_of::<NodeParams>() == 256);
+
+/// `CUDA_MEMCPY_NODE_PARAMS`.
+#[repr(C)]
+struct MemcpyNodeParams {
+    flags: i32,
+    reserved: i32,
+    ctx: *mut c_void,
+    copy: Memcpy3D,
+}
+
+/// `CUDA_CHILD_GRAPH_NODE_PARAMS`.
+#[repr(C)]
+struct ChildGraphNodeParams {
+    graph: *mut c_void,
+    ownership: u32,
+}
+
+/// `CUgraphNodeType` values of the nodes gpuplex builds.
+const NODE_KERNEL: u32 = 0;
+const NODE_MEMCPY: u32 = 1;
+const NODE_MEMSET: u32 = 2;
+const NODE_HOST: u32 = 3;
+const NODE_GRAPH: u32 = 4;
+const NODE_EMPTY: u32 = 5;
+const NODE_WAIT_EVENT: u32 = 6;
+const NODE_EVENT_RECORD: u32 = 7;
+
+fn unsupported_node(call: &str, kind: u32) -> CuError {
+    crate::log::warn(&format!("{call}: graph nodes of type {kind} are not supported by gpuplex"));
+    CuError::NOT_SUPPORTED
+}
+
+/// `cuGraphAddNode`: the node the parameters' type names, made as by that
+/// type's own call. Each type's parameters begin the union, and the kernel
+/// node's (`CUDA_KERNEL_NODE_PARAMS_v3`) are laid out as v2's.
+///
+/// # Safety
+/// `p` is NULL or valid for a read, with its type's parameters as the CUDA API requires.
+unsafe fn add_any(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const NodeParams) -> Result<(), CuError> {
+    // SAFETY: per the contract.
+    let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    let at = p.params.as_ptr();
+    // SAFETY: the union holds the parameters of `p.kind`, per the contract.
+    unsafe {
+        match p.kind {
+            NODE_KERNEL => add_kernel(out, graph, d, kernel_v2(at.cast())?),
+            NODE_MEMCPY => add(out, || {
+                let copy = node_copy(&(*at.cast::<MemcpyNodeParams>()).copy)?;
+                Ok(client::call(calls::GraphAddMemcpyNode::Request { graph: Graph(graph as u64), deps: d, copy })?.node)
+            }),
+            NODE_MEMSET => add(out, || memset_node(graph, d, at.cast())),
+            NODE_HOST => add_host(out, graph, d, at.cast()),
+            NODE_GRAPH => {
+                let child = &*at.cast::<ChildGraphNodeParams>();
+                if child.ownership != 0 {
+                    crate::log::warn("cuGraphAddNode: a child graph moved into its node is not supported by gpuplex");
+                    return Err(CuError::NOT_SUPPORTED);
+                }
+                add(out, || {
+                    let req = calls::GraphAddChildGraphNode::Request {
+                        graph: Graph(graph as u64),
+                        deps: d,
+                        child: Graph(child.graph as u64),
+                    };
+                    Ok(client::call(req)?.node)
+                })
+            }
+            NODE_EMPTY => add(out, || {
+                Ok(client::call(calls::GraphAddEmptyNode::Request { graph: Graph(graph as u64), deps: d })?.node)
+            }),
+            NODE_WAIT_EVENT => add(out, || event_node(graph, d, *at.cast::<*mut c_void>(), true)),
+            NODE_EVENT_RECORD => add(out, || event_node(graph, d, *at.cast::<*mut c_void>(), false)),
+            kind => Err(unsupported_node("cuGraphAddNode", kind)),
+        }
+    }
+}
+
+/// `cuGraphAddNode_v2`. Edges with data (programmatic ones) are added
+/// after the node, with their data; if the driver refuses them, the node
+/// goes again.
+///
+/// # Safety
+/// As for [`add_any`]; `d` holds `n` nodes.
+unsafe fn add_with_edges(
+    out: Out,
+    graph: *mut c_void,
+    d: Deps,
+    data: Seq<u64>,
+    n: usize,
+    p: *const NodeParams,
+) -> Result<(), CuError> {
+    let from = deps(d, n)?;
+    if data.0.is_empty() {
+        // SAFETY: per the contract.
+        return unsafe { add_any(out, graph, from, p) };
+    }
+    // SAFETY: per the contract; `out` was written on success.
+    let node = unsafe {
+        add_any(out, graph, Seq(Vec::new()), p)?;
+        *out as u64
+    };
+    let req = calls::GraphDependencies::Request {
+        graph: Graph(graph as u64),
+        from,
+        to: Seq(vec![node; n]),
+        data,
+        remove: false,
+    };
+    client::call(req).map(drop).inspect_err(|_| {
+        let _ = client::call(calls::cuGraphDestroyNode::Request { hNode: GraphNode(node) });
+    })
+}
+
+/// `cuGraphNodeSetParams` and `cuGraphExecNodeSetParams` (`exec` not 0).
+///
+/// # Safety
+/// As for [`add_any`].
+unsafe fn set_any(node: *mut c_void, exec: u64, p: *const NodeParams) -> Result<(), CuError> {
+    // SAFETY: per the contract.
+    let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    let at = p.params.as_ptr();
+    // SAFETY: as in `add_any`.
+    unsafe {
+        match p.kind {
+            NODE_KERNEL => set_kernel(node, exec, kernel_v2(at.cast())?),
+            NODE_MEMCPY => set_memcpy(node, exec, &(*at.cast::<MemcpyNodeParams>()).copy),
+            NODE_MEMSET => set_memset(node, exec, at.cast()),
+            NODE_HOST => set_host(node, exec, at.cast()),
+            NODE_GRAPH => set_child(node, exec, (*at.cast::<ChildGraphNodeParams>()).graph),
+            NODE_WAIT_EVENT => set_event(node, exec, *at.cast::<*mut c_void>(), true),
+            NODE_EVENT_RECORD => set_event(node, exec, *at.cast::<*mut c_void>(), false),
+            kind => Err(unsupported_node("cuGraphNodeSetParams", kind)),
+        }
+    }
+}
+
 fn event_node(graph: *mut c_void, d: Seq<u64>, event: *mut c_void, wait: bool) -> Result<GraphNode, CuError> {
     let req =
         calls::GraphAddEventNode::Request { graph: Graph(graph as u64), deps: d, event: Event(event as u64), wait };
     Ok(client::call(req)?.node)
 }
 
-/// Edges with data are not offered: only the default (all zero) may come.
-pub(super) fn plain_edges(data: *const u64, n: usize) -> Result<(), CuError> {
-    // SAFETY: NULL or `n` entries, as the export's caller vouches.
-    if !data.is_null() && unsafe { std::slice::from_raw_parts(data, n) }.iter().any(|&e| e != 0) {
-        crate::log::warn("graph edges with data (programmatic dependencies) are not supported by gpuplex");
-        return Err(CuError::NOT_SUPPORTED);
+/// `CUgraphEdgeData`: ports and type, one byte each, then 5 reserved.
+pub type EdgeData = [u8; 8];
+
+/// `n` edges' data as sent: none where every edge is the default.
+///
+/// # Safety
+/// `data` is NULL or valid for `n` reads.
+pub(super) unsafe fn edge_data(data: *const EdgeData, n: usize) -> Seq<u64> {
+    if data.is_null() || n == 0 {
+        return Seq(Vec::new());
     }
-    Ok(())
+    // SAFETY: per the contract; the structure is bytes, aligned anywhere.
+    let data: Vec<u64> =
+        unsafe { std::slice::from_raw_parts(data, n) }.iter().map(|&d| u64::from_le_bytes(d)).collect();
+    Seq(if data.iter().all(|&d| d == 0) { Vec::new() } else { data })
 }
 
-fn dependencies(
+/// # Safety
+/// `data` is NULL or valid for `n` reads.
+unsafe fn dependencies(
     graph: *mut c_void,
     from: *const *mut c_void,
     to: *const *mut c_void,
-    data: *const u64,
+    data: *const EdgeData,
     n: usize,
     remove: bool,
 ) -> Result<(), CuError> {
-    plain_edges(data, n)?;
     let req = calls::GraphDependencies::Request {
         graph: Graph(graph as u64),
         from: deps(from, n)?,
         to: deps(to, n)?,
+        // SAFETY: per the contract.
+        data: unsafe { edge_data(data, n) },
         remove,
     };
     client::call(req).map(drop)
 }
 
-/// Zeroes `n` edge data entries where asked for: every edge is a default one.
+/// Writes the data of the edges listed, as many as `room`, where asked for.
 ///
 /// # Safety
-/// `data` is NULL or valid for `n` writes.
-unsafe fn no_edge_data(data: *mut u64, n: usize) {
-    if !data.is_null() {
-        // SAFETY: per the contract.
-        unsafe { std::ptr::write_bytes(data, 0, n) };
+/// `out` is NULL or valid for `room` writes.
+unsafe fn write_edge_data(out: *mut EdgeData, data: &[u64], room: usize) {
+    if out.is_null() {
+        return;
+    }
+    for i in 0..room {
+        // SAFETY: `i < room`, per the contract.
+        unsafe { out.add(i).write(data.get(i).copied().unwrap_or(0).to_le_bytes()) };
     }
 }
 
@@ -333,16 +536,18 @@ unsafe fn edges(
     graph: *mut c_void,
     from: *mut *mut c_void,
     to: *mut *mut c_void,
-    data: *mut u64,
+    data: *mut EdgeData,
     count: *mut usize,
 ) -> Result<(), CuError> {
     check_out(count)?;
     let reply = client::call(calls::GraphEdges::Request { graph: Graph(graph as u64) })?;
     // SAFETY: per the contract.
     unsafe {
-        write_lists(count, &mut [(from, &reply.from.0), (to, &reply.to.0)]);
         // A count-only query writes no edges, nor their data.
-        no_edge_data(if from.is_null() && to.is_null() { std::ptr::null_mut() } else { data }, *count);
+        if !(from.is_null() && to.is_null()) {
+            write_edge_data(data, &reply.data.0, *count);
+        }
+        write_lists(count, &mut [(from, &reply.from.0), (to, &reply.to.0)]);
     }
     Ok(())
 }
@@ -352,7 +557,7 @@ unsafe fn edges(
 unsafe fn node_edges(
     node: *mut c_void,
     out: *mut *mut c_void,
-    data: *mut u64,
+    data: *mut EdgeData,
     count: *mut usize,
     dependents: bool,
 ) -> Result<(), CuError> {
@@ -360,8 +565,10 @@ unsafe fn node_edges(
     let reply = client::call(calls::GraphNodeEdges::Request { node: GraphNode(node as u64), dependents })?;
     // SAFETY: per the contract.
     unsafe {
+        if !out.is_null() {
+            write_edge_data(data, &reply.data.0, *count);
+        }
         write_lists(count, &mut [(out, &reply.nodes.0)]);
-        no_edge_data(if out.is_null() { std::ptr::null_mut() } else { data }, *count);
     }
     Ok(())
 }
@@ -439,29 +646,33 @@ exports! {
     cuGraphAddEventWaitNode(out: Out, g: *mut c_void, d: Deps, n: usize, e: *mut c_void) =>
         add(out, || event_node(g, deps(d, n)?, e, true));
     cuGraphAddDependencies(g: *mut c_void, from: Deps, to: Deps, n: usize) =>
-        dependencies(g, from, to, std::ptr::null(), n, false);
-    cuGraphAddDependencies_v2(g: *mut c_void, from: Deps, to: Deps, data: *const u64, n: usize) =>
-        dependencies(g, from, to, data, n, false);
+        // SAFETY: no edge data.
+        unsafe { dependencies(g, from, to, std::ptr::null(), n, false) };
+    cuGraphAddDependencies_v2(g: *mut c_void, from: Deps, to: Deps, data: *const EdgeData, n: usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { dependencies(g, from, to, data, n, false) };
     cuGraphRemoveDependencies(g: *mut c_void, from: Deps, to: Deps, n: usize) =>
-        dependencies(g, from, to, std::ptr::null(), n, true);
-    cuGraphRemoveDependencies_v2(g: *mut c_void, from: Deps, to: Deps, data: *const u64, n: usize) =>
-        dependencies(g, from, to, data, n, true);
+        // SAFETY: no edge data.
+        unsafe { dependencies(g, from, to, std::ptr::null(), n, true) };
+    cuGraphRemoveDependencies_v2(g: *mut c_void, from: Deps, to: Deps, data: *const EdgeData, n: usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { dependencies(g, from, to, data, n, true) };
     cuGraphGetEdges(g: *mut c_void, from: Out, to: Out, count: *mut usize) =>
         // SAFETY: per the export's contract.
         unsafe { edges(g, from, to, std::ptr::null_mut(), count) };
-    cuGraphGetEdges_v2(g: *mut c_void, from: Out, to: Out, data: *mut u64, count: *mut usize) =>
+    cuGraphGetEdges_v2(g: *mut c_void, from: Out, to: Out, data: *mut EdgeData, count: *mut usize) =>
         // SAFETY: per the export's contract.
         unsafe { edges(g, from, to, data, count) };
     cuGraphNodeGetDependencies(node: *mut c_void, out: Out, count: *mut usize) =>
         // SAFETY: per the export's contract.
         unsafe { node_edges(node, out, std::ptr::null_mut(), count, false) };
-    cuGraphNodeGetDependencies_v2(node: *mut c_void, out: Out, data: *mut u64, count: *mut usize) =>
+    cuGraphNodeGetDependencies_v2(node: *mut c_void, out: Out, data: *mut EdgeData, count: *mut usize) =>
         // SAFETY: per the export's contract.
         unsafe { node_edges(node, out, data, count, false) };
     cuGraphNodeGetDependentNodes(node: *mut c_void, out: Out, count: *mut usize) =>
         // SAFETY: per the export's contract.
         unsafe { node_edges(node, out, std::ptr::null_mut(), count, true) };
-    cuGraphNodeGetDependentNodes_v2(node: *mut c_void, out: Out, data: *mut u64, count: *mut usize) =>
+    cuGraphNodeGetDependentNodes_v2(node: *mut c_void, out: Out, data: *mut EdgeData, count: *mut usize) =>
         // SAFETY: per the export's contract.
         unsafe { node_edges(node, out, data, count, true) };
     cuGraphAddHostNode(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const HostNodeParams) =>
@@ -470,6 +681,32 @@ exports! {
     cuGraphExecHostNodeSetParams(e: *mut c_void, node: *mut c_void, p: *const HostNodeParams) =>
         set_host(node, e as u64, p);
     cuGraphHostNodeGetParams(node: *mut c_void, p: *mut HostNodeParams) => get_host(node, p);
+    cuGraphMemcpyNodeSetParams(node: *mut c_void, p: *const Memcpy3D) => set_memcpy(node, 0, p);
+    cuGraphExecMemcpyNodeSetParams(e: *mut c_void, node: *mut c_void, p: *const Memcpy3D, _ctx: *mut c_void) =>
+        set_memcpy(node, e as u64, p);
+    cuGraphMemsetNodeSetParams(node: *mut c_void, p: *const MemsetNodeParams) => set_memset(node, 0, p);
+    cuGraphExecMemsetNodeSetParams(e: *mut c_void, node: *mut c_void, p: *const MemsetNodeParams, _ctx: *mut c_void) =>
+        set_memset(node, e as u64, p);
+    cuGraphExecChildGraphNodeSetParams(e: *mut c_void, node: *mut c_void, child: *mut c_void) =>
+        set_child(node, e as u64, child);
+    cuGraphEventRecordNodeSetEvent(node: *mut c_void, event: *mut c_void) => set_event(node, 0, event, false);
+    cuGraphEventWaitNodeSetEvent(node: *mut c_void, event: *mut c_void) => set_event(node, 0, event, true);
+    cuGraphExecEventRecordNodeSetEvent(e: *mut c_void, node: *mut c_void, event: *mut c_void) =>
+        set_event(node, e as u64, event, false);
+    cuGraphExecEventWaitNodeSetEvent(e: *mut c_void, node: *mut c_void, event: *mut c_void) =>
+        set_event(node, e as u64, event, true);
+    cuGraphAddNode(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const NodeParams) =>
+        // SAFETY: per the export's contract.
+        unsafe { add_any(out, g, deps(d, n)?, p) };
+    cuGraphAddNode_v2(out: Out, g: *mut c_void, d: Deps, data: *const EdgeData, n: usize, p: *const NodeParams) =>
+        // SAFETY: per the export's contract.
+        unsafe { add_with_edges(out, g, d, edge_data(data, n), n, p) };
+    cuGraphNodeSetParams(node: *mut c_void, p: *const NodeParams) =>
+        // SAFETY: per the export's contract.
+        unsafe { set_any(node, 0, p) };
+    cuGraphExecNodeSetParams(e: *mut c_void, node: *mut c_void, p: *const NodeParams) =>
+        // SAFETY: per the export's contract.
+        unsafe { set_any(node, e as u64, p) };
     cuGraphExecUpdate_v2(e: *mut c_void, g: *mut c_void, info: *mut ExecUpdateResultInfo) =>
         // SAFETY: per the export's contract.
         unsafe { exec_update(e, g, info) };

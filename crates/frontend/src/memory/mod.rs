@@ -176,6 +176,14 @@ unsafe fn write_attribute(data: *mut c_void, attr: i32, p: &Pointer, ptr: u64) -
             11 => write_out(data.cast::<u64>(), p.base),
             12 => write_out(data.cast::<usize>(), p.size as usize),
             13 => write_out(data.cast::<u8>(), u8::from(p.devptr.is_some())),
+            // IS_LEGACY_CUDA_IPC_CAPABLE, ALLOWED_HANDLE_TYPES and
+            // IS_GPU_DIRECT_RDMA_CAPABLE: gpuplex shares memory with no
+            // other process or device, so none.
+            10 | 15 => write_out(data.cast::<u8>(), 0),
+            14 => write_out(data.cast::<u64>(), 0),
+            // ACCESS_FLAGS: read and write, wherever the device reaches it.
+            16 => write_out(data.cast::<u32>(), if p.devptr.is_some() { 3 } else { 0 }),
+            20 => write_out(data.cast::<u64>(), p.base), // MEMORY_BLOCK_ID, as BUFFER_ID
             _ => {
                 crate::log::warn(&format!("cuPointerGetAttribute: attribute {attr} is not supported by gpuplex"));
                 return Err(CuError::NOT_SUPPORTED);
@@ -236,7 +244,7 @@ pub unsafe extern "C" fn cuPointerGetAttributes(n: u32, attrs: *mut i32, data: *
 /// Bytes of an attribute's value in cuda.h.
 fn attribute_size(attr: i32) -> usize {
     match attr {
-        2 | 9 => 4,
+        2 | 9 | 16 => 4,
         6 | 8 | 10 | 13 | 15 => 1,
         _ => 8,
     }

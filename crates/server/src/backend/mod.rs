@@ -54,6 +54,35 @@ pub enum ClusterQuery {
     MaxPotentialClusterSize,
 }
 
+/// A tensor map (TMA descriptor) to encode: `cuTensorMapEncodeTiled`'s or
+/// `cuTensorMapEncodeIm2col`'s parameters, every list as long as the rank
+/// asks (`strides` one shorter).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorMap {
+    pub data_type: u32,
+    pub address: u64,
+    pub dims: Vec<u64>,
+    pub strides: Vec<u64>,
+    pub element_strides: Vec<u32>,
+    pub window: TensorWindow,
+    pub interleave: u32,
+    pub swizzle: u32,
+    pub l2_promotion: u32,
+    pub oob_fill: u32,
+}
+
+/// What one copy through a tensor map moves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TensorWindow {
+    /// A box of these dimensions.
+    Tiled(Vec<u32>),
+    /// Pixels of an image: the box's corners in the spatial dimensions.
+    Im2col { lower: Vec<i32>, upper: Vec<i32>, channels: u32, pixels: u32 },
+}
+
+/// `CUtensorMap`: opaque to all but the device.
+pub type TensorMapBytes = [u8; 128];
+
 /// A memset of `height` rows of `width` elements of `element_size` bytes,
 /// rows `pitch` bytes apart (1-D memsets have height 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -356,8 +385,15 @@ pub trait Backend: Send + Sync {
     /// `cuProfilerStart` (or `Stop`) in `ctx`.
     fn profiler(&self, ctx: Obj, start: bool) -> BResult<()>;
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64>;
+    /// A tensor map, as the driver encodes it for the device.
+    fn tensor_map_encode(&self, map: &TensorMap) -> BResult<TensorMapBytes>;
+    /// `map` with its global address replaced.
+    fn tensor_map_replace_address(&self, map: &TensorMapBytes, address: u64) -> BResult<TensorMapBytes>;
     /// `CUstreamCaptureStatus` (0: not capturing).
     fn stream_capture_status(&self, ctx: Obj, stream: Obj) -> BResult<u32>;
+    /// Fails if `stream` is capturing, and invalidates its capture, as the
+    /// driver does with work a graph cannot hold: `what` names it.
+    fn refuse_in_capture(&self, ctx: Obj, stream: Obj, what: &str) -> BResult<()>;
     fn event_create(&self, ctx: Obj, flags: u32) -> BResult<Obj>;
     fn event_destroy(&self, ctx: Obj, event: Obj) -> BResult<()>;
     fn event_record(&self, ctx: Obj, event: Obj, stream: Obj, flags: u32) -> BResult<()>;
@@ -368,6 +404,17 @@ pub trait Backend: Send + Sync {
     // Graphs. Capture is the driver's: work a capturing stream is given is
     // recorded in its graph, not run.
     fn stream_begin_capture(&self, ctx: Obj, stream: Obj, mode: u32) -> BResult<()>;
+    /// A capture into `graph`, its first work after `deps` (with edge data
+    /// `data`, or default edges where empty).
+    fn stream_begin_capture_to_graph(
+        &self,
+        ctx: Obj,
+        stream: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        data: &[u64],
+        mode: u32,
+    ) -> BResult<()>;
     /// The captured graph.
     fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj>;
     /// `edges`: the dependencies' edge data too.
@@ -392,15 +439,20 @@ pub trait Backend: Send + Sync {
     /// # Safety
     /// A memcpy node's host ends stay valid while the graph may run.
     unsafe fn graph_add_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj>;
-    /// Adds (or with `remove`, removes) the edges `from[i] -> to[i]`.
-    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()>;
-    /// Every edge of `graph`, as `(from, to)`.
-    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>>;
-    /// The nodes `node` depends on, or with `dependents` those depending on it.
-    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>>;
-    /// New parameters for a kernel or host node, in its graph or (`exec`)
-    /// in an executable graph made from it.
-    fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()>;
+    /// Adds (or with `remove`, removes) the edges `from[i] -> to[i]`, each
+    /// with `data[i]` (a `CUgraphEdgeData`), or all default where `data` is empty.
+    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()>;
+    /// Every edge of `graph`, as `(from, to, data)`.
+    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>>;
+    /// The nodes `node` depends on, or with `dependents` those depending on
+    /// it, each with its edge's data.
+    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>>;
+    /// New work for a kernel, host, memcpy, memset or event node, of the
+    /// node's kind, in its graph or (`exec`) in an executable graph made from it.
+    ///
+    /// # Safety
+    /// As for [`Backend::graph_add_node`].
+    unsafe fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()>;
     /// Runs `f` once the stream's earlier work is done (and, while the
     /// stream captures, makes it a host node).
     fn launch_host_func(&self, ctx: Obj, stream: Obj, f: HostFn) -> BResult<()>;

@@ -307,6 +307,13 @@ impl Api for Session {
         self.begin_capture(req)
     }
 
+    fn StreamBeginCaptureToGraph(
+        &mut self,
+        req: StreamBeginCaptureToGraph::Request,
+    ) -> R<StreamBeginCaptureToGraph::Reply> {
+        self.begin_capture_to_graph(req)
+    }
+
     fn StreamEndCapture(&mut self, req: StreamEndCapture::Request) -> R<StreamEndCapture::Reply> {
         self.end_capture(req)
     }
@@ -407,6 +414,36 @@ impl Api for Session {
 
     fn GraphHostNodeSetParams(&mut self, req: GraphHostNodeSetParams::Request) -> R<GraphHostNodeSetParams::Reply> {
         self.graph_host_node_set(req)
+    }
+
+    fn GraphMemcpyNodeSetParams(
+        &mut self,
+        req: GraphMemcpyNodeSetParams::Request,
+    ) -> R<GraphMemcpyNodeSetParams::Reply> {
+        self.graph_memcpy_node_set(req)
+    }
+
+    fn GraphMemsetNodeSetParams(
+        &mut self,
+        req: GraphMemsetNodeSetParams::Request,
+    ) -> R<GraphMemsetNodeSetParams::Reply> {
+        self.graph_memset_node_set(req)
+    }
+
+    fn GraphChildNodeSetParams(&mut self, req: GraphChildNodeSetParams::Request) -> R<GraphChildNodeSetParams::Reply> {
+        self.graph_child_node_set(req)
+    }
+
+    fn GraphEventNodeSetEvent(&mut self, req: GraphEventNodeSetEvent::Request) -> R<GraphEventNodeSetEvent::Reply> {
+        self.graph_event_node_set(req)
+    }
+
+    fn TensorMapEncode(&mut self, req: TensorMapEncode::Request) -> R<TensorMapEncode::Reply> {
+        self.tensor_map_encode(req)
+    }
+
+    fn TensorMapReplaceAddress(&mut self, req: TensorMapReplaceAddress::Request) -> R<TensorMapReplaceAddress::Reply> {
+        self.tensor_map_replace_address(req)
     }
 
     fn LaunchHostFunc(&mut self, req: LaunchHostFunc::Request) -> R<LaunchHostFunc::Reply> {
@@ -791,6 +828,7 @@ impl Api for Session {
         if req.data.is_empty() {
             return Ok(MemcpyHtoD::Reply {});
         }
+        self.refuse_in_capture(ctx, stream, "a copy from pageable memory")?;
         let backend = &self.backend;
         self.seat
             .submit(ctx, stream, Work::Copy, || backend.memcpy_htod(ctx, req.dst.0, &req.data, stream, req.sync))?;
@@ -808,6 +846,7 @@ impl Api for Session {
         if len == 0 {
             return Ok(MemcpyDtoH::Reply { data: Vec::new() });
         }
+        self.refuse_in_capture(ctx, stream, "a copy to pageable memory")?;
         let (backend, seat) = (&self.backend, &self.seat);
         if let Some(pinned) = self.scratch.pinned(&**backend, ctx, len) {
             seat.submit(ctx, stream, Work::Copy, || backend.memcpy_dtoh(ctx, pinned, req.src.0, stream))?;

@@ -173,6 +173,9 @@ impl Session {
         if bytes == 0 {
             return Ok(Memcpy3D::Reply { output });
         }
+        if src_inline || dst_inline {
+            self.refuse_in_capture(ctx, stream, "a copy with pageable memory")?;
+        }
         let copy = backend::Copy3D { shape: c.shape, src, dst, width: c.width, height: c.height, depth: c.depth };
         // Inline bytes must have moved before the buffers go.
         let sync = req.sync || src_inline || dst_inline || c.shape == COPY_2D_UNALIGNED;

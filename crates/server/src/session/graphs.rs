@@ -13,8 +13,8 @@ use gpuplex_protocol::{CallError, CuError, Graph, GraphExec, Seq};
 use tracing::warn;
 
 use super::tables::{Entry, Kind, Owner};
-use super::Session;
-use crate::backend::Obj;
+use super::{invalid, Session};
+use crate::backend::{Backend, Obj};
 use crate::sched::Work;
 
 type R<T> = Result<T, CallError>;
@@ -58,16 +58,40 @@ impl Session {
 
     pub(super) fn begin_capture(&mut self, req: StreamBeginCapture::Request) -> R<StreamBeginCapture::Reply> {
         let (ctx, stream) = self.stream(req.hStream)?;
+        self.capture_begun(ctx, stream, |b| b.stream_begin_capture(ctx, stream, req.mode))?;
+        Ok(StreamBeginCapture::Reply {})
+    }
+
+    pub(super) fn begin_capture_to_graph(
+        &mut self,
+        req: StreamBeginCaptureToGraph::Request,
+    ) -> R<StreamBeginCaptureToGraph::Reply> {
+        let (ctx, stream) = self.stream(req.hStream)?;
+        let graph = self.tables.get(Kind::Graph, req.graph.0)?.obj;
+        let deps = self.nodes_of(req.graph.0, &req.deps.0)?;
+        if !req.data.0.is_empty() && req.data.0.len() != deps.len() {
+            return Err(invalid("edge data for every dependency or none"));
+        }
+        self.capture_begun(ctx, stream, |b| {
+            b.stream_begin_capture_to_graph(ctx, stream, graph, &deps, &req.data.0, req.mode)
+        })?;
+        self.capturing_into.push((stream, req.graph.0));
+        Ok(StreamBeginCaptureToGraph::Reply {})
+    }
+
+    /// Begins a capture with `begin`; the seat keeps off the session's
+    /// streams from before it starts.
+    fn capture_begun(&mut self, ctx: Obj, stream: Obj, begin: impl FnOnce(&dyn Backend) -> R<()>) -> R<()> {
         self.made_graphs = true;
         self.seat.set_capturing(true);
-        match self.backend.stream_begin_capture(ctx, stream, req.mode) {
+        match begin(&*self.backend) {
             Ok(()) => self.capturing.push((ctx, stream)),
             Err(e) => {
                 self.seat.set_capturing(!self.capturing.is_empty());
                 return Err(e);
             }
         }
-        Ok(StreamBeginCapture::Reply {})
+        Ok(())
     }
 
     pub(super) fn end_capture(&mut self, req: StreamEndCapture::Request) -> R<StreamEndCapture::Reply> {
@@ -76,6 +100,12 @@ impl Session {
         let ended = self.backend.stream_end_capture(ctx, stream);
         // The capture is over whether or not it made a graph.
         self.capture_gone(|c| c == (ctx, stream));
+        if let Some(at) = self.capturing_into.iter().position(|&(s, _)| s == stream) {
+            // The program's own graph, which stays its whatever the outcome.
+            let (_, graph) = self.capturing_into.swap_remove(at);
+            ended?;
+            return Ok(StreamEndCapture::Reply { graph: Graph(graph) });
+        }
         if ended.is_err() {
             // The driver discarded the graph: a handle the capture's queries
             // gave for it (and its nodes') must name nothing now.
@@ -84,6 +114,17 @@ impl Session {
             }
         }
         Ok(StreamEndCapture::Reply { graph: Graph(self.graph_handle(ended?)) })
+    }
+
+    /// Refuses a copy with the server's own buffers (a frame's bytes) in a
+    /// capture, as the driver refuses pageable memory where the device
+    /// cannot reach it: the graph would use the buffers after they are gone.
+    pub(super) fn refuse_in_capture(&self, ctx: Obj, stream: Obj, what: &str) -> R<()> {
+        // The legacy stream never captures.
+        if self.capturing.is_empty() || stream.0 <= 1 {
+            return Ok(());
+        }
+        self.backend.refuse_in_capture(ctx, stream, what)
     }
 
     /// Forgets the captures `gone` picks, which have ended.

@@ -124,17 +124,18 @@ unsafe extern "C" fn run_host_call(data: *mut c_void) {
 pub fn join(mut carrier: Box<dyn Carrier>, header: &Header, join: &LaneJoin, hubs: &Hubs) {
     let peer = carrier.peer();
     let calls = hubs.host_calls().get(&join.key).cloned();
-    let refusal = match &calls {
-        None => Some("no session has that key"),
-        Some(c) if !same_origin(c.peer, peer) => Some("host calls must come from the session's own peer"),
-        Some(c) if c.connected() => Some("the session's host calls are connected already"),
-        Some(_) => None,
-    };
-    if let Some(why) = refusal {
+    let refuse = |carrier: &mut dyn Carrier, why: &str| {
         warn!(%peer, "refused a host-call connection: {why}");
         let payload = codec::encode(&ErrorDetail { detail: why.into() });
         let _ = carrier.send(&Header::reply(header, CuError::INVALID_VALUE.0, payload.len()), &payload);
-        return;
+    };
+    let refusal = match &calls {
+        None => Some("no session has that key"),
+        Some(c) if !same_origin(c.peer, peer) => Some("host calls must come from the session's own peer"),
+        Some(_) => None,
+    };
+    if let Some(why) = refusal {
+        return refuse(&mut *carrier, why);
     }
     let calls = calls.expect("refused above when missing");
     // A second descriptor of the socket, to shut it down with the session.
@@ -147,9 +148,13 @@ pub fn join(mut carrier: Box<dyn Carrier>, header: &Header, join: &LaneJoin, hub
         Err(e) => return warn!(%peer, "cannot keep a host-call connection: {}", crate::chain(&e)),
     };
     // Held across the answer: once the guest has it, the session sees the
-    // connection, whichever of its calls comes next.
+    // connection, whichever of its calls comes next; a second join waits
+    // for it and is refused.
     let mut channel = calls.channel.lock().unwrap_or_else(PoisonError::into_inner);
-    if channel.is_none() && carrier.send(&Header::reply(header, 0, 0), &[]).is_ok() {
+    if channel.is_some() {
+        return refuse(&mut *carrier, "the session's host calls are connected already");
+    }
+    if carrier.send(&Header::reply(header, 0, 0), &[]).is_ok() {
         *channel = Some(carrier);
         *calls.socket.lock().unwrap_or_else(PoisonError::into_inner) = Some(spare);
         calls.connected.store(true, Ordering::Release);

@@ -24,6 +24,7 @@ mod pools;
 mod scratch;
 mod shared;
 pub mod tables;
+mod tensor_maps;
 mod vmm;
 
 use std::sync::Arc;
@@ -114,6 +115,8 @@ pub struct Session {
     /// Streams capturing now, as `(context, stream)`; the seat keeps its
     /// hands off the session's streams while there are any.
     capturing: Vec<(Obj, Obj)>,
+    /// Streams capturing into a graph of the program's, with its handle.
+    capturing_into: Vec<(Obj, u64)>,
     /// The guest's host functions' connection, once opened, and every host
     /// function handed to the driver (which may call them until the
     /// session's contexts are gone: dropped after them).
@@ -180,6 +183,7 @@ impl Session {
             driver_capture_mode: 0,
             made_graphs: false,
             capturing: Vec::new(),
+            capturing_into: Vec::new(),
             host_calls: None,
             host_fns: std::collections::HashMap::new(),
         }

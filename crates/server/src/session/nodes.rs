@@ -29,7 +29,7 @@ pub(super) const MAX_DEPS: usize = 4096;
 
 impl Session {
     /// `nodes`, each a node of `graph`, as the backend's.
-    fn nodes_of(&self, graph: u64, nodes: &[u64]) -> R<Vec<Obj>> {
+    pub(super) fn nodes_of(&self, graph: u64, nodes: &[u64]) -> R<Vec<Obj>> {
         if nodes.len() > MAX_DEPS {
             return Err(invalid(format!("{} nodes in one call", nodes.len())));
         }
@@ -82,7 +82,14 @@ impl Session {
     }
 
     pub(super) fn graph_add_memcpy_node(&mut self, req: GraphAddMemcpyNode::Request) -> R<GraphAddMemcpyNode::Reply> {
-        let c = &req.copy;
+        let copy = self.memcpy_node(&req.copy)?;
+        let node = self.add_node(req.graph, &req.deps, NodeWork::Memcpy(&copy))?;
+        Ok(GraphAddMemcpyNode::Reply { node })
+    }
+
+    /// A memcpy node's copy, its ends checked: host ends must be shared
+    /// blocks, which outlive the call (staging slots and inline bytes do not).
+    fn memcpy_node(&mut self, c: &gpuplex_protocol::Copy3D) -> R<backend::Copy3D> {
         if c.shape != COPY_3D {
             return Err(invalid("a memcpy node is a 3D copy"));
         }
@@ -99,23 +106,76 @@ impl Session {
         if src_slot.is_some() || dst_slot.is_some() {
             return Err(invalid("a staging slot cannot be a memcpy node's host memory"));
         }
-        let copy = backend::Copy3D { shape: COPY_3D, src, dst, width: c.width, height: c.height, depth: c.depth };
-        let node = self.add_node(req.graph, &req.deps, NodeWork::Memcpy(&copy))?;
-        Ok(GraphAddMemcpyNode::Reply { node })
+        Ok(backend::Copy3D { shape: COPY_3D, src, dst, width: c.width, height: c.height, depth: c.depth })
     }
 
     pub(super) fn graph_add_memset_node(&mut self, req: GraphAddMemsetNode::Request) -> R<GraphAddMemsetNode::Reply> {
-        let op = backend::Memset {
-            dst: req.dst.0,
-            pitch: req.pitch,
-            value: req.value,
-            element_size: req.elementSize,
-            width: req.width,
-            height: req.height,
-        };
-        self.check_memset(&op)?;
+        let op = self.memset_node(req.dst, req.pitch, req.value, req.elementSize, req.width, req.height)?;
         let node = self.add_node(req.graph, &req.deps, NodeWork::Memset(&op))?;
         Ok(GraphAddMemsetNode::Reply { node })
+    }
+
+    /// A memset node's work, its range checked.
+    fn memset_node(
+        &mut self,
+        dst: gpuplex_protocol::DevPtr,
+        pitch: u64,
+        value: u32,
+        element_size: u32,
+        width: u64,
+        height: u64,
+    ) -> R<backend::Memset> {
+        let op = backend::Memset { dst: dst.0, pitch, value, element_size, width, height };
+        self.check_memset(&op)?;
+        Ok(op)
+    }
+
+    pub(super) fn graph_memcpy_node_set(
+        &mut self,
+        req: GraphMemcpyNodeSetParams::Request,
+    ) -> R<GraphMemcpyNodeSetParams::Reply> {
+        let (node, exec) = self.node_in(req.node, req.exec)?;
+        let copy = self.memcpy_node(&req.copy)?;
+        let (_, ctx) = self.current_ctx()?;
+        // SAFETY: as in `add_node`.
+        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Memcpy(&copy))? };
+        Ok(GraphMemcpyNodeSetParams::Reply {})
+    }
+
+    pub(super) fn graph_memset_node_set(
+        &mut self,
+        req: GraphMemsetNodeSetParams::Request,
+    ) -> R<GraphMemsetNodeSetParams::Reply> {
+        let (node, exec) = self.node_in(req.node, req.exec)?;
+        let op = self.memset_node(req.dst, req.pitch, req.value, req.elementSize, req.width, req.height)?;
+        let (_, ctx) = self.current_ctx()?;
+        // SAFETY: no host memory in this node.
+        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Memset(&op))? };
+        Ok(GraphMemsetNodeSetParams::Reply {})
+    }
+
+    pub(super) fn graph_child_node_set(
+        &mut self,
+        req: GraphChildNodeSetParams::Request,
+    ) -> R<GraphChildNodeSetParams::Reply> {
+        let (node, exec) = self.node_in(req.node, req.exec)?;
+        let child = self.tables.get(Kind::Graph, req.child.0)?.obj;
+        let (_, ctx) = self.current_ctx()?;
+        // SAFETY: the child's memcpy nodes were checked as they were added.
+        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Child(child))? };
+        Ok(GraphChildNodeSetParams::Reply {})
+    }
+
+    pub(super) fn graph_event_node_set(
+        &mut self,
+        req: GraphEventNodeSetEvent::Request,
+    ) -> R<GraphEventNodeSetEvent::Reply> {
+        let (node, exec) = self.node_in(req.node, req.exec)?;
+        let event = self.tables.get(Kind::Event, req.event.0)?.obj;
+        let (_, ctx) = self.current_ctx()?;
+        // SAFETY: no host memory in this node.
+        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Event { event, wait: req.wait })? };
+        Ok(GraphEventNodeSetEvent::Reply {})
     }
 
     pub(super) fn graph_add_empty_node(&mut self, req: GraphAddEmptyNode::Request) -> R<GraphAddEmptyNode::Reply> {
@@ -141,8 +201,11 @@ impl Session {
         if req.from.0.len() != req.to.0.len() {
             return Err(invalid("as many nodes each side of the edges"));
         }
+        if !req.data.0.is_empty() && req.data.0.len() != req.from.0.len() {
+            return Err(invalid("edge data for every edge or none"));
+        }
         let (from, to) = (self.nodes_of(req.graph.0, &req.from.0)?, self.nodes_of(req.graph.0, &req.to.0)?);
-        self.backend.graph_dependencies(g, &from, &to, req.remove)?;
+        self.backend.graph_dependencies(g, &from, &to, &req.data.0, req.remove)?;
         Ok(GraphDependencies::Reply {})
     }
 
@@ -150,11 +213,13 @@ impl Session {
         let g = self.tables.get(Kind::Graph, req.graph.0)?.obj;
         let edges = self.backend.graph_edges(g)?;
         let (mut from, mut to) = (Vec::with_capacity(edges.len()), Vec::with_capacity(edges.len()));
-        for (f, t) in edges {
+        let mut data = Vec::with_capacity(edges.len());
+        for (f, t, d) in edges {
             from.push(self.node_handle(req.graph.0, f));
             to.push(self.node_handle(req.graph.0, t));
+            data.push(d);
         }
-        Ok(GraphEdges::Reply { from: Seq(from), to: Seq(to) })
+        Ok(GraphEdges::Reply { from: Seq(from), to: Seq(to), data: Seq(data) })
     }
 
     /// A node of one of the session's graphs, as `(graph handle, backend node)`.
@@ -167,8 +232,10 @@ impl Session {
 
     pub(super) fn graph_node_edges(&mut self, req: GraphNodeEdges::Request) -> R<GraphNodeEdges::Reply> {
         let (graph, node) = self.node(req.node)?;
-        let nodes = self.backend.graph_node_edges(node, req.dependents)?;
-        Ok(GraphNodeEdges::Reply { nodes: Seq(nodes.into_iter().map(|n| self.node_handle(graph, n)).collect()) })
+        let edges = self.backend.graph_node_edges(node, req.dependents)?;
+        let data = edges.iter().map(|&(_, d)| d).collect();
+        let nodes = edges.into_iter().map(|(n, _)| self.node_handle(graph, n)).collect();
+        Ok(GraphNodeEdges::Reply { nodes: Seq(nodes), data: Seq(data) })
     }
 
     /// A node, and the executable graph whose copy of it is meant (NULL:
@@ -191,7 +258,8 @@ impl Session {
         let (func, launch) = self.kernel_node(req.func, dims, req.sharedMem, &req.params)?;
         let (_, ctx) = self.current_ctx()?;
         let kernel = NodeWork::Kernel { func, launch: &launch, params: &req.params };
-        self.backend.graph_node_set(ctx, node, exec, &kernel)?;
+        // SAFETY: no host memory in this node.
+        unsafe { self.backend.graph_node_set(ctx, node, exec, &kernel)? };
         Ok(GraphKernelNodeSetParams::Reply {})
     }
 
@@ -223,7 +291,8 @@ impl Session {
         let (node, exec) = self.node_in(req.node, req.exec)?;
         let f = self.host_fn(req.id)?;
         let (_, ctx) = self.current_ctx()?;
-        self.backend.graph_node_set(ctx, node, exec, &NodeWork::Host(f))?;
+        // SAFETY: no host memory in this node.
+        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Host(f))? };
         Ok(GraphHostNodeSetParams::Reply {})
     }
 

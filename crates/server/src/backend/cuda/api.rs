@@ -19,6 +19,7 @@ use gpuplex_protocol::{CallError, CuError};
 
 use super::arrays::{Array3DDescriptor, Memcpy2D, Memcpy3D, Resource};
 use super::graph::{ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams};
+use super::tensor_maps::Raw as TensorMapRaw;
 use super::{BResult, LaunchConfig};
 
 /// `CUmemLocation`.
@@ -353,11 +354,37 @@ driver_api! {
         count: usize,
         event: CUevent,
     );
-    cuGraphAddDependencies(graph: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, count: usize);
-    cuGraphRemoveDependencies(graph: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, count: usize);
-    cuGraphGetEdges(graph: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, count: *mut usize);
-    cuGraphNodeGetDependencies(node: *mut c_void, deps: *mut *mut c_void, count: *mut usize);
-    cuGraphNodeGetDependentNodes(node: *mut c_void, deps: *mut *mut c_void, count: *mut usize);
+    cuStreamBeginCaptureToGraph(
+        stream: CUstream,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        data: *const u64,
+        count: usize,
+        mode: c_int,
+    );
+    cuGraphAddDependencies_v2(
+        graph: *mut c_void,
+        from: *const *mut c_void,
+        to: *const *mut c_void,
+        data: *const u64,
+        count: usize,
+    );
+    cuGraphRemoveDependencies_v2(
+        graph: *mut c_void,
+        from: *const *mut c_void,
+        to: *const *mut c_void,
+        data: *const u64,
+        count: usize,
+    );
+    cuGraphGetEdges_v2(
+        graph: *mut c_void,
+        from: *mut *mut c_void,
+        to: *mut *mut c_void,
+        data: *mut u64,
+        count: *mut usize,
+    );
+    cuGraphNodeGetDependencies_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut u64, count: *mut usize);
+    cuGraphNodeGetDependentNodes_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut u64, count: *mut usize);
     cuGraphKernelNodeSetParams_v2(node: *mut c_void, params: *const KernelNodeParams);
     cuGraphExecKernelNodeSetParams_v2(exec: *mut c_void, node: *mut c_void, params: *const KernelNodeParams);
     cuGraphClone(clone: *mut *mut c_void, graph: *mut c_void);
@@ -373,8 +400,54 @@ driver_api! {
     );
     cuGraphHostNodeSetParams(node: *mut c_void, params: *const HostNodeParams);
     cuGraphExecHostNodeSetParams(exec: *mut c_void, node: *mut c_void, params: *const HostNodeParams);
+    cuGraphMemcpyNodeSetParams(node: *mut c_void, copy: *const Memcpy3D);
+    cuGraphExecMemcpyNodeSetParams(exec: *mut c_void, node: *mut c_void, copy: *const Memcpy3D, ctx: CUcontext);
+    cuGraphMemsetNodeSetParams(node: *mut c_void, params: *const MemsetNodeParams);
+    cuGraphExecMemsetNodeSetParams(
+        exec: *mut c_void,
+        node: *mut c_void,
+        params: *const MemsetNodeParams,
+        ctx: CUcontext,
+    );
+    cuGraphEventRecordNodeSetEvent(node: *mut c_void, event: CUevent);
+    cuGraphExecChildGraphNodeSetParams(exec: *mut c_void, node: *mut c_void, child: *mut c_void);
+    cuGraphEventWaitNodeSetEvent(node: *mut c_void, event: CUevent);
+    cuGraphExecEventRecordNodeSetEvent(exec: *mut c_void, node: *mut c_void, event: CUevent);
+    cuGraphExecEventWaitNodeSetEvent(exec: *mut c_void, node: *mut c_void, event: CUevent);
     cuLaunchHostFunc(stream: CUstream, run: unsafe extern "C" fn(*mut c_void), data: *mut c_void);
     cuGraphExecUpdate_v2(exec: *mut c_void, graph: *mut c_void, info: *mut ExecUpdateResultInfo);
+    cuTensorMapEncodeTiled(
+        map: *mut TensorMapRaw,
+        data_type: c_int,
+        rank: c_uint,
+        address: *mut c_void,
+        dims: *const u64,
+        strides: *const u64,
+        window: *const c_uint,
+        element_strides: *const c_uint,
+        interleave: c_int,
+        swizzle: c_int,
+        l2_promotion: c_int,
+        oob_fill: c_int,
+    );
+    cuTensorMapEncodeIm2col(
+        map: *mut TensorMapRaw,
+        data_type: c_int,
+        rank: c_uint,
+        address: *mut c_void,
+        dims: *const u64,
+        strides: *const u64,
+        lower: *const c_int,
+        upper: *const c_int,
+        channels: c_uint,
+        pixels: c_uint,
+        element_strides: *const c_uint,
+        interleave: c_int,
+        swizzle: c_int,
+        l2_promotion: c_int,
+        oob_fill: c_int,
+    );
+    cuTensorMapReplaceAddress(map: *mut TensorMapRaw, address: *mut c_void);
     cuProfilerStart();
     cuProfilerStop();
     cuStreamGetId(stream: CUstream, id: *mut c_ulonglong);

@@ -17,6 +17,24 @@ pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
     check(unsafe { api::cuStreamBeginCapture_v2(raw(stream), mode as c_int) })
 }
 
+pub(super) fn begin_capture_to_graph(
+    ctx: Obj,
+    stream: Obj,
+    graph: Obj,
+    deps: &[Obj],
+    data: &[u64],
+    mode: u32,
+) -> BResult<()> {
+    enter(ctx)?;
+    let deps = raw_nodes(deps);
+    let data = if data.len() == deps.len() && !data.is_empty() { data.as_ptr() } else { std::ptr::null() };
+    // SAFETY: a live stream of `ctx`, a live graph and nodes of it, as many
+    // edge data or none.
+    check(unsafe {
+        api::cuStreamBeginCaptureToGraph(raw(stream), raw(graph), deps.as_ptr(), data, deps.len(), mode as c_int)
+    })
+}
+
 pub(super) fn end_capture(ctx: Obj, stream: Obj) -> BResult<Obj> {
     enter(ctx)?;
     // SAFETY: as above; out-pointer to a local.
@@ -109,6 +127,10 @@ pub(super) fn nodes(graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
     };
     let mut count = 0usize;
     check(list(null_mut(), &mut count))?;
+    // The driver refuses a list with room for nothing.
+    if count == 0 {
+        return Ok(Vec::new());
+    }
     let mut nodes: Vec<*mut c_void> = vec![null_mut(); count];
     check(list(nodes.as_mut_ptr(), &mut count))?;
     nodes.truncate(count);
@@ -192,22 +214,7 @@ pub(super) unsafe fn add_node(ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWor
     enter(ctx)?;
     let (g, deps) = (raw(graph), raw_nodes(deps));
     let (d, n) = (deps.as_ptr(), deps.len());
-    // The structures the driver copies, made first: their sizes may not fit.
-    let copy = match node {
-        NodeWork::Memcpy(c) => Some(arrays::memcpy_3d(c)?),
-        _ => None,
-    };
-    let memset = match node {
-        NodeWork::Memset(m) => Some(MemsetNodeParams {
-            dst: m.dst,
-            pitch: size(m.pitch)?,
-            value: m.value,
-            element_size: m.element_size,
-            width: size(m.width)?,
-            height: size(m.height)?,
-        }),
-        _ => None,
-    };
+    let (copy, memset) = structures(node)?;
     // SAFETY: out-pointer to a local; a live graph of the session's and its
     // nodes; the parameter structures live across the call, which copies
     // them; handles and ranges the session checked.
@@ -227,48 +234,76 @@ pub(super) unsafe fn add_node(ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWor
     })
 }
 
-pub(super) fn dependencies(graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()> {
+pub(super) fn dependencies(graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {
     let (from, to) = (raw_nodes(from), raw_nodes(to));
     let n = from.len().min(to.len());
-    // SAFETY: a live graph and nodes of it, `n` of each.
+    let data = if data.len() >= n && !data.is_empty() { data.as_ptr() } else { std::ptr::null() };
+    // SAFETY: a live graph and nodes of it, `n` of each, and `n` edge data
+    // or none.
     check(unsafe {
         if remove {
-            api::cuGraphRemoveDependencies(raw(graph), from.as_ptr(), to.as_ptr(), n)
+            api::cuGraphRemoveDependencies_v2(raw(graph), from.as_ptr(), to.as_ptr(), data, n)
         } else {
-            api::cuGraphAddDependencies(raw(graph), from.as_ptr(), to.as_ptr(), n)
+            api::cuGraphAddDependencies_v2(raw(graph), from.as_ptr(), to.as_ptr(), data, n)
         }
     })
 }
 
+type Listing = (*mut *mut c_void, *mut *mut c_void, *mut u64, *mut usize);
+
 /// Asks a list of the driver twice: its length, then the list.
-fn listed(list: impl Fn(*mut *mut c_void, *mut *mut c_void, *mut usize) -> api::Raw) -> BResult<Vec<(Obj, Obj)>> {
+fn listed(list: impl Fn(Listing) -> api::Raw) -> BResult<Vec<(Obj, Obj, u64)>> {
     let mut count = 0usize;
-    check(list(null_mut(), null_mut(), &mut count))?;
-    let (mut a, mut b): (Vec<*mut c_void>, Vec<*mut c_void>) = (vec![null_mut(); count], vec![null_mut(); count]);
-    check(list(a.as_mut_ptr(), b.as_mut_ptr(), &mut count))?;
-    Ok(a.into_iter().zip(b).take(count).map(|(a, b)| (obj(a), obj(b))).collect())
+    check(list((null_mut(), null_mut(), null_mut(), &mut count)))?;
+    let (mut a, mut b) = (vec![null_mut(); count], vec![null_mut(); count]);
+    let mut data = vec![0u64; count];
+    check(list((a.as_mut_ptr(), b.as_mut_ptr(), data.as_mut_ptr(), &mut count)))?;
+    Ok(a.into_iter().zip(b).zip(data).take(count).map(|((a, b), d)| (obj(a), obj(b), d)).collect())
 }
 
-pub(super) fn edges(graph: Obj) -> BResult<Vec<(Obj, Obj)>> {
+pub(super) fn edges(graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
     // SAFETY: a live graph; NULL arrays ask the count, else room for `*count`.
-    listed(|from, to, count| unsafe { api::cuGraphGetEdges(raw(graph), from, to, count) })
+    listed(|(from, to, data, count)| unsafe { api::cuGraphGetEdges_v2(raw(graph), from, to, data, count) })
 }
 
-pub(super) fn node_edges(node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
+pub(super) fn node_edges(node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>> {
     // SAFETY: a live node; as above, the second array unused.
-    let pairs = listed(|nodes, _, count| unsafe {
+    let pairs = listed(|(nodes, _, data, count)| unsafe {
         if dependents {
-            api::cuGraphNodeGetDependentNodes(raw(node), nodes, count)
+            api::cuGraphNodeGetDependentNodes_v2(raw(node), nodes, data, count)
         } else {
-            api::cuGraphNodeGetDependencies(raw(node), nodes, count)
+            api::cuGraphNodeGetDependencies_v2(raw(node), nodes, data, count)
         }
     })?;
-    Ok(pairs.into_iter().map(|(n, _)| n).collect())
+    Ok(pairs.into_iter().map(|(n, _, d)| (n, d)).collect())
 }
 
-pub(super) fn node_set(ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
+/// The structures the driver copies for a memcpy or memset node, made
+/// first: their sizes may not fit.
+fn structures(work: &NodeWork<'_>) -> BResult<(Option<arrays::Memcpy3D>, Option<MemsetNodeParams>)> {
+    Ok(match *work {
+        NodeWork::Memcpy(c) => (Some(arrays::memcpy_3d(c)?), None),
+        NodeWork::Memset(m) => (
+            None,
+            Some(MemsetNodeParams {
+                dst: m.dst,
+                pitch: size(m.pitch)?,
+                value: m.value,
+                element_size: m.element_size,
+                width: size(m.width)?,
+                height: size(m.height)?,
+            }),
+        ),
+        _ => (None, None),
+    })
+}
+
+/// # Safety
+/// As for [`add_node`].
+pub(super) unsafe fn node_set(ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
     enter(ctx)?;
     let (n, e) = (raw(node), exec.map(raw::<c_void>));
+    let (copy, memset) = structures(work)?;
     check(match *work {
         NodeWork::Kernel { func, launch, params } => kernel_params(func, launch, params, |p| {
             // SAFETY: a live node (and executable graph); the parameters
@@ -288,7 +323,37 @@ pub(super) fn node_set(ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'
                 None => api::cuGraphHostNodeSetParams(n, &p),
             }
         },
-        _ => return Err(CallError::new(CuError::INVALID_VALUE, "only kernel and host nodes are set here")),
+        // SAFETY: as above; a memcpy node's host ends per the contract.
+        NodeWork::Memcpy(_) => unsafe {
+            let c = copy.as_ref().expect("made");
+            match e {
+                Some(e) => api::cuGraphExecMemcpyNodeSetParams(e, n, c, raw(ctx)),
+                None => api::cuGraphMemcpyNodeSetParams(n, c),
+            }
+        },
+        // SAFETY: as above.
+        NodeWork::Memset(_) => unsafe {
+            let m = memset.as_ref().expect("made");
+            match e {
+                Some(e) => api::cuGraphExecMemsetNodeSetParams(e, n, m, raw(ctx)),
+                None => api::cuGraphMemsetNodeSetParams(n, m),
+            }
+        },
+        // SAFETY: as above; a live event of the session's.
+        NodeWork::Event { event, wait } => unsafe {
+            match (e, wait) {
+                (Some(e), true) => api::cuGraphExecEventWaitNodeSetEvent(e, n, raw(event)),
+                (Some(e), false) => api::cuGraphExecEventRecordNodeSetEvent(e, n, raw(event)),
+                (None, true) => api::cuGraphEventWaitNodeSetEvent(n, raw(event)),
+                (None, false) => api::cuGraphEventRecordNodeSetEvent(n, raw(event)),
+            }
+        },
+        NodeWork::Child(child) => match e {
+            // SAFETY: as above; a live graph of the session's.
+            Some(e) => unsafe { api::cuGraphExecChildGraphNodeSetParams(e, n, raw(child)) },
+            None => return Err(CallError::new(CuError::INVALID_VALUE, "a child graph is set in an executable graph")),
+        },
+        NodeWork::Empty => return Err(CallError::new(CuError::INVALID_VALUE, "an empty node has nothing to set")),
     })
 }
 

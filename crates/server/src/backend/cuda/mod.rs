@@ -35,7 +35,7 @@ use gpuplex_protocol::{
 
 use super::{
     one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, ExecUpdate, HostCopy, HostFn, Launch,
-    Memset, NodeWork, Obj, ParamSlot, Place, Way,
+    Memset, NodeWork, Obj, ParamSlot, Place, TensorMap, TensorMapBytes, Way,
 };
 
 mod api;
@@ -43,6 +43,7 @@ mod arrays;
 mod graph;
 mod image;
 mod pools;
+mod tensor_maps;
 mod vmm;
 
 use api::{check, or_older, Raw};
@@ -238,6 +239,11 @@ fn device_info(ordinal: c_int) -> Result<DeviceInfo, CudaError> {
     // Every id, answered or not: the client replays errors too.
     let attributes = (0..DEVICE_ATTRIBUTE_COUNT as c_int)
         .map(|id| {
+            // A guest's ordinary memory lives in another process, out of
+            // the device's reach whatever this machine's driver offers.
+            if GUEST_UNREACHABLE.contains(&id) {
+                return Attribute { status: 0, value: 0 };
+            }
             let mut value = 0;
             // SAFETY: out-pointer to a local; the id is a plain integer,
             // which the driver validates.
@@ -256,6 +262,10 @@ fn device_info(ordinal: c_int) -> Result<DeviceInfo, CudaError> {
         attributes: Seq(attributes),
     })
 }
+
+/// `CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS` and
+/// `..._PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES`.
+const GUEST_UNREACHABLE: [c_int; 2] = [88, 100];
 
 /// A C string the driver wrote into `buf`, up to its NUL.
 fn text(buf: &[u8]) -> String {
@@ -1033,6 +1043,30 @@ impl Backend for Cuda {
         query(|p| unsafe { api::cuStreamIsCapturing(raw(stream), p) })
     }
 
+    fn tensor_map_encode(&self, map: &TensorMap) -> BResult<TensorMapBytes> {
+        tensor_maps::encode(map)
+    }
+
+    fn tensor_map_replace_address(&self, map: &TensorMapBytes, address: u64) -> BResult<TensorMapBytes> {
+        tensor_maps::replace_address(map, address)
+    }
+
+    fn refuse_in_capture(&self, ctx: Obj, stream: Obj, what: &str) -> BResult<()> {
+        match self.stream_capture_status(ctx, stream)? {
+            0 => Ok(()),
+            1 => {
+                // Waiting for a capturing stream is refused and invalidates
+                // its capture: the driver's own way to end one as failed.
+                let _ = sync_stream(stream);
+                Err(CallError::new(
+                    CuError::STREAM_CAPTURE_UNSUPPORTED,
+                    format!("{what} while the stream is capturing"),
+                ))
+            }
+            _ => Err(CuError::STREAM_CAPTURE_INVALIDATED.into()),
+        }
+    }
+
     fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
         enter(ctx)?;
         // SAFETY: the stream is live or special; out-pointer to a local.
@@ -1123,6 +1157,18 @@ impl Backend for Cuda {
         graph::begin_capture(ctx, stream, mode)
     }
 
+    fn stream_begin_capture_to_graph(
+        &self,
+        ctx: Obj,
+        stream: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        data: &[u64],
+        mode: u32,
+    ) -> BResult<()> {
+        graph::begin_capture_to_graph(ctx, stream, graph, deps, data, mode)
+    }
+
     fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj> {
         graph::end_capture(ctx, stream)
     }
@@ -1172,20 +1218,21 @@ impl Backend for Cuda {
         unsafe { graph::add_node(ctx, graph, deps, node) }
     }
 
-    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()> {
-        graph::dependencies(graph, from, to, remove)
+    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {
+        graph::dependencies(graph, from, to, data, remove)
     }
 
-    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>> {
+    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
         graph::edges(graph)
     }
 
-    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
+    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>> {
         graph::node_edges(node, dependents)
     }
 
-    fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
-        graph::node_set(ctx, node, exec, work)
+    unsafe fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
+        // SAFETY: the caller's guarantee.
+        unsafe { graph::node_set(ctx, node, exec, work) }
     }
 
     fn launch_host_func(&self, ctx: Obj, stream: Obj, f: HostFn) -> BResult<()> {

@@ -1,8 +1,8 @@
 //! Graphs on the emulated device: a capturing stream's work is recorded as
 //! nodes instead of run, or nodes are added by hand; an executable graph
 //! runs its nodes one after another in an order that respects every
-//! dependency (child graphs inlined), since the device runs all work at
-//! once in call order anyway.
+//! dependency (a child graph's in its own order, in its node's place),
+//! since the device runs all work at once in call order anyway.
 //!
 //! The test device captures one stream at a time, with kernels, memsets and
 //! copies between device memory and registered host memory. Work it cannot
@@ -43,7 +43,8 @@ pub enum Work {
     Copy3D(Copy3D),
     Empty,
     /// A child graph: a copy of its work in order, made when the node was
-    /// added (as the driver copies it), inlined when the graph is instantiated.
+    /// added (as the driver copies it), run in the node's place; kept whole
+    /// so that an executable graph's copy can be replaced.
     Child(Vec<(u64, Work)>),
     Event {
         event: u64,
@@ -52,15 +53,15 @@ pub enum Work {
     Host(HostFn),
 }
 
-/// The most work one graph may hold, child graphs inlined: the test device
+/// The most work one graph may hold, its child graphs' counted in: the test device
 /// runs it with the device locked.
 const MAX_WORK: usize = 1 << 16;
 
 impl Work {
-    /// The work items this node stands for once child graphs are inlined.
+    /// The work items this node stands for, child graphs' counted in.
     fn size(&self) -> usize {
         match self {
-            Work::Child(work) => work.len(),
+            Work::Child(work) => work.iter().map(|(_, w)| w.size()).sum(),
             _ => 1,
         }
     }
@@ -108,6 +109,9 @@ struct Capture {
     tail: Vec<u64>,
     /// Why the capture can no longer succeed, once something failed in it.
     invalid: Option<CuError>,
+    /// Whether the graph was made for the capture (and goes if it fails),
+    /// rather than given by the program.
+    owned: bool,
 }
 
 /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`, `_INVALIDATED`.
@@ -124,6 +128,26 @@ pub struct Graphs {
     captures: HashMap<u64, Capture>,
     /// Each clone's copy of a node: `(clone, original node)` to node.
     clones: HashMap<(u64, u64), u64>,
+    /// The data of edges `(from, to)` other than the default.
+    edge_data: HashMap<(u64, u64), u64>,
+}
+
+/// Whether two child graphs' work has the same kinds of node in the same
+/// order, their own child graphs' too.
+fn same_shape(a: &[(u64, Work)], b: &[(u64, Work)]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|((_, x), (_, y))| match (x, y) {
+            (Work::Child(x), Work::Child(y)) => same_shape(x, y),
+            (x, y) => x.node_type() == y.node_type(),
+        })
+}
+
+/// `CUgraphEdgeData` as the driver documents it: a from-port of 0 to 2
+/// (default, programmatic, launch order), a to-port of 0, a type of 0 or 1
+/// (default, programmatic), the rest zero; programmatic edges join kernels.
+fn edge_data_valid(data: u64, kernels: bool) -> bool {
+    let [from_port, to_port, kind, ..] = data.to_le_bytes();
+    data >> 24 == 0 && from_port <= 2 && to_port == 0 && kind <= 1 && (data == 0 || kernels)
 }
 
 impl Graphs {
@@ -150,15 +174,36 @@ impl Graphs {
     }
 
     pub fn begin(&mut self, stream: Obj) -> BResult<()> {
+        self.check_capturable(stream)?;
+        let graph = self.create().0;
+        let id = self.id();
+        self.captures.insert(stream.0, Capture { graph, id, tail: Vec::new(), invalid: None, owned: true });
+        Ok(())
+    }
+
+    /// A capture into the program's `graph`, after its nodes `deps`.
+    pub fn begin_into(&mut self, stream: Obj, graph: Obj, deps: &[Obj]) -> BResult<()> {
+        self.check_capturable(stream)?;
+        let nodes = self.graphs.get(&graph.0).ok_or(CuError::INVALID_VALUE)?;
+        if !deps.iter().all(|d| nodes.iter().any(|n| n.id == d.0)) {
+            return Err(err(CuError::INVALID_VALUE, "a dependency is not a node of the graph"));
+        }
+        if self.captures.values().any(|c| c.graph == graph.0) {
+            return Err(err(CuError::ILLEGAL_STATE, "the graph is being captured into already"));
+        }
+        let id = self.id();
+        let tail = deps.iter().map(|d| d.0).collect();
+        self.captures.insert(stream.0, Capture { graph: graph.0, id, tail, invalid: None, owned: false });
+        Ok(())
+    }
+
+    fn check_capturable(&self, stream: Obj) -> BResult<()> {
         if stream.0 <= 2 {
             return Err(err(CuError::STREAM_CAPTURE_UNSUPPORTED, "a default stream cannot be captured"));
         }
         if self.is_capturing(stream) {
             return Err(err(CuError::ILLEGAL_STATE, "the stream is already capturing"));
         }
-        let graph = self.create().0;
-        let id = self.id();
-        self.captures.insert(stream.0, Capture { graph, id, tail: Vec::new(), invalid: None });
         Ok(())
     }
 
@@ -170,7 +215,9 @@ impl Graphs {
         match c.invalid {
             None => Ok(Obj(c.graph)),
             Some(why) => {
-                self.graphs.remove(&c.graph);
+                if c.owned {
+                    self.graphs.remove(&c.graph);
+                }
                 Err(err(CuError::STREAM_CAPTURE_INVALIDATED, format!("the capture failed earlier with {why:?}")))
             }
         }
@@ -249,8 +296,8 @@ impl Graphs {
     }
 
     /// A graph's work in an order that respects its dependencies (the order
-    /// the nodes were added where none decides), child graphs inlined:
-    /// Kahn's order, in time linear in the nodes and edges.
+    /// the nodes were added where none decides): Kahn's order, in time
+    /// linear in the nodes and edges.
     fn ordered(&self, graph: u64) -> BResult<Vec<(u64, Work)>> {
         let nodes = self.graphs.get(&graph).ok_or(CuError::INVALID_VALUE)?;
         let index: HashMap<u64, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id, i)).collect();
@@ -265,10 +312,7 @@ impl Graphs {
         let mut ready: std::collections::BTreeSet<usize> = (0..nodes.len()).filter(|&i| waiting[i] == 0).collect();
         let mut out = Vec::with_capacity(nodes.len());
         while let Some(i) = ready.pop_first() {
-            match &nodes[i].work {
-                Work::Child(work) => out.extend(work.iter().cloned()),
-                work => out.push((nodes[i].id, work.clone())),
-            }
+            out.push((nodes[i].id, nodes[i].work.clone()));
             for &j in &after[i] {
                 waiting[j] -= 1;
                 if waiting[j] == 0 {
@@ -282,8 +326,8 @@ impl Graphs {
         Ok(out)
     }
 
-    /// The work a graph runs, child graphs inlined: what one of its nodes
-    /// that inlined it would count.
+    /// The work a graph runs, its child graphs' counted in: what a node
+    /// holding it would count.
     fn size(&self, graph: u64) -> usize {
         self.graphs.get(&graph).map_or(0, |nodes| nodes.iter().map(|n| n.work.size()).sum())
     }
@@ -312,7 +356,7 @@ impl Graphs {
         if self.size(graph.0) + work.size() > MAX_WORK {
             return Err(err(
                 CuError::OUT_OF_MEMORY,
-                format!("more than {MAX_WORK} nodes in one graph, child graphs inlined"),
+                format!("more than {MAX_WORK} nodes in one graph, child graphs counted in"),
             ));
         }
         let id = self.id();
@@ -325,41 +369,65 @@ impl Graphs {
         Ok(Obj(id))
     }
 
-    pub fn dependencies(&mut self, graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()> {
+    pub fn dependencies(&mut self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {
         let nodes = self.graphs.get_mut(&graph.0).ok_or(CuError::INVALID_VALUE)?;
-        let has = |id: u64| nodes.iter().any(|n| n.id == id);
-        if from.len() != to.len() || !from.iter().chain(to).all(|n| has(n.0)) {
+        let kind = |id: u64| nodes.iter().find(|n| n.id == id).map(|n| n.work.node_type());
+        if from.len() != to.len() || !(data.is_empty() || data.len() == from.len()) {
             return Err(CuError::INVALID_VALUE.into());
         }
-        for (f, t) in from.iter().zip(to) {
+        for (i, (f, t)) in from.iter().zip(to).enumerate() {
+            let (from_kind, to_kind) = (kind(f.0), kind(t.0));
+            let kernels = from_kind == Some(0) && to_kind == Some(0);
+            if from_kind.is_none() || to_kind.is_none() || !edge_data_valid(data.get(i).copied().unwrap_or(0), kernels)
+            {
+                return Err(CuError::INVALID_VALUE.into());
+            }
+        }
+        for (i, (f, t)) in from.iter().zip(to).enumerate() {
             let node = nodes.iter_mut().find(|n| n.id == t.0).expect("checked above");
             match (remove, node.deps.iter().position(|d| *d == f.0)) {
                 (false, None) => node.deps.push(f.0),
-                (true, Some(i)) => drop(node.deps.remove(i)),
+                (true, Some(at)) => drop(node.deps.remove(at)),
                 _ => return Err(CuError::INVALID_VALUE.into()),
+            }
+            match data.get(i).copied().unwrap_or(0) {
+                d if d != 0 && !remove => drop(self.edge_data.insert((f.0, t.0), d)),
+                _ => drop(self.edge_data.remove(&(f.0, t.0))),
             }
         }
         Ok(())
     }
 
-    pub fn edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>> {
-        let nodes = self.graphs.get(&graph.0).ok_or(CuError::INVALID_VALUE)?;
-        Ok(nodes.iter().flat_map(|n| n.deps.iter().map(move |&d| (Obj(d), Obj(n.id)))).collect())
+    fn data_of(&self, from: u64, to: u64) -> u64 {
+        self.edge_data.get(&(from, to)).copied().unwrap_or(0)
     }
 
-    pub fn node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
+    pub fn edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
+        let nodes = self.graphs.get(&graph.0).ok_or(CuError::INVALID_VALUE)?;
+        Ok(nodes.iter().flat_map(|n| n.deps.iter().map(move |&d| (Obj(d), Obj(n.id), self.data_of(d, n.id)))).collect())
+    }
+
+    pub fn node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>> {
         let (graph, i) = self.locate(node.0)?;
         let nodes = &self.graphs[&graph];
         Ok(if dependents {
-            nodes.iter().filter(|n| n.deps.contains(&node.0)).map(|n| Obj(n.id)).collect()
+            nodes.iter().filter(|n| n.deps.contains(&node.0)).map(|n| (Obj(n.id), self.data_of(node.0, n.id))).collect()
         } else {
-            nodes[i].deps.iter().copied().map(Obj).collect()
+            nodes[i].deps.iter().map(|&d| (Obj(d), self.data_of(d, node.0))).collect()
         })
     }
 
     /// New work for a kernel or host node, of the same kind.
     pub fn node_set(&mut self, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
-        let new = Work::of(work);
+        let new = match *work {
+            // A child graph is set only in an executable graph, from a graph
+            // of the same shape.
+            NodeWork::Child(child) if exec.is_some() => Work::Child(self.ordered(child.0)?),
+            NodeWork::Child(_) => {
+                return Err(err(CuError::INVALID_VALUE, "a child graph is set in an executable graph"))
+            }
+            _ => Work::of(work),
+        };
         let slot = match exec {
             Some(exec) => {
                 let (_, work) = self.execs.get_mut(&exec.0).ok_or(CuError::INVALID_VALUE)?;
@@ -371,8 +439,17 @@ impl Graphs {
             }
         };
         match slot {
-            Some(w @ (Work::Kernel { .. } | Work::Host(_))) if w.node_type() == new.node_type() => {
+            Some(
+                w @ (Work::Kernel { .. } | Work::Host(_) | Work::Copy3D(_) | Work::Memset(_) | Work::Event { .. }),
+            ) if w.node_type() == new.node_type() => {
                 *w = new;
+                Ok(())
+            }
+            Some(Work::Child(old)) if matches!(&new, Work::Child(w) if same_shape(old, w)) => {
+                *old = match new {
+                    Work::Child(w) => w,
+                    _ => unreachable!("matched above"),
+                };
                 Ok(())
             }
             _ => Err(err(CuError::INVALID_VALUE, "not a node of that kind")),
@@ -398,6 +475,12 @@ impl Graphs {
                 deps: deps.iter().filter_map(|d| renamed.get(d).copied()).collect(),
             })
             .collect();
+        let data: Vec<_> = self
+            .edge_data
+            .iter()
+            .filter_map(|(&(f, t), &d)| Some(((*renamed.get(&f)?, *renamed.get(&t)?), d)))
+            .collect();
+        self.edge_data.extend(data);
         self.graphs.insert(clone, copies);
         Ok(Obj(clone))
     }
@@ -413,6 +496,7 @@ impl Graphs {
         for n in nodes {
             n.deps.retain(|d| *d != node.0);
         }
+        self.edge_data.retain(|&(from, to), _| from != node.0 && to != node.0);
         for c in self.captures.values_mut() {
             c.tail.retain(|d| *d != node.0);
         }

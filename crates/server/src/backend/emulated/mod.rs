@@ -16,6 +16,7 @@ mod graph;
 pub mod kernels;
 mod memory;
 mod pools;
+mod tensor_maps;
 mod vmm;
 
 use std::collections::HashMap;
@@ -26,7 +27,7 @@ use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, CuError, Dev
 
 use super::{
     BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, ExecUpdate, HostFn, Launch, Memset, NodeWork, Obj, ParamSlot,
-    CU_EVENT_DISABLE_TIMING,
+    TensorMap, TensorMapBytes, CU_EVENT_DISABLE_TIMING,
 };
 use crate::image::{self, Image, KernelInfo};
 use arrays::{Arrays, Device};
@@ -421,7 +422,7 @@ impl State {
                 // SAFETY: the session's function and data, kept while its graphs live.
                 Work::Host(f) => unsafe { (f.run)(f.data) },
                 Work::Child(work) => {
-                    // Inlined at instantiation; run in order should one remain.
+                    // The child graph's work, in its own order.
                     self.run_graph(ctx, work.into_iter().map(|(_, w)| w).collect())?;
                 }
             }
@@ -637,14 +638,12 @@ impl Backend for Emulated {
     fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, _sync: bool) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a copy from pageable memory")?;
         s.memory.write_at(dst, src).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
     }
 
     fn memcpy_dtoh(&self, ctx: Obj, dst: &mut [u8], src: u64, stream: Obj) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a copy to pageable memory")?;
         s.memory.read_at(src, dst).then_some(()).ok_or_else(|| CuError::INVALID_VALUE.into())
     }
 
@@ -1264,6 +1263,20 @@ impl Backend for Emulated {
         Ok(s.graphs.info(stream).status)
     }
 
+    fn tensor_map_encode(&self, map: &TensorMap) -> BResult<TensorMapBytes> {
+        tensor_maps::encode(map)
+    }
+
+    fn tensor_map_replace_address(&self, map: &TensorMapBytes, address: u64) -> BResult<TensorMapBytes> {
+        tensor_maps::replace_address(map, address)
+    }
+
+    fn refuse_in_capture(&self, ctx: Obj, stream: Obj, what: &str) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, what)
+    }
+
     fn event_create(&self, ctx: Obj, flags: u32) -> BResult<Obj> {
         let mut s = self.state();
         s.ctx(ctx)?;
@@ -1319,6 +1332,23 @@ impl Backend for Emulated {
         let mut s = self.state();
         s.stream(ctx, stream)?;
         s.graphs.begin(stream)
+    }
+
+    fn stream_begin_capture_to_graph(
+        &self,
+        ctx: Obj,
+        stream: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        data: &[u64],
+        _mode: u32,
+    ) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        if data.iter().any(|&d| d != 0) {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "edge data into a capture on the emulated device"));
+        }
+        s.graphs.begin_into(stream, graph, deps)
     }
 
     fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj> {
@@ -1403,19 +1433,19 @@ impl Backend for Emulated {
         s.graphs.add_node(graph, deps, node)
     }
 
-    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], remove: bool) -> BResult<()> {
-        self.state().graphs.dependencies(graph, from, to, remove)
+    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {
+        self.state().graphs.dependencies(graph, from, to, data, remove)
     }
 
-    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj)>> {
+    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
         self.state().graphs.edges(graph)
     }
 
-    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<Obj>> {
+    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>> {
         self.state().graphs.node_edges(node, dependents)
     }
 
-    fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
+    unsafe fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
         let mut s = self.state();
         s.ctx(ctx)?;
         s.graphs.node_set(node, exec, work)
