@@ -282,6 +282,21 @@ fn memset_node(graph: *mut c_void, d: Seq<u64>, p: *const MemsetNodeParams) -> R
     Ok(client::call(req)?.node)
 }
 
+fn memcpy_node(graph: *mut c_void, d: Seq<u64>, p: *const Memcpy3D) -> Result<GraphNode, CuError> {
+    let req = calls::GraphAddMemcpyNode::Request { graph: Graph(graph as u64), deps: d, copy: node_copy(p)? };
+    Ok(client::call(req)?.node)
+}
+
+fn child_node(graph: *mut c_void, d: Seq<u64>, child: *mut c_void) -> Result<GraphNode, CuError> {
+    let req =
+        calls::GraphAddChildGraphNode::Request { graph: Graph(graph as u64), deps: d, child: Graph(child as u64) };
+    Ok(client::call(req)?.node)
+}
+
+fn empty_node(graph: *mut c_void, d: Seq<u64>) -> Result<GraphNode, CuError> {
+    Ok(client::call(calls::GraphAddEmptyNode::Request { graph: Graph(graph as u64), deps: d })?.node)
+}
+
 fn set_memcpy(node: *mut c_void, exec: u64, p: *const Memcpy3D) -> Result<(), CuError> {
     let req = calls::GraphMemcpyNodeSetParams::Request {
         node: GraphNode(node as u64),
@@ -382,10 +397,7 @@ unsafe fn add_any(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const NodeParam
     unsafe {
         match p.kind {
             NODE_KERNEL => add_kernel(out, graph, d, kernel_v2(at.cast())?),
-            NODE_MEMCPY => add(out, || {
-                let copy = node_copy(&(*at.cast::<MemcpyNodeParams>()).copy)?;
-                Ok(client::call(calls::GraphAddMemcpyNode::Request { graph: Graph(graph as u64), deps: d, copy })?.node)
-            }),
+            NODE_MEMCPY => add(out, || memcpy_node(graph, d, &(*at.cast::<MemcpyNodeParams>()).copy)),
             NODE_MEMSET => add(out, || memset_node(graph, d, at.cast())),
             NODE_HOST => add_host(out, graph, d, at.cast()),
             NODE_GRAPH => {
@@ -394,18 +406,9 @@ unsafe fn add_any(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const NodeParam
                     crate::log::warn("cuGraphAddNode: a child graph moved into its node is not supported by gpuplex");
                     return Err(CuError::NOT_SUPPORTED);
                 }
-                add(out, || {
-                    let req = calls::GraphAddChildGraphNode::Request {
-                        graph: Graph(graph as u64),
-                        deps: d,
-                        child: Graph(child.graph as u64),
-                    };
-                    Ok(client::call(req)?.node)
-                })
+                add(out, || child_node(graph, d, child.graph))
             }
-            NODE_EMPTY => add(out, || {
-                Ok(client::call(calls::GraphAddEmptyNode::Request { graph: Graph(graph as u64), deps: d })?.node)
-            }),
+            NODE_EMPTY => add(out, || empty_node(graph, d)),
             NODE_WAIT_EVENT => add(out, || event_node(graph, d, *at.cast::<*mut c_void>(), true)),
             NODE_EVENT_RECORD => add(out, || event_node(graph, d, *at.cast::<*mut c_void>(), false)),
             kind => Err(unsupported_node("cuGraphAddNode", kind)),
@@ -628,19 +631,13 @@ exports! {
             Ok(())
         };
     cuGraphAddMemcpyNode(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const Memcpy3D, _ctx: *mut c_void) =>
-        add(out, || {
-            let req = calls::GraphAddMemcpyNode::Request { graph: Graph(g as u64), deps: deps(d, n)?, copy: node_copy(p)? };
-            Ok(client::call(req)?.node)
-        });
+        add(out, || memcpy_node(g, deps(d, n)?, p));
     cuGraphAddMemsetNode(out: Out, g: *mut c_void, d: Deps, n: usize, p: *const MemsetNodeParams, _ctx: *mut c_void) =>
         add(out, || memset_node(g, deps(d, n)?, p));
     cuGraphAddEmptyNode(out: Out, g: *mut c_void, d: Deps, n: usize) =>
-        add(out, || Ok(client::call(calls::GraphAddEmptyNode::Request { graph: Graph(g as u64), deps: deps(d, n)? })?.node));
+        add(out, || empty_node(g, deps(d, n)?));
     cuGraphAddChildGraphNode(out: Out, g: *mut c_void, d: Deps, n: usize, child: *mut c_void) =>
-        add(out, || {
-            let req = calls::GraphAddChildGraphNode::Request { graph: Graph(g as u64), deps: deps(d, n)?, child: Graph(child as u64) };
-            Ok(client::call(req)?.node)
-        });
+        add(out, || child_node(g, deps(d, n)?, child));
     cuGraphAddEventRecordNode(out: Out, g: *mut c_void, d: Deps, n: usize, e: *mut c_void) =>
         add(out, || event_node(g, deps(d, n)?, e, false));
     cuGraphAddEventWaitNode(out: Out, g: *mut c_void, d: Deps, n: usize, e: *mut c_void) =>

@@ -136,9 +136,7 @@ impl Session {
     ) -> R<GraphMemcpyNodeSetParams::Reply> {
         let (node, exec) = self.node_in(req.node, req.exec)?;
         let copy = self.memcpy_node(&req.copy)?;
-        let (_, ctx) = self.current_ctx()?;
-        // SAFETY: as in `add_node`.
-        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Memcpy(&copy))? };
+        self.set_node(node, exec, &NodeWork::Memcpy(&copy))?;
         Ok(GraphMemcpyNodeSetParams::Reply {})
     }
 
@@ -148,9 +146,7 @@ impl Session {
     ) -> R<GraphMemsetNodeSetParams::Reply> {
         let (node, exec) = self.node_in(req.node, req.exec)?;
         let op = self.memset_node(req.dst, req.pitch, req.value, req.elementSize, req.width, req.height)?;
-        let (_, ctx) = self.current_ctx()?;
-        // SAFETY: no host memory in this node.
-        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Memset(&op))? };
+        self.set_node(node, exec, &NodeWork::Memset(&op))?;
         Ok(GraphMemsetNodeSetParams::Reply {})
     }
 
@@ -160,9 +156,7 @@ impl Session {
     ) -> R<GraphChildNodeSetParams::Reply> {
         let (node, exec) = self.node_in(req.node, req.exec)?;
         let child = self.tables.get(Kind::Graph, req.child.0)?.obj;
-        let (_, ctx) = self.current_ctx()?;
-        // SAFETY: the child's memcpy nodes were checked as they were added.
-        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Child(child))? };
+        self.set_node(node, exec, &NodeWork::Child(child))?;
         Ok(GraphChildNodeSetParams::Reply {})
     }
 
@@ -172,9 +166,7 @@ impl Session {
     ) -> R<GraphEventNodeSetEvent::Reply> {
         let (node, exec) = self.node_in(req.node, req.exec)?;
         let event = self.tables.get(Kind::Event, req.event.0)?.obj;
-        let (_, ctx) = self.current_ctx()?;
-        // SAFETY: no host memory in this node.
-        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Event { event, wait: req.wait })? };
+        self.set_node(node, exec, &NodeWork::Event { event, wait: req.wait })?;
         Ok(GraphEventNodeSetEvent::Reply {})
     }
 
@@ -238,6 +230,15 @@ impl Session {
         Ok(GraphNodeEdges::Reply { nodes: Seq(nodes), data: Seq(data) })
     }
 
+    /// Gives a node (in its graph, or in `exec`) its new work.
+    fn set_node(&mut self, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> R<()> {
+        let (_, ctx) = self.current_ctx()?;
+        // SAFETY: as in `add_node`: a memcpy node's host ends are checked
+        // ranges of shared blocks (`memcpy_node`), and a child graph's were
+        // checked as its nodes were added.
+        unsafe { self.backend.graph_node_set(ctx, node, exec, work) }
+    }
+
     /// A node, and the executable graph whose copy of it is meant (NULL:
     /// the node itself), as the backend's.
     fn node_in(&self, node: GraphNode, exec: GraphExec) -> R<(Obj, Option<Obj>)> {
@@ -256,10 +257,7 @@ impl Session {
         let (node, exec) = self.node_in(req.node, req.exec)?;
         let dims = [req.gridX, req.gridY, req.gridZ, req.blockX, req.blockY, req.blockZ];
         let (func, launch) = self.kernel_node(req.func, dims, req.sharedMem, &req.params)?;
-        let (_, ctx) = self.current_ctx()?;
-        let kernel = NodeWork::Kernel { func, launch: &launch, params: &req.params };
-        // SAFETY: no host memory in this node.
-        unsafe { self.backend.graph_node_set(ctx, node, exec, &kernel)? };
+        self.set_node(node, exec, &NodeWork::Kernel { func, launch: &launch, params: &req.params })?;
         Ok(GraphKernelNodeSetParams::Reply {})
     }
 
@@ -290,9 +288,7 @@ impl Session {
     ) -> R<GraphHostNodeSetParams::Reply> {
         let (node, exec) = self.node_in(req.node, req.exec)?;
         let f = self.host_fn(req.id)?;
-        let (_, ctx) = self.current_ctx()?;
-        // SAFETY: no host memory in this node.
-        unsafe { self.backend.graph_node_set(ctx, node, exec, &NodeWork::Host(f))? };
+        self.set_node(node, exec, &NodeWork::Host(f))?;
         Ok(GraphHostNodeSetParams::Reply {})
     }
 
