@@ -6,7 +6,8 @@
 // clone and its copy of a node; a child graph; edges added and removed; an
 // executable graph updated from a graph of the same shape and refused one
 // of another; a node destroyed; host functions, as host nodes and launched
-// into a capture, running after the work before them; a graph made with the
+// into a capture, running after the work before them, copy nodes to and
+// from ordinary memory; a graph made with the
 // generic cuGraphAddNode and changed through cuGraph[Exec]NodeSetParams and
 // the per-type setters (memset, memcpy, event), as XLA's command buffers
 // are. Every result is compared with the host's.
@@ -225,14 +226,19 @@ int main() {
     CHECK(cuGraphDestroyNode(join));
     printf("a node destroyed: %zu nodes left\n", count_nodes(graph));
 
-    // A host node after a copy out: it sees the copy's data.
+    // Copy nodes between ordinary memory and the device, and a host node
+    // after the copy out: it sees the copy's data. Launched twice, with new
+    // input written to the program's memory between.
     CUgraph with_host;
     CHECK(cuGraphCreate(&with_host, 0));
-    CUgraphNode copy_node, host_node;
-    c = copy_1d(CU_MEMORYTYPE_DEVICE, (void *)a, CU_MEMORYTYPE_HOST, out, N * sizeof(float));
-    CHECK(cuGraphAddMemcpyNode(&copy_node, with_host, nullptr, 0, &c, ctx));
+    std::vector<float> plain_in(N), plain_out(N);
+    CUgraphNode plain_copy_in, copy_node, host_node;
+    c = copy_1d(CU_MEMORYTYPE_HOST, plain_in.data(), CU_MEMORYTYPE_DEVICE, (void *)a, N * sizeof(float));
+    CHECK(cuGraphAddMemcpyNode(&plain_copy_in, with_host, nullptr, 0, &c, ctx));
+    c = copy_1d(CU_MEMORYTYPE_DEVICE, (void *)a, CU_MEMORYTYPE_HOST, plain_out.data(), N * sizeof(float));
+    CHECK(cuGraphAddMemcpyNode(&copy_node, with_host, &plain_copy_in, 1, &c, ctx));
     Seen seen;
-    seen.data = out;
+    seen.data = plain_out.data();
     CUDA_HOST_NODE_PARAMS h = {};
     h.fn = look, h.userData = &seen;
     CHECK(cuGraphAddHostNode(&host_node, with_host, &copy_node, 1, &h));
@@ -240,12 +246,21 @@ int main() {
     CHECK(cuGraphHostNodeGetParams(host_node, &h_back));
     CUgraphExec host_exec;
     CHECK(cuGraphInstantiate(&host_exec, with_host, 0));
-    CHECK(cuGraphLaunch(host_exec, s));
-    CHECK(cuStreamSynchronize(s));
-    double want = 0;
-    for (int i = 0; i < N; i++) want += in[i];
-    printf("a host node after a copy: ran %d time(s), saw the copy: %s, its parameters read back: %s\n", seen.runs,
-           yes_no(seen.sum == want), yes_no(h_back.fn == look && h_back.userData == &seen));
+    bool saw = true, copied = true;
+    for (int round = 1; round <= 2; round++) {
+        double want = 0;
+        for (int i = 0; i < N; i++) {
+            plain_in[i] = (float)(i % 7 + round);
+            want += plain_in[i];
+        }
+        CHECK(cuGraphLaunch(host_exec, s));
+        CHECK(cuStreamSynchronize(s));
+        saw = saw && seen.sum == want;
+        copied = copied && plain_out == plain_in;
+    }
+    printf("copy nodes to and from ordinary memory, a host node after them: ran %d time(s), saw the copy: %s, "
+           "the program's memory has it: %s, its parameters read back: %s\n",
+           seen.runs, yes_no(saw), yes_no(copied), yes_no(h_back.fn == look && h_back.userData == &seen));
 
     // A host function launched into a capture, between a memset and a copy.
     Seen counted;

@@ -58,6 +58,8 @@ pub struct Row {
     pub posted: bool,
     /// How the front-end's memos take part in the call.
     pub memo: Option<MemoUse>,
+    /// Queues work on a device or waits for it.
+    pub device: bool,
 }
 
 /// A row's part in one of the front-end's memos (`crate::memo`), named in
@@ -136,11 +138,13 @@ pub fn parse(text: &str) -> Result<Table, String> {
             _ => return Err(fail("unknown kind")),
         };
         let mut rest = rest.trim();
-        let (mut posted, mut memo) = (false, None);
+        let (mut posted, mut memo, mut device) = (false, None, false);
         loop {
             let (word, after) = rest.split_once(' ').unwrap_or((rest, ""));
             if word == "posted" {
                 posted = true;
+            } else if word == "device" {
+                device = true;
             } else if let Some(m) = MemoUse::parse(word) {
                 if memo.replace(m).is_some() {
                     return Err(fail("a row takes part in one memo at most"));
@@ -156,8 +160,12 @@ pub fn parse(text: &str) -> Result<Table, String> {
         if posted && memo.is_some() {
             return Err(fail("a posted row waits for nothing a memo could keep"));
         }
+        if device && (kind == Kind::Control || memo.is_some()) {
+            return Err(fail("only a call that is no memo's query can reach a device"));
+        }
         if kind == Kind::Control {
-            let row = Row { opcode, kind, name: rest.to_owned(), params: vec![], aliases: vec![], posted, memo };
+            let row =
+                Row { opcode, kind, name: rest.to_owned(), params: vec![], aliases: vec![], posted, memo, device };
             table.rows.push(row);
             continue;
         }
@@ -190,7 +198,7 @@ pub fn parse(text: &str) -> Result<Table, String> {
         if posted && params.iter().any(|p| p.dir != Dir::In) {
             return Err(fail("a posted row cannot have results"));
         }
-        let row = Row { opcode, kind, name, params, aliases, posted, memo };
+        let row = Row { opcode, kind, name, params, aliases, posted, memo, device };
         if matches!(row.memo, Some(MemoUse::Changes(_))) && row.group_param().is_none() {
             return Err(fail("a row that changes a memo needs a handle parameter to name the group"));
         }
@@ -341,7 +349,11 @@ pub fn protocol_code(table: &Table) -> String {
     for row in &table.rows {
         writeln!(s, "            Opcode::{0} => \"{0}\",", row.name).unwrap();
     }
-    s += "        }\n    }\n}\n\n";
+    s += "        }\n    }\n\n";
+    s += "    /// Whether the call queues work on a device or waits for it (`device` rows).\n    pub fn reaches_device(self) -> bool {\n        matches!(self, ";
+    let device: Vec<String> = table.rows.iter().filter(|r| r.device).map(|r| format!("Opcode::{}", r.name)).collect();
+    s += &if device.is_empty() { "_ if false".to_owned() } else { device.join(" | ") };
+    s += ")\n    }\n}\n\n";
 
     s += "/// One module per call: its `Request` and `Reply`.\n#[allow(non_snake_case)]\npub mod calls {\n";
     for row in &calls {
@@ -543,12 +555,15 @@ handwritten cuInit
 0x0113 export memo(things) cuThingGetFunction(out f: Func, lib: Library, name: Name)
 0x0114 export changes(things) cuThingSet(f: Func, value: i32)
 0x0115 export forgets(things) cuThingUnload(lib: Library)
+0x0116 wire device Run(stream: Stream) -> ()
 ";
 
     #[test]
     fn parses_rows() {
         let t = parse(SAMPLE).unwrap();
-        assert_eq!(t.rows.len(), 7);
+        assert_eq!(t.rows.len(), 8);
+        assert!(t.rows[7].device && !t.rows[6].device);
+        assert!(protocol_code(&t).contains("matches!(self, Opcode::Run)"));
         assert_eq!(t.rows[4].memo, Some(MemoUse::Keeps("things".into())));
         assert_eq!(t.rows[5].memo, Some(MemoUse::Changes("things".into())));
         assert_eq!(t.rows[1].params[0].dir, Dir::Out);
@@ -569,6 +584,7 @@ handwritten cuInit
         assert!(parse("0x0001 wire memo(x) a(v: u32) -> ()").unwrap_err().contains("only export"));
         assert!(parse("0x0001 export changes(x) a(v: u32)").unwrap_err().contains("handle parameter"));
         assert!(parse("0x0001 export memo(x) forgets(x) a(v: u32)").unwrap_err().contains("one memo"));
+        assert!(parse("0x0001 export device memo(x) a(v: u32)").unwrap_err().contains("reach a device"));
     }
 
     #[test]

@@ -64,6 +64,7 @@ program_tests!(
     pools,
     arrays,
     graph_nodes,
+    graph_memory,
     tensor_maps,
 );
 
@@ -137,8 +138,10 @@ fn device_query() {
 /// emulated device yet, and why. They are built and run all the same, and
 /// must fail cleanly: a CHECK line on stderr and exit status 1, no hang, no
 /// crash. Everything else there runs in `rt` below, static and shared.
-const RUNTIME_UNSUPPORTED: &[(&str, &str)] =
-    &[("managed", "__managed__ variables are not served by gpuplex yet (managed_alloc has cudaMallocManaged)")];
+const RUNTIME_UNSUPPORTED: &[(&str, &str)] = &[(
+    "managed_kernels",
+    "its kernels reach __managed__ variables by name; the emulated device runs reference kernels",
+)];
 
 /// Runs `runtime/NAME.LINKAGE` (LINKAGE: `static` or `shared` cudart) on an
 /// embedded emulated server and checks its stdout against
@@ -190,6 +193,8 @@ runtime_tests!(
     runtime_api,
     zero_copy,
     managed_alloc,
+    managed,
+    graph_pageable,
     stream_ordered,
     textures,
 );

@@ -286,7 +286,13 @@ impl Client {
 impl Conn {
     /// Waits for the reply, with the calling thread's current context.
     pub fn call<C: Call>(&mut self, req: C) -> Result<C::Reply, CuError> {
-        self.exchange(C::OPCODE, context::current(), &codec::encode(&req))
+        let reply = self.exchange(C::OPCODE, context::current(), &codec::encode(&req));
+        if C::OPCODE.reaches_device() {
+            // The device's work this call waited for may have written
+            // ordinary memory a graph copies to.
+            crate::memory::mirrors::from_device();
+        }
+        reply
     }
 
     pub fn post<C: Call>(&mut self, req: C) -> Result<(), CuError> {
@@ -296,6 +302,10 @@ impl Conn {
     /// Sends a call; unless it is `posted`, its reply is then due
     /// ([`Conn::await_reply`]) with the id returned.
     pub fn send_call<C: Call>(&mut self, req: C, posted: bool) -> Result<u64, CuError> {
+        if C::OPCODE == Opcode::cuGraphLaunch {
+            // The graph copies from the program's ordinary memory as it is now.
+            crate::memory::mirrors::to_device();
+        }
         let payload = codec::encode(&req);
         let header = self.header(C::OPCODE, context::current(), payload.len());
         let header = if posted { header.posted() } else { header };

@@ -65,9 +65,13 @@ fn serve(mut carrier: Box<dyn Carrier>) {
             return log::warn("an undecodable host call; host functions end");
         };
         if let Some((f, data)) = registered(call.id) {
+            // The function sees what the graph's copies wrote to ordinary
+            // memory, and the graph's copies after it see what it wrote.
+            crate::memory::mirrors::from_device();
             // SAFETY: the program's function and data, run as CUDA runs a
             // host function: after the work before it, before the work after.
             unsafe { f(data) };
+            crate::memory::mirrors::to_device();
         }
         if carrier.send(&Header::reply(&header, 0, 0), &[]).is_err() {
             return;

@@ -373,16 +373,18 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     })
 }
 
-/// Libraries whose `__managed__` variables the program asked for: gpuplex
-/// cannot give the program and the library's kernels one copy of them, so
-/// those kernels are not launched (`refused_launch`) rather than run on
-/// memory the program does not see.
+/// Libraries whose `__managed__` variables could not be mirrored (without
+/// shared memory): gpuplex cannot give the program and the library's
+/// kernels one copy of them, so those kernels are not launched
+/// (`refused_launch`) rather than run on memory the program does not see.
 static WITH_MANAGED_VARIABLES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
-/// A `__managed__` variable: the program gets a copy of its first value in
-/// memory of its own, since the runtime goes on with whatever pointer this
-/// gives (a failure here left it dereferencing nothing), and the library's
-/// kernels are refused, so the copy is never mistaken for what they see.
+/// A `__managed__` variable: mirrored where memory is shared
+/// (`memory::managed`). Otherwise the program gets a copy of its first
+/// value in memory of its own, since the runtime goes on with whatever
+/// pointer this gives (a failure here left it dereferencing nothing), and
+/// the library's kernels are refused, so the copy is never mistaken for
+/// what they see.
 ///
 /// # Safety
 /// `dptr` and `bytes` are NULL or valid for writes; `name` is a C string.
@@ -395,6 +397,9 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
 ) -> CUresult {
     entry("cuLibraryGetManaged", || {
         check_global_outs(dptr, bytes)?;
+        if let Some(variable) = crate::memory::managed::variable(library as u64, c_name(name)?)? {
+            return write_global(dptr, bytes, variable);
+        }
         let req = calls::LibraryManagedValue::Request { library: Library(library as u64), name: c_name(name)? };
         let value = client::call(req)?.value;
         {
@@ -402,8 +407,8 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
             if !libraries.contains(&(library as u64)) {
                 libraries.push(library as u64);
                 crate::log::warn(
-                    "__managed__ variables are not supported by gpuplex yet: the kernels of their module will not \
-                     launch (CUDA_ERROR_NOT_SUPPORTED)",
+                    "__managed__ variables are mirrored only for a local server (shared memory): the kernels of their module \
+                     will not launch (CUDA_ERROR_NOT_SUPPORTED)",
                 );
             }
         }

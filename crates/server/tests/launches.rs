@@ -20,7 +20,7 @@ fn a_lone_posted_launch_runs_without_another_call() {
     let address = start_server("lone-launch");
     let mut c = Client::connect(&address);
     let _shared = c.share_memory();
-    let host = c.call(HostAlloc::Request { size: 4096, flags: 0, at: 0 }).unwrap();
+    let host = c.call(HostAlloc::Request { size: 4096, flags: 0, at: 0, mirror: false }).unwrap();
     let block = Region::open(c.carrier.recv_fd().unwrap()).unwrap();
     let spin = c.function(LAUNCH_PTX, "spin");
     assert_eq!(peek(&block, 0, 16), vec![0; 16]);

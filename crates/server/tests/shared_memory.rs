@@ -146,7 +146,7 @@ fn random_shared_copies_never_hurt_the_server() {
     let address = start_server("shared-fuzz");
     let mut c = Client::connect(&address);
     let (_region, layout) = c.share_memory();
-    let host = c.call(HostAlloc::Request { size: 1 << 16, flags: 0, at: 0 }).unwrap();
+    let host = c.call(HostAlloc::Request { size: 1 << 16, flags: 0, at: 0, mirror: false }).unwrap();
     let _block = Region::open(c.carrier.recv_fd().unwrap()).unwrap();
     let (slot, slots) = (layout.slot_bytes, layout.slots);
     let staging = slot * slots as u64;
@@ -188,7 +188,7 @@ fn host_blocks_are_shared_until_freed() {
     let mut c = Client::connect(&address);
     let _shared = c.share_memory();
     let size = 1u64 << 16;
-    let host = c.call(HostAlloc::Request { size, flags: 0, at: 0 }).unwrap();
+    let host = c.call(HostAlloc::Request { size, flags: 0, at: 0, mirror: false }).unwrap();
     assert_ne!(host.block, 0, "block 0 is the staging area");
     // The descriptor follows the reply.
     let block = Region::open(c.carrier.recv_fd().unwrap()).unwrap();
@@ -224,7 +224,7 @@ fn host_blocks_are_shared_until_freed() {
 
     assert_eq!(err(c.call(copy(host.block, size - 8, 16))), CuError::INVALID_VALUE, "past the block's end");
     assert_eq!(err(c.call(copy(host.block, u64::MAX - 4, 16))), CuError::INVALID_VALUE, "overflow");
-    assert_eq!(err(c.call(HostAlloc::Request { size: 0, flags: 0, at: 0 })), CuError::INVALID_VALUE);
+    assert_eq!(err(c.call(HostAlloc::Request { size: 0, flags: 0, at: 0, mirror: false })), CuError::INVALID_VALUE);
 
     c.call(HostFree::Request { block: host.block }).unwrap();
     assert_eq!(err(c.call(copy(host.block, 4096, 16))), CuError::INVALID_VALUE, "freed");
@@ -244,7 +244,7 @@ fn a_client_vanishing_with_frames_on_the_rings_leaves_nothing_behind() {
     let mut doomed = Client::connect(&address);
     let _shared = doomed.share_memory();
     doomed.alloc(1 << 30);
-    doomed.call(HostAlloc::Request { size: 1 << 16, flags: 0, at: 0 }).unwrap();
+    doomed.call(HostAlloc::Request { size: 1 << 16, flags: 0, at: 0, mirror: false }).unwrap();
     let _block = doomed.carrier.recv_fd().unwrap();
     assert!(observer.free_memory() <= before - (1 << 30));
     // Requests whose replies no one will read.

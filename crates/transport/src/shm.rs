@@ -555,6 +555,28 @@ pub fn futex_wake_all(word: &AtomicU32) {
     futex(word, libc::FUTEX_WAKE, i32::MAX as u32, None);
 }
 
+/// The runs `(start, length)` where `a` and `b` differ: what one side of a
+/// mirror kept in shared memory changed since both sides last agreed.
+pub fn differing_runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    if a == b {
+        return runs;
+    }
+    let mut i = 0;
+    while i < a.len().min(b.len()) {
+        if a[i] == b[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < a.len().min(b.len()) && a[i] != b[i] {
+            i += 1;
+        }
+        runs.push((start, i - start));
+    }
+    runs
+}
+
 fn futex(word: &AtomicU32, op: libc::c_int, value: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|t| libc::timespec { tv_sec: t.as_secs() as _, tv_nsec: t.subsec_nanos() as _ });
     let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
@@ -573,6 +595,12 @@ fn hung_up(socket: RawFd) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn differing_runs_find_each_difference() {
+        assert!(differing_runs(b"abc", b"abc").is_empty());
+        assert_eq!(differing_runs(b"abcdef", b"xbcyzf"), vec![(0, 1), (3, 2)]);
+    }
+
     use super::*;
     use std::os::fd::AsFd;
     use std::sync::Arc;

@@ -1,8 +1,11 @@
 //! Graphs: stream capture, instantiation, launch and the queries programs
 //! make of them. Capture itself is the server's driver's; this side keeps
-//! which of the process's streams capture, because while any does, copies
-//! from ordinary memory go to the server in their frames, where the driver
-//! refuses them as natively rather than capturing a staging slot's address.
+//! which of the process's streams capture, because an asynchronous copy
+//! from ordinary memory in a capturing stream is captured from a mirror of
+//! that memory (`memory::mirrors`), and while any stream captures, other
+//! copies from ordinary memory go to the server in their frames, where the
+//! driver refuses them as natively rather than capturing a staging slot's
+//! address.
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_void};
@@ -11,6 +14,7 @@ use std::sync::{Mutex, PoisonError};
 
 use gpuplex_protocol::{calls, CuError, Graph, GraphExec, Stream};
 
+mod memory;
 mod nodes;
 
 use crate::client;

@@ -188,7 +188,7 @@ pub(super) fn deps(deps: *const *mut c_void, n: usize) -> Result<Seq<u64>, CuErr
     Ok(Seq(unsafe { std::slice::from_raw_parts(deps, n) }.iter().map(|&d| d as u64).collect()))
 }
 
-fn made(out: *mut *mut c_void, node: GraphNode) -> Result<(), CuError> {
+pub(super) fn made(out: *mut *mut c_void, node: GraphNode) -> Result<(), CuError> {
     // SAFETY: checked non-NULL by the caller; the export's caller vouches for it.
     unsafe { write_out(out, node.0 as *mut c_void) };
     Ok(())
@@ -261,7 +261,7 @@ unsafe fn get_kernel(node: *mut c_void, p: *mut KernelNodeParams) -> Result<(), 
     Ok(())
 }
 
-fn add(out: *mut *mut c_void, node: impl FnOnce() -> Result<GraphNode, CuError>) -> Result<(), CuError> {
+pub(super) fn add(out: *mut *mut c_void, node: impl FnOnce() -> Result<GraphNode, CuError>) -> Result<(), CuError> {
     check_out(out)?;
     made(out, node()?)
 }
@@ -377,6 +377,8 @@ const NODE_GRAPH: u32 = 4;
 const NODE_EMPTY: u32 = 5;
 const NODE_WAIT_EVENT: u32 = 6;
 const NODE_EVENT_RECORD: u32 = 7;
+const NODE_MEM_ALLOC: u32 = 10;
+const NODE_MEM_FREE: u32 = 11;
 
 fn unsupported_node(call: &str, kind: u32) -> CuError {
     crate::log::warn(&format!("{call}: graph nodes of type {kind} are not supported by gpuplex"));
@@ -390,6 +392,10 @@ fn unsupported_node(call: &str, kind: u32) -> CuError {
 /// # Safety
 /// `p` is NULL or valid for a read, with its type's parameters as the CUDA API requires.
 unsafe fn add_any(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const NodeParams) -> Result<(), CuError> {
+    // The parameters as written to: an allocation node's address goes back
+    // into them (the C API takes them as mutable).
+    // SAFETY: per the contract, when not NULL.
+    let written = (!p.is_null()).then(|| unsafe { std::ptr::addr_of!((*p).params) }.cast::<u8>().cast_mut());
     // SAFETY: per the contract.
     let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
     let at = p.params.as_ptr();
@@ -411,6 +417,9 @@ unsafe fn add_any(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const NodeParam
             NODE_EMPTY => add(out, || empty_node(graph, d)),
             NODE_WAIT_EVENT => add(out, || event_node(graph, d, *at.cast::<*mut c_void>(), true)),
             NODE_EVENT_RECORD => add(out, || event_node(graph, d, *at.cast::<*mut c_void>(), false)),
+            // The address goes back into the caller's parameters, as the driver writes it.
+            NODE_MEM_ALLOC => super::memory::add_alloc(out, graph, d, written.expect("not NULL").cast()),
+            NODE_MEM_FREE => add(out, || super::memory::free_node(graph, d, *at.cast::<u64>())),
             kind => Err(unsupported_node("cuGraphAddNode", kind)),
         }
     }

@@ -20,7 +20,7 @@
 
 use gpuplex_protocol::{calls, CuError, DevPtr, Stream};
 
-use super::{host, known_range, parallel};
+use super::{host, known_range, mirrors, parallel};
 use crate::client::{self, Conn};
 
 /// Bytes per inline copy call: well under the frame limit.
@@ -41,9 +41,16 @@ pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuEr
             calls::MemcpyHtoDShared::Request { dst: DevPtr(dst), block, offset, size: src.len() as u64, stream, sync };
         return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
     }
+    // Captured from ordinary memory: the graph copies from a mirror of it.
+    if let Some((block, offset)) = captured_end(src.as_ptr() as u64, src.len(), stream, sync, true)? {
+        let req =
+            calls::MemcpyHtoDShared::Request { dst: DevPtr(dst), block, offset, size: src.len() as u64, stream, sync };
+        return client::call(req).map(drop);
+    }
     let mut conn = client::lock()?;
-    // While a stream captures, the server's driver must see ordinary memory
-    // as such, and refuse to capture it as it does natively.
+    // While another stream captures, the server's driver must see ordinary
+    // memory as such, and refuse it as it does natively where the capture
+    // forbids the copy.
     let capturing = crate::graph::capturing();
     if known && src.len() >= STAGED_MIN && conn.staging.is_some() && !capturing {
         return staged_htod(&mut conn, dst, src, stream);
@@ -68,6 +75,11 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
             calls::MemcpyDtoHShared::Request { block, offset, src: DevPtr(src), size: dst.len() as u64, stream, sync };
         return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
     }
+    if let Some((block, offset)) = captured_end(dst.as_ptr() as u64, dst.len(), stream, sync, false)? {
+        let req =
+            calls::MemcpyDtoHShared::Request { block, offset, src: DevPtr(src), size: dst.len() as u64, stream, sync };
+        return client::call(req).map(drop);
+    }
     let mut conn = client::lock()?;
     let capturing = crate::graph::capturing();
     if known && dst.len() >= STAGED_MIN && conn.staging.is_some() && !capturing {
@@ -85,6 +97,21 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
         chunk.copy_from_slice(&reply.data);
     }
     Ok(())
+}
+
+/// The mirror block and offset of an asynchronous copy's host end in
+/// ordinary memory, when its stream captures (see [`super::mirrors`]).
+fn captured_end(
+    ptr: u64,
+    len: usize,
+    stream: Stream,
+    sync: bool,
+    to_device: bool,
+) -> Result<Option<(u64, u64)>, CuError> {
+    if sync || !crate::graph::is_capturing(stream) {
+        return Ok(None);
+    }
+    mirrors::block_for(ptr, len, to_device)
 }
 
 pub fn dtod(dst: u64, src: u64, n: usize, stream: Stream, sync: bool) -> Result<(), CuError> {

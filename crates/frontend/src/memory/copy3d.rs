@@ -15,7 +15,7 @@ use gpuplex_protocol::{
     SIDE_DEVICE, SIDE_INLINE,
 };
 
-use super::{host, is_device, known_range};
+use super::{host, is_device, known_range, mirrors};
 use crate::client;
 use crate::ffi::{entry, ptsz_stream, stream, CUresult};
 
@@ -106,8 +106,9 @@ impl Copy {
 }
 
 /// How an end travels. Host memory in a shared block goes by block and
-/// offset; other host memory inline.
-fn side(end: &End, dims: [u64; 3]) -> Result<CopySide, CuError> {
+/// offset; other host memory inline, or, for a graph (`mirror`), by a
+/// mirror's block ([`super::mirrors`]).
+fn side(end: &End, dims: [u64; 3], mirror: bool, to_device: bool) -> Result<CopySide, CuError> {
     let mut side = CopySide {
         kind: SIDE_DEVICE,
         at: end.device,
@@ -129,7 +130,11 @@ fn side(end: &End, dims: [u64; 3]) -> Result<CopySide, CuError> {
             let (start, len) = end.extent(dims).ok_or(CuError::INVALID_VALUE)?;
             let first = (end.host as u64).checked_add(start).filter(|f| f.checked_add(len).is_some());
             let first = first.ok_or(CuError::INVALID_VALUE)?;
-            side = match host::shared_range(first, len as usize) {
+            let shared = match host::shared_range(first, len as usize) {
+                None if mirror => mirrors::block_for(first, len as usize, to_device)?,
+                found => found,
+            };
+            side = match shared {
                 Some((block, offset)) => CopySide { kind: SIDE_BLOCK, at: offset, block, x: 0, y: 0, z: 0, ..side },
                 None => CopySide { kind: SIDE_INLINE, at: 0, block: 0, x: 0, y: 0, z: 0, pitch: 0, height: 0 },
             };
@@ -145,7 +150,8 @@ fn copy(c: Copy, stream: Stream, sync: bool) -> Result<(), CuError> {
         return Ok(());
     }
     // Also checks that every row's address can be computed.
-    let (src, dst) = (side(&c.src, c.dims())?, side(&c.dst, c.dims())?);
+    let captured = !sync && crate::graph::is_capturing(stream) && !(c.src.memory == HOST && c.dst.memory == HOST);
+    let (src, dst) = (side(&c.src, c.dims(), captured, true)?, side(&c.dst, c.dims(), captured, false)?);
     if c.src.memory == HOST && c.dst.memory == HOST {
         return host_to_host(&c, stream);
     }
@@ -200,7 +206,7 @@ fn inline(c: &Copy, stream: Stream, sync: bool, to_device: bool) -> Result<(), C
             while x < c.width {
                 let width = piece.min(c.width - x);
                 let dims = [width, rows, slices];
-                let far = side(&other.offset([x, y, z]), dims)?;
+                let far = side(&other.offset([x, y, z]), dims, false, false)?;
                 let packed = CopySide { kind: SIDE_INLINE, at: 0, block: 0, x: 0, y: 0, z: 0, pitch: 0, height: 0 };
                 let (src, dst) = if to_device { (packed, far) } else { (far, packed) };
                 // The host rows of this piece, in order.
@@ -370,8 +376,9 @@ fn copy_3d(p: *const Memcpy3D, peer: bool, stream: Stream, sync: bool) -> Result
     copy(c, stream, sync)
 }
 
-/// A memcpy node's copy. Its host ends must be in blocks shared with the
-/// server, which the server's driver reaches whenever the graph runs.
+/// A memcpy node's copy. Its host ends are in blocks shared with the
+/// server, which the server's driver reaches whenever the graph runs: the
+/// program's pinned memory, or mirrors of its ordinary memory.
 /// `p` is an export's argument: NULL or valid for a read.
 pub(crate) fn node_copy(p: *const Memcpy3D) -> Result<gpuplex_protocol::Copy3D, CuError> {
     // SAFETY: NULL or valid, per the export's contract.
@@ -381,11 +388,11 @@ pub(crate) fn node_copy(p: *const Memcpy3D) -> Result<gpuplex_protocol::Copy3D, 
     if dims.contains(&0) {
         return Err(CuError::INVALID_VALUE);
     }
-    let (src, dst) = (side(&src, dims)?, side(&dst, dims)?);
+    let (src, dst) = (side(&src, dims, true, true)?, side(&dst, dims, true, false)?);
     if src.kind == SIDE_INLINE || dst.kind == SIDE_INLINE {
         crate::log::warn(
-            "cuGraphAddMemcpyNode: through gpuplex, a graph's host memory must be pinned with cuMemAllocHost \
-             (shared with the server, whose driver runs the graph)",
+            "cuGraphAddMemcpyNode: a graph's host memory must be shared with the server, whose driver runs the \
+             graph: pinned, or ordinary memory mirrored, which needs a local server",
         );
         return Err(CuError::NOT_SUPPORTED);
     }

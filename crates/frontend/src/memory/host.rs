@@ -34,7 +34,7 @@ use gpuplex_transport::shm::Region;
 use crate::client;
 use crate::ffi::{check_out, entry, write_out, CUresult};
 
-const PAGE: u64 = 4096;
+pub const PAGE: u64 = 4096;
 const CU_MEMHOSTREGISTER_IOMEMORY: u32 = 0x04;
 const KNOWN_HOSTALLOC_FLAGS: u32 = 0x07;
 const KNOWN_HOSTREGISTER_FLAGS: u32 = 0x0f;
@@ -109,9 +109,9 @@ pub fn contains(ptr: u64) -> bool {
 /// Asks the server for a block of `len` bytes (whole pages) and maps it
 /// here: where the server has it if that range is free (`at == 0`), else
 /// anywhere, for the caller to move to `at`.
-fn new_block(len: u64, flags: u32, at: u64) -> Result<(SharedBlock, Region), CuError> {
+pub fn new_block(len: u64, flags: u32, at: u64, mirror: bool) -> Result<(SharedBlock, Region), CuError> {
     let mut conn = client::lock()?;
-    let reply = conn.call(calls::HostAlloc::Request { size: len, flags, at })?;
+    let reply = conn.call(calls::HostAlloc::Request { size: len, flags, at, mirror })?;
     let fd = conn.recv_fd()?;
     drop(conn);
     let here = if at != 0 { std::ptr::null_mut() } else { reply.address as usize as *mut u8 };
@@ -128,7 +128,7 @@ fn new_block(len: u64, flags: u32, at: u64) -> Result<(SharedBlock, Region), CuE
     Ok((block(base), region))
 }
 
-fn shared_memory() -> bool {
+pub fn shared_memory() -> bool {
     client::lock().map(|c| c.staging.is_some()).unwrap_or(false)
 }
 
@@ -142,7 +142,7 @@ fn alloc_host(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CuErr
         return Err(CuError::INVALID_VALUE);
     }
     let (p, shared) = if shared_memory() {
-        let (block, region) = new_block((size as u64).next_multiple_of(PAGE), flags, 0)?;
+        let (block, region) = new_block((size as u64).next_multiple_of(PAGE), flags, 0, false)?;
         let p = region.as_ptr();
         // The mapping is the program's now; cuMemFreeHost unmaps it.
         std::mem::forget(region);
@@ -176,8 +176,13 @@ fn anonymous(size: usize) -> Result<*mut c_void, CuError> {
 
 /// Gives a block back to the server (after which its pages are only ours).
 fn release(block: SharedBlock) {
-    if let Err(e) = client::call(calls::HostFree::Request { block: block.id }) {
-        crate::log::warn(&format!("freeing pinned block {}: {e:?}", block.id));
+    free_block(block.id);
+}
+
+/// Frees the server's block `id`; this process's mapping is the caller's.
+pub fn free_block(id: u64) {
+    if let Err(e) = client::call(calls::HostFree::Request { block: id }) {
+        crate::log::warn(&format!("freeing pinned block {id}: {e:?}"));
     }
 }
 
@@ -252,7 +257,7 @@ pub fn alloc_managed(size: usize) -> Result<Option<u64>, CuError> {
         return Err(CuError::OUT_OF_MEMORY);
     }
     let at = at as u64;
-    let mapped = new_block(len, PORTABLE_DEVICEMAP, at).and_then(|(block, region)| {
+    let mapped = new_block(len, PORTABLE_DEVICEMAP, at, false).and_then(|(block, region)| {
         // SAFETY: replaces exactly the reservation made above with the block.
         if block.devptr == at && unsafe { map_over(at, len, &region) } {
             Ok(block)
@@ -356,7 +361,7 @@ fn private_anonymous(start: u64, end: u64) -> bool {
 /// Moves `[start, start + len)` (whole pages of private anonymous memory)
 /// into a new shared block, in place.
 fn share_in_place(start: u64, len: u64, flags: u32) -> Result<SharedBlock, CuError> {
-    let (block, region) = new_block(len, flags, start)?;
+    let (block, region) = new_block(len, flags, start, false)?;
     // SAFETY: `region` is a fresh mapping of `len` bytes; the source range
     // is the program's, readable (checked private anonymous, rw).
     unsafe { std::ptr::copy_nonoverlapping(start as *const u8, region.as_ptr(), len as usize) };

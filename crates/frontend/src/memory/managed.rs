@@ -12,13 +12,62 @@
 //! only checked. It needs a local server: without shared memory there is no
 //! memory both sides can reach, and allocation answers
 //! `CUDA_ERROR_NOT_SUPPORTED`.
+//!
+//! A library's `__managed__` variables are placed by the server's driver,
+//! so they cannot be put in shared memory. The server shares a mirror of
+//! their pages instead, which is mapped here at the variables' own
+//! addresses, and copies each variable to and from it around the calls that
+//! reach the device (`server/src/session/managed.rs`).
 
 use std::ffi::c_void;
+use std::sync::{Mutex, PoisonError};
 
-use gpuplex_protocol::CuError;
+use gpuplex_protocol::{calls, CuError, DevPtr, Library};
+use gpuplex_transport::shm::Region;
 
 use super::host;
+use crate::client;
 use crate::ffi::{check_out, entry, write_out, CUresult};
+
+/// Mirrored pages of managed variables, `(start, end)`, mapped for good.
+static MIRRORS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// The `__managed__` variable `name` of `library`, `(address, size)`, with
+/// its pages mirrored here; None where they cannot be (no shared memory, or
+/// something of this process's own at those addresses).
+pub fn variable(library: u64, name: String) -> Result<Option<(DevPtr, u64)>, CuError> {
+    if !host::shared_memory() {
+        return Ok(None);
+    }
+    let mut conn = client::lock()?;
+    // The runtime goes on with whatever pointer it gets, so a failure here
+    // leaves the caller's copy of the variable to answer.
+    let reply = match conn.call(calls::LibraryGetManaged::Request { library: Library(library), name }) {
+        Ok(r) => r,
+        Err(e) => {
+            crate::log::warn(&format!("a managed variable cannot be mirrored: {e:?}"));
+            return Ok(None);
+        }
+    };
+    let fd = if reply.mirrorLen > 0 { Some(conn.recv_fd()?) } else { None };
+    drop(conn);
+    let mut mirrors = MIRRORS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(fd) = fd {
+        let (at, end) = (reply.mirror, reply.mirror.saturating_add(reply.mirrorLen));
+        match Region::open_at(fd, at as usize as *mut u8) {
+            Ok(region) if region.as_ptr() as u64 == at && region.len() as u64 == reply.mirrorLen => {
+                // The program keeps the variables' addresses as long as it runs.
+                std::mem::forget(region);
+                mirrors.push((at, end));
+            }
+            _ => crate::log::warn(&format!("a managed variable's pages at {at:#x} are taken in this process")),
+        }
+    }
+    let page = |p: u64| mirrors.iter().any(|&(start, end)| start <= p && p < end);
+    let (start, end) = (reply.dptr.0, reply.dptr.0.saturating_add(reply.bytes));
+    let whole = (start & !(host::PAGE - 1)..end).step_by(host::PAGE as usize).all(page);
+    Ok(whole.then_some((reply.dptr, reply.bytes)))
+}
 
 /// `CU_MEM_ATTACH_GLOBAL`, `_HOST`, `_SINGLE`.
 const ATTACH_GLOBAL: u32 = 1;

@@ -11,11 +11,12 @@ mod copy;
 pub(crate) mod copy3d;
 mod host;
 pub mod lanes;
-mod managed;
+pub mod managed;
+pub mod mirrors;
 mod parallel;
-mod pools;
+pub(crate) mod pools;
 mod streaming;
-mod vmm;
+pub(crate) mod vmm;
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;

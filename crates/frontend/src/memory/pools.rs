@@ -24,6 +24,35 @@ pub struct MemPoolProps {
     reserved: [u8; 54],
 }
 
+/// Pool properties as the program gives them; what this build cannot
+/// carry (reserved bytes, Windows attributes) must be empty.
+pub(crate) fn read_props(p: &MemPoolProps) -> Result<PoolProps, CuError> {
+    if p.reserved.iter().any(|&b| b != 0) || !p.win32_security_attributes.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    Ok(PoolProps {
+        kind: p.kind,
+        handle_types: p.handle_types,
+        location_kind: p.location.kind,
+        location: p.location.id,
+        max_size: p.max_size as u64,
+        usage: p.usage.into(),
+    })
+}
+
+/// Pool properties as the program reads them.
+pub(crate) fn c_props(p: &PoolProps) -> MemPoolProps {
+    MemPoolProps {
+        kind: p.kind,
+        handle_types: p.handle_types,
+        location: MemLocation { kind: p.location_kind, id: p.location },
+        win32_security_attributes: std::ptr::null_mut(),
+        max_size: p.max_size as usize,
+        usage: p.usage as u16,
+        reserved: [0; 54],
+    }
+}
+
 /// `CU_MEM_LOCATION_TYPE_DEVICE` and `CU_MEM_ALLOCATION_TYPE_PINNED`.
 const LOCATION_DEVICE: u32 = 1;
 const ALLOCATION_PINNED: u32 = 1;
@@ -71,18 +100,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const M
     entry("cuMemPoolCreate", || {
         check_out(pool)?;
         // SAFETY: NULL or valid, per the contract.
-        let p = unsafe { props.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
-        if p.reserved.iter().any(|&b| b != 0) || !p.win32_security_attributes.is_null() {
-            return Err(CuError::INVALID_VALUE);
-        }
-        let props = PoolProps {
-            kind: p.kind,
-            handle_types: p.handle_types,
-            location_kind: p.location.kind,
-            location: p.location.id,
-            max_size: p.max_size as u64,
-            usage: p.usage.into(),
-        };
+        let props = read_props(unsafe { props.as_ref() }.ok_or(CuError::INVALID_VALUE)?)?;
         let reply = client::call(calls::MemPoolCreate::Request { props })?;
         // SAFETY: checked non-NULL; the caller vouches for it.
         unsafe { write_out(pool, reply.pool.0 as *mut c_void) };

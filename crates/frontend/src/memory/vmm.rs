@@ -38,12 +38,17 @@ pub struct MemAccessDesc {
     flags: u32,
 }
 
+/// An access descriptor as the program reads it.
+pub(crate) fn c_access(a: &AccessDesc) -> MemAccessDesc {
+    MemAccessDesc { location: MemLocation { kind: a.location_kind, id: a.location }, flags: a.flags }
+}
+
 /// The most descriptors one call sends; the server refuses more.
 const MAX_ACCESS_DESCS: usize = 64;
 
 /// # Safety
 /// `desc` is NULL or valid for `count` reads.
-pub(super) unsafe fn read_access(desc: *const MemAccessDesc, count: usize) -> Result<Seq<AccessDesc>, CuError> {
+pub(crate) unsafe fn read_access(desc: *const MemAccessDesc, count: usize) -> Result<Seq<AccessDesc>, CuError> {
     if desc.is_null() || count == 0 || count > MAX_ACCESS_DESCS {
         return Err(CuError::INVALID_VALUE);
     }

@@ -226,8 +226,19 @@ pub trait Backend: Send + Sync {
     fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, sync: bool) -> BResult<()>;
     fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, sync: bool) -> BResult<()>;
 
-    /// The bytes of a library's `__managed__` variable, which belongs to no context.
-    fn library_managed_value(&self, library: Obj, name: &str) -> BResult<Vec<u8>>;
+    /// A library's `__managed__` variable, `(address, size)`, one for every context.
+    fn library_get_managed(&self, library: Obj, name: &str) -> BResult<(u64, u64)>;
+    /// Reads managed memory from the host, as the program would: without
+    /// waiting for the device.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + out.len())` lies in a managed variable of a loaded library.
+    unsafe fn managed_read(&self, ptr: u64, out: &mut [u8]) -> BResult<()>;
+    /// Writes managed memory from the host, as [`Backend::managed_read`] reads it.
+    ///
+    /// # Safety
+    /// As for [`Backend::managed_read`].
+    unsafe fn managed_write(&self, ptr: u64, data: &[u8]) -> BResult<()>;
 
     // Virtual memory management. Locations name backend devices; `ctx`,
     // where the guest has one current, is made current first.
@@ -461,6 +472,29 @@ pub trait Backend: Send + Sync {
     fn graph_destroy_node(&self, node: Obj) -> BResult<()>;
     /// `cuGraphExecUpdate`: its outcome, and what `CUgraphExecUpdateResultInfo` says.
     fn graph_exec_update(&self, ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate>;
+
+    // Graph memory. Locations name backend devices.
+    /// A memory allocation node of `graph` after `deps`: `(node, address)`.
+    fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)>;
+    /// An allocation node's parameters, its address included.
+    fn graph_mem_alloc_node_params(&self, node: Obj) -> BResult<GraphAlloc>;
+    /// The address a memory free node frees.
+    fn graph_mem_free_node_params(&self, node: Obj) -> BResult<u64>;
+    /// `cuDeviceGraphMemTrim`.
+    fn graph_mem_trim(&self, dev: i32) -> BResult<()>;
+    /// A `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).
+    fn graph_mem_attribute(&self, dev: i32, attr: i32) -> BResult<u64>;
+    fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()>;
+}
+
+/// A graph memory allocation node's parameters (`CUDA_MEM_ALLOC_NODE_PARAMS`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphAlloc {
+    pub props: PoolProps,
+    pub access: Vec<AccessDesc>,
+    pub bytes: u64,
+    /// The address the driver gave; 0 before the node is made.
+    pub dptr: u64,
 }
 
 /// What a graph node built by hand does.
@@ -481,6 +515,8 @@ pub enum NodeWork<'a> {
         wait: bool,
     },
     Host(HostFn),
+    /// Frees graph memory at this address.
+    MemFree(u64),
 }
 
 /// A host function as the driver calls it: `run(data)`.

@@ -294,9 +294,66 @@ impl Session {
 
 #[allow(non_snake_case)]
 impl Api for Session {
+    fn GraphAddMemAllocNode(&mut self, req: GraphAddMemAllocNode::Request) -> R<GraphAddMemAllocNode::Reply> {
+        self.graph_add_mem_alloc_node(req)
+    }
+
+    fn GraphAddMemFreeNode(&mut self, req: GraphAddMemFreeNode::Request) -> R<GraphAddMemFreeNode::Reply> {
+        self.graph_add_mem_free_node(req)
+    }
+
+    fn GraphMemAllocNodeParams(&mut self, req: GraphMemAllocNodeParams::Request) -> R<GraphMemAllocNodeParams::Reply> {
+        self.graph_mem_alloc_node_params(req)
+    }
+
+    fn cuGraphMemFreeNodeGetParams(
+        &mut self,
+        req: cuGraphMemFreeNodeGetParams::Request,
+    ) -> R<cuGraphMemFreeNodeGetParams::Reply> {
+        self.graph_mem_free_node_params(req)
+    }
+
+    fn cuDeviceGraphMemTrim(&mut self, req: cuDeviceGraphMemTrim::Request) -> R<cuDeviceGraphMemTrim::Reply> {
+        self.graph_mem_trim(req)
+    }
+
+    fn cuDeviceGetGraphMemAttribute(
+        &mut self,
+        req: cuDeviceGetGraphMemAttribute::Request,
+    ) -> R<cuDeviceGetGraphMemAttribute::Reply> {
+        self.graph_mem_attribute(req)
+    }
+
+    fn GraphMemAttributeSet(&mut self, req: GraphMemAttributeSet::Request) -> R<GraphMemAttributeSet::Reply> {
+        self.graph_mem_set_attribute(req)
+    }
+
+    fn LibraryGetManaged(&mut self, req: LibraryGetManaged::Request) -> R<LibraryGetManaged::Reply> {
+        if !self.shared.connected() {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "managed variables are mirrored in shared memory only"));
+        }
+        let lib = self.tables.get(Kind::Library, req.library.0)?;
+        let (ptr, size) = self.backend.library_get_managed(lib.obj, &req.name)?;
+        let new = self.managed.add(&*self.backend, req.library.0, ptr, size)?;
+        // Copies and launches in any context may name it.
+        self.tables.add_region(ptr, Region { size, ctx: 0, owner: Some(Owner::Library(req.library.0)) });
+        let (mirror, mirrorLen) = new.map_or((0, 0), |pages| {
+            self.fd_after_reply = Some(pages.fd);
+            (pages.at, pages.len)
+        });
+        Ok(LibraryGetManaged::Reply { dptr: DevPtr(ptr), bytes: size, mirror, mirrorLen })
+    }
+
     fn LibraryManagedValue(&mut self, req: LibraryManagedValue::Request) -> R<LibraryManagedValue::Reply> {
-        let library = self.tables.get(Kind::Library, req.library.0)?;
-        Ok(LibraryManagedValue::Reply { value: self.backend.library_managed_value(library.obj, &req.name)? })
+        let lib = self.tables.get(Kind::Library, req.library.0)?;
+        let (ptr, size) = self.backend.library_get_managed(lib.obj, &req.name)?;
+        if size > gpuplex_protocol::MAX_PAYLOAD as u64 / 2 {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "a __managed__ variable larger than a frame"));
+        }
+        let mut value = vec![0u8; size as usize];
+        // SAFETY: the variable the backend just named, whole.
+        unsafe { self.backend.managed_read(ptr, &mut value) }?;
+        Ok(LibraryManagedValue::Reply { value })
     }
 
     fn CaptureMode(&mut self, req: CaptureMode::Request) -> R<CaptureMode::Reply> {
@@ -877,11 +934,24 @@ impl Api for Session {
             return Err(invalid(format!("host allocation flags {:#x}", req.flags)));
         }
         let (_, ctx) = self.current_ctx()?;
-        let (block, host) = self.shared.alloc(&*self.backend, ctx, req.size, req.at)?;
-        let (address, devptr) = (host.region.as_ptr() as u64, host.devptr);
+        let alloc = |s: &mut Session| -> R<_> {
+            let (block, host) = s.shared.alloc(&*s.backend, ctx, req.size, req.at)?;
+            Ok((block, host.region.as_ptr() as u64, host.devptr, host.region.fd().try_clone_to_owned()))
+        };
+        // A mirror stands in for memory the driver takes into a capture
+        // as it is: its registration must not be refused as the guest's own
+        // allocation would be.
+        let (block, address, devptr, fd) = if req.mirror { self.relaxed(alloc) } else { alloc(self) }?;
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.shared.free(&*self.backend, block)?;
+                return Err(CallError::new(CuError::OUT_OF_MEMORY, format!("a host block's descriptor: {e}")));
+            }
+        };
         // Kernels may use the memory through its device address.
         self.tables.add_region(devptr, Region { size: req.size, ctx: 0, owner: Some(Owner::HostBlock(block)) });
-        self.fd_after_reply = Some(block);
+        self.fd_after_reply = Some(fd);
         Ok(HostAlloc::Reply { block, address, devptr: DevPtr(devptr) })
     }
 
@@ -1037,6 +1107,7 @@ impl Api for Session {
 
     fn cuLibraryUnload(&mut self, req: cuLibraryUnload::Request) -> R<cuLibraryUnload::Reply> {
         let entry = self.tables.get(Kind::Library, req.library.0)?;
+        self.managed.unloaded(req.library.0);
         self.backend.library_unload(entry.obj)?;
         self.tables.remove(Kind::Library, req.library.0)?;
         Ok(cuLibraryUnload::Reply {})

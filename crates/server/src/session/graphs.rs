@@ -10,7 +10,7 @@
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{CallError, CuError, Graph, GraphExec, Seq};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::tables::{Entry, Kind, Owner};
 use super::{invalid, Session};
@@ -32,6 +32,36 @@ impl Session {
             _ => return Err(CallError::new(CuError::INVALID_VALUE, format!("capture mode {}", req.mode))),
         };
         Ok(CaptureMode::Reply {})
+    }
+
+    /// Runs `f` with the driver's capture rules relaxed on the session's
+    /// thread while a stream captures: for what the server does of its own
+    /// accord (a mirror's registration, teardown), which no capture of the
+    /// guest's should refuse.
+    pub(super) fn relaxed<T>(&mut self, f: impl FnOnce(&mut Session) -> T) -> T {
+        if self.capturing.is_empty() || self.driver_capture_mode == RELAXED {
+            return f(self);
+        }
+        let before = self.backend.exchange_capture_mode(RELAXED);
+        let out = f(self);
+        if let Ok(mode) = before {
+            if let Err(e) = self.backend.exchange_capture_mode(mode) {
+                warn!("capture mode {mode} not restored: {e}");
+            }
+        }
+        out
+    }
+
+    /// Ends the captures a guest left running, discarding their graphs, so
+    /// that nothing of its teardown is refused as unsafe in a capture.
+    pub(super) fn end_captures(&mut self) {
+        for (ctx, stream) in std::mem::take(&mut self.capturing) {
+            match self.backend.stream_end_capture(ctx, stream) {
+                Ok(graph) if graph != Obj(0) => drop(self.backend.graph_destroy(graph)),
+                Ok(_) => {}
+                Err(e) => debug!("a capture left running ended: {e}"),
+            }
+        }
     }
 
     /// Gives the session's thread the calling client thread's capture mode.

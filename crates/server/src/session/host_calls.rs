@@ -147,17 +147,19 @@ pub fn join(mut carrier: Box<dyn Carrier>, header: &Header, join: &LaneJoin, hub
         Ok(c) => c,
         Err(e) => return warn!(%peer, "cannot keep a host-call connection: {}", crate::chain(&e)),
     };
-    // Held across the answer: once the guest has it, the session sees the
-    // connection, whichever of its calls comes next; a second join waits
-    // for it and is refused.
+    // Held across the answer, and the connection marked before it: once
+    // the guest has the answer, the session sees the connection, whichever
+    // of its calls comes next (its thread reads the mark without this lock).
+    // A second join waits for the lock and is refused.
     let mut channel = calls.channel.lock().unwrap_or_else(PoisonError::into_inner);
     if channel.is_some() {
         return refuse(&mut *carrier, "the session's host calls are connected already");
     }
-    if carrier.send(&Header::reply(header, 0, 0), &[]).is_ok() {
-        *channel = Some(carrier);
-        *calls.socket.lock().unwrap_or_else(PoisonError::into_inner) = Some(spare);
-        calls.connected.store(true, Ordering::Release);
+    *calls.socket.lock().unwrap_or_else(PoisonError::into_inner) = Some(spare);
+    calls.connected.store(true, Ordering::Release);
+    match carrier.send(&Header::reply(header, 0, 0), &[]) {
+        Ok(()) => *channel = Some(carrier),
+        Err(_) => calls.connected.store(false, Ordering::Release),
     }
 }
 

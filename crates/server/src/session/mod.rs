@@ -13,12 +13,14 @@
 
 mod api;
 mod arrays;
+mod graph_memory;
 mod graphs;
 mod host_calls;
 mod images;
 pub mod lanes;
 mod launcher;
 mod line;
+mod managed;
 mod nodes;
 mod pools;
 mod scratch;
@@ -27,6 +29,7 @@ pub mod tables;
 mod tensor_maps;
 mod vmm;
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use gpuplex_protocol::{
@@ -101,8 +104,10 @@ pub struct Session {
     scratch: scratch::Scratch,
     /// Bulk lanes, once the client opened them.
     lanes: Option<lanes::Lanes>,
-    /// A host block whose descriptor follows the reply being sent.
-    fd_after_reply: Option<u64>,
+    /// Shared memory whose descriptor follows the reply being sent.
+    fd_after_reply: Option<OwnedFd>,
+    /// `__managed__` variables mirrored in the guest.
+    managed: managed::ManagedVars,
     /// The first error of a posted call, reported to the next waited-for one.
     deferred: Option<(Opcode, CallError)>,
     /// Capture modes of client threads other than the default (global),
@@ -178,6 +183,7 @@ impl Session {
             scratch: scratch::Scratch::default(),
             lanes: None,
             fd_after_reply: None,
+            managed: managed::ManagedVars::default(),
             deferred: None,
             capture_modes: HandleMap::default(),
             driver_capture_mode: 0,
@@ -316,9 +322,8 @@ impl Session {
                     match outcome {
                         Ok(reply) => {
                             send_reply(carrier, &header, &reply)?;
-                            if let Some(block) = self.fd_after_reply.take() {
-                                let block = self.shared.block(block).expect("allocated by this call");
-                                carrier.send_fd(block.region.fd())?;
+                            if let Some(fd) = self.fd_after_reply.take() {
+                                carrier.send_fd(fd.as_fd())?;
                             }
                         }
                         Err(e) => {
@@ -349,7 +354,16 @@ impl Session {
         if !self.capture_modes.is_empty() || self.driver_capture_mode != 0 {
             self.apply_capture_mode();
         }
+        // Managed variables: the program's writes before the device's work,
+        // the device's writes before the reply to a call waited for.
+        let managed = call.reaches_device() && self.managed.any();
+        if managed {
+            self.managed.write_variables(&*self.backend);
+        }
         let outcome = dispatch(self, call, payload);
+        if managed && !self.posting {
+            self.managed.read_variables(&*self.backend);
+        }
         // Before the reply, so that what the client sees next is counted:
         // what the tables hold is exactly what the session holds, whatever
         // the call charged beforehand or freed on the way.
@@ -465,6 +479,7 @@ impl Drop for Session {
         // No launch may still run, and no stream be timed, while its context goes.
         self.launcher.stop();
         self.seat.stop();
+        self.end_captures();
         self.shared.teardown(&*self.backend);
         self.scratch.teardown(&*self.backend);
         if let Some(lanes) = &mut self.lanes {

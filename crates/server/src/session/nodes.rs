@@ -43,14 +43,14 @@ impl Session {
     }
 
     /// The handle of a node of `graph`, issued once per node.
-    fn node_handle(&mut self, graph: u64, node: Obj) -> u64 {
+    pub(super) fn node_handle(&mut self, graph: u64, node: Obj) -> u64 {
         if node == Obj(0) {
             return 0;
         }
         self.tables.add(Kind::GraphNode, Entry { obj: node, ctx: 0, owner: Owner::Graph(graph) })
     }
 
-    fn add_node(&mut self, graph: Graph, deps: &Seq<u64>, node: NodeWork<'_>) -> R<GraphNode> {
+    pub(super) fn add_node(&mut self, graph: Graph, deps: &Seq<u64>, node: NodeWork<'_>) -> R<GraphNode> {
         let g = self.tables.get(Kind::Graph, graph.0)?.obj;
         let deps = self.nodes_of(graph.0, &deps.0)?;
         let (_, ctx) = self.current_ctx()?;
@@ -215,7 +215,7 @@ impl Session {
     }
 
     /// A node of one of the session's graphs, as `(graph handle, backend node)`.
-    fn node(&self, node: GraphNode) -> R<(u64, Obj)> {
+    pub(super) fn node(&self, node: GraphNode) -> R<(u64, Obj)> {
         match self.tables.get(Kind::GraphNode, node.0)? {
             Entry { obj, owner: Owner::Graph(g), .. } => Ok((g, obj)),
             _ => Err(invalid("not a graph's node")),

@@ -96,6 +96,11 @@ impl Shared {
         Shared { connection: None, blocks: HashMap::new(), next_block: STAGING + 1, host_bytes: 0 }
     }
 
+    /// Whether the client shares memory with this process.
+    pub fn connected(&self) -> bool {
+        self.connection.is_some()
+    }
+
     /// Creates the connection's region; its staging area is registered on
     /// first use.
     pub fn connect(&mut self) -> Result<(Arc<Region>, Layout, SharedLayout), CallError> {
@@ -141,10 +146,6 @@ impl Shared {
         self.next_block += 1;
         self.host_bytes = total;
         Ok((id, self.blocks.entry(id).or_insert(HostBlock { region, devptr, registered: Some(ctx) })))
-    }
-
-    pub fn block(&self, id: u64) -> Option<&HostBlock> {
-        self.blocks.get(&id)
     }
 
     pub fn free(&mut self, backend: &dyn Backend, id: u64) -> Result<HostBlock, CallError> {

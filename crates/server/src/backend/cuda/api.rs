@@ -62,6 +62,16 @@ pub(super) struct AccessDesc {
     pub flags: c_int,
 }
 
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`.
+#[repr(C)]
+pub(super) struct MemAllocNodeParams {
+    pub pool_props: PoolProps,
+    pub access_descs: *const AccessDesc,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
 /// `CUmemcpyAttributes`: how the copies of a batch that it applies to are
 /// made.
 #[repr(C)]
@@ -354,6 +364,19 @@ driver_api! {
         count: usize,
         event: CUevent,
     );
+    cuGraphAddMemAllocNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        count: usize,
+        params: *mut MemAllocNodeParams,
+    );
+    cuGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const *mut c_void, count: usize, dptr: CUdeviceptr);
+    cuGraphMemAllocNodeGetParams(node: *mut c_void, params: *mut MemAllocNodeParams);
+    cuGraphMemFreeNodeGetParams(node: *mut c_void, dptr: *mut CUdeviceptr);
+    cuDeviceGraphMemTrim(dev: CUdevice);
+    cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void);
+    cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void);
     cuStreamBeginCaptureToGraph(
         stream: CUstream,
         graph: *mut c_void,

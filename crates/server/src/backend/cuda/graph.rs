@@ -204,7 +204,7 @@ fn kernel_params<T>(func: Obj, launch: &Launch, params: &[u8], f: impl FnOnce(&K
     })
 }
 
-fn raw_nodes(nodes: &[Obj]) -> Vec<*mut c_void> {
+pub(super) fn raw_nodes(nodes: &[Obj]) -> Vec<*mut c_void> {
     nodes.iter().map(|&n| raw(n)).collect()
 }
 
@@ -230,6 +230,7 @@ pub(super) unsafe fn add_node(ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWor
             NodeWork::Event { event, wait: false } => api::cuGraphAddEventRecordNode(out, g, d, n, raw(event)),
             NodeWork::Event { event, wait: true } => api::cuGraphAddEventWaitNode(out, g, d, n, raw(event)),
             NodeWork::Host(f) => api::cuGraphAddHostNode(out, g, d, n, &HostNodeParams::of(f)),
+            NodeWork::MemFree(dptr) => api::cuGraphAddMemFreeNode(out, g, d, n, dptr),
         }
     })
 }
@@ -353,7 +354,9 @@ pub(super) unsafe fn node_set(ctx: Obj, node: Obj, exec: Option<Obj>, work: &Nod
             Some(e) => unsafe { api::cuGraphExecChildGraphNodeSetParams(e, n, raw(child)) },
             None => return Err(CallError::new(CuError::INVALID_VALUE, "a child graph is set in an executable graph")),
         },
-        NodeWork::Empty => return Err(CallError::new(CuError::INVALID_VALUE, "an empty node has nothing to set")),
+        NodeWork::Empty | NodeWork::MemFree(_) => {
+            return Err(CallError::new(CuError::INVALID_VALUE, "an empty or free node has nothing to set"))
+        }
     })
 }
 

@@ -34,13 +34,14 @@ use gpuplex_protocol::{
 };
 
 use super::{
-    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, ExecUpdate, HostCopy, HostFn, Launch,
-    Memset, NodeWork, Obj, ParamSlot, Place, TensorMap, TensorMapBytes, Way,
+    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, ExecUpdate, GraphAlloc, HostCopy, HostFn,
+    Launch, Memset, NodeWork, Obj, ParamSlot, Place, TensorMap, TensorMapBytes, Way,
 };
 
 mod api;
 mod arrays;
 mod graph;
+mod graph_memory;
 mod image;
 mod pools;
 mod tensor_maps;
@@ -520,19 +521,23 @@ impl Backend for Cuda {
         Ok(())
     }
 
-    fn library_managed_value(&self, library: Obj, name: &str) -> BResult<Vec<u8>> {
+    fn library_get_managed(&self, library: Obj, name: &str) -> BResult<(u64, u64)> {
         let name = c_name(name)?;
-        let (mut ptr, mut size) = (0, 0usize);
-        // SAFETY: a live library; out-pointers to locals.
-        check(unsafe { api::cuLibraryGetManaged(&mut ptr, &mut size, raw(library), name.as_ptr()) })?;
-        if size > gpuplex_protocol::MAX_PAYLOAD / 2 {
-            return Err(CallError::new(CuError::NOT_SUPPORTED, "a __managed__ variable larger than a frame"));
-        }
-        let mut value = vec![0u8; size];
-        // SAFETY: managed memory is the host's to read as well, `size` bytes
-        // at `ptr`; nothing runs on the device while a library loads.
-        unsafe { std::ptr::copy_nonoverlapping(ptr as usize as *const u8, value.as_mut_ptr(), size) };
-        Ok(value)
+        // SAFETY: out-pointers to locals; live library; NUL-terminated name.
+        global(|p, n| unsafe { api::cuLibraryGetManaged(p, n, raw(library), name.as_ptr()) })
+    }
+
+    unsafe fn managed_read(&self, ptr: u64, out: &mut [u8]) -> BResult<()> {
+        // SAFETY: managed memory is this process's to read from the host;
+        // the range is a variable's (the caller's guarantee).
+        unsafe { std::ptr::copy_nonoverlapping(ptr as usize as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    unsafe fn managed_write(&self, ptr: u64, data: &[u8]) -> BResult<()> {
+        // SAFETY: as for reading.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr as usize as *mut u8, data.len()) };
+        Ok(())
     }
 
     fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64> {
@@ -1216,6 +1221,30 @@ impl Backend for Cuda {
     unsafe fn graph_add_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
         // SAFETY: the caller's guarantee.
         unsafe { graph::add_node(ctx, graph, deps, node) }
+    }
+
+    fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)> {
+        graph_memory::add_alloc_node(ctx, graph, deps, alloc)
+    }
+
+    fn graph_mem_alloc_node_params(&self, node: Obj) -> BResult<GraphAlloc> {
+        graph_memory::alloc_node_params(node)
+    }
+
+    fn graph_mem_free_node_params(&self, node: Obj) -> BResult<u64> {
+        graph_memory::free_node_params(node)
+    }
+
+    fn graph_mem_trim(&self, dev: i32) -> BResult<()> {
+        graph_memory::trim(dev)
+    }
+
+    fn graph_mem_attribute(&self, dev: i32, attr: i32) -> BResult<u64> {
+        graph_memory::attribute(dev, attr)
+    }
+
+    fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()> {
+        graph_memory::set_attribute(dev, attr, value)
     }
 
     fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {

@@ -11,8 +11,9 @@ use super::api::{self, check, MemLocation};
 use super::vmm::{c_access, int};
 use super::{handle, query, raw, size, BResult, Obj};
 
-pub(super) fn create(props: &PoolProps) -> BResult<Obj> {
-    let props = api::PoolProps {
+/// `CUmemPoolProps` as the driver takes them.
+pub(super) fn c_props(props: &PoolProps) -> BResult<api::PoolProps> {
+    Ok(api::PoolProps {
         kind: int(props.kind),
         handle_types: int(props.handle_types),
         location: MemLocation { kind: int(props.location_kind), id: props.location },
@@ -20,7 +21,23 @@ pub(super) fn create(props: &PoolProps) -> BResult<Obj> {
         max_size: size(props.max_size)?,
         usage: u16::try_from(props.usage).map_err(|_| gpuplex_protocol::CuError::INVALID_VALUE)?,
         reserved: [0; 54],
-    };
+    })
+}
+
+/// `CUmemPoolProps` as the driver gave them.
+pub(super) fn wire_props(p: &api::PoolProps) -> PoolProps {
+    PoolProps {
+        kind: p.kind as u32,
+        handle_types: p.handle_types as u32,
+        location_kind: p.location.kind as u32,
+        location: p.location.id,
+        max_size: p.max_size as u64,
+        usage: p.usage.into(),
+    }
+}
+
+pub(super) fn create(props: &PoolProps) -> BResult<Obj> {
+    let props = c_props(props)?;
     // SAFETY: out-pointer to a local; the structure lives across the call.
     handle(|p| unsafe { api::cuMemPoolCreate(p, &props) })
 }

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use gpuplex_protocol::CuError;
 
 use super::err;
-use crate::backend::{BResult, CaptureInfo, Copy3D, ExecUpdate, HostFn, Launch, Memset, NodeWork, Obj};
+use crate::backend::{BResult, CaptureInfo, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork, Obj};
 
 /// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`, and the update result that goes
 /// with it when the graph is not shaped as the executable one.
@@ -51,6 +51,9 @@ pub enum Work {
         wait: bool,
     },
     Host(HostFn),
+    /// Graph memory: placed when the node is made, so running it does nothing.
+    MemAlloc(GraphAlloc),
+    MemFree(u64),
 }
 
 /// The most work one graph may hold, its child graphs' counted in: the test device
@@ -77,6 +80,8 @@ impl Work {
             Work::Host(_) => 3,
             Work::Event { wait: true, .. } => 6,
             Work::Event { wait: false, .. } => 7,
+            Work::MemAlloc(_) => 10,
+            Work::MemFree(_) => 11,
         }
     }
 
@@ -92,6 +97,7 @@ impl Work {
             NodeWork::Child(_) => Work::Child(Vec::new()),
             NodeWork::Event { event, wait } => Work::Event { event: event.0, wait },
             NodeWork::Host(f) => Work::Host(f),
+            NodeWork::MemFree(dptr) => Work::MemFree(dptr),
         }
     }
 }
@@ -353,6 +359,10 @@ impl Graphs {
             NodeWork::Child(_) => return Err(CuError::INVALID_VALUE.into()),
             ref node => Work::of(node),
         };
+        self.add_work(graph, deps, work)
+    }
+
+    pub fn add_work(&mut self, graph: Obj, deps: &[Obj], work: Work) -> BResult<Obj> {
         if self.size(graph.0) + work.size() > MAX_WORK {
             return Err(err(
                 CuError::OUT_OF_MEMORY,
@@ -454,6 +464,19 @@ impl Graphs {
             }
             _ => Err(err(CuError::INVALID_VALUE, "not a node of that kind")),
         }
+    }
+
+    /// A graph memory node's work, as made.
+    pub fn node_work(&self, node: Obj) -> BResult<&Work> {
+        let (graph, i) = self.locate(node.0)?;
+        Ok(&self.graphs[&graph][i].work)
+    }
+
+    /// The bytes every allocation node holds, which the emulated device
+    /// places once and keeps (its graph memory, used and reserved alike).
+    pub fn memory(&self) -> u64 {
+        let held = |w: &Work| if let Work::MemAlloc(a) = w { a.bytes } else { 0 };
+        self.graphs.values().flatten().map(|n| held(&n.work)).sum()
     }
 
     pub fn clone_graph(&mut self, graph: Obj) -> BResult<Obj> {

@@ -35,6 +35,8 @@ pub enum Owner {
     Mapped { handle: u64 },
     /// A stream-ordered allocation from a pool (`pools.rs`).
     Pooled { pool: u64 },
+    /// A library's `__managed__` variable, one for every context.
+    Managed { library: u64 },
 }
 
 /// `CU_MEM_ACCESS_FLAGS_PROT_READ`, and with it `_READWRITE`.

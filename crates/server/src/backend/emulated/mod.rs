@@ -26,8 +26,8 @@ use std::time::Instant;
 use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, CuError, DeviceInfo, PoolProps, ResourceDesc};
 
 use super::{
-    BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, ExecUpdate, HostFn, Launch, Memset, NodeWork, Obj, ParamSlot,
-    TensorMap, TensorMapBytes, CU_EVENT_DISABLE_TIMING,
+    BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork, Obj,
+    ParamSlot, TensorMap, TensorMapBytes, CU_EVENT_DISABLE_TIMING,
 };
 use crate::image::{self, Image, KernelInfo};
 use arrays::{Arrays, Device};
@@ -136,6 +136,8 @@ struct Library {
     kernels: HashMap<String, u64>,
     /// The library's module in each context that used it.
     modules: HashMap<u64, u64>,
+    /// Its `__managed__` variables asked for, `(address, size)` by name.
+    managed: HashMap<String, (u64, u64)>,
 }
 
 struct KernelRef {
@@ -418,7 +420,7 @@ impl State {
                 Work::Copy3D(c) => unsafe { self.arrays.copy(&mut self.memory, &c)? },
                 Work::Event { event, wait: false } => self.event(Obj(event))?.recorded = Some(Instant::now()),
                 // Everything before it has run already.
-                Work::Event { wait: true, .. } | Work::Empty => {}
+                Work::Event { wait: true, .. } | Work::Empty | Work::MemAlloc(_) | Work::MemFree(_) => {}
                 // SAFETY: the session's function and data, kept while its graphs live.
                 Work::Host(f) => unsafe { (f.run)(f.data) },
                 Work::Child(work) => {
@@ -928,7 +930,15 @@ impl Backend for Emulated {
         let parsed = image::parse(image).map_err(|e| err(CuError::INVALID_IMAGE, e.to_string()))?;
         let mut s = self.state();
         let id = s.id();
-        s.libraries.insert(id, Library { image: Arc::new(parsed), kernels: HashMap::new(), modules: HashMap::new() });
+        s.libraries.insert(
+            id,
+            Library {
+                image: Arc::new(parsed),
+                kernels: HashMap::new(),
+                modules: HashMap::new(),
+                managed: HashMap::new(),
+            },
+        );
         Ok(Obj(id))
     }
 
@@ -941,6 +951,7 @@ impl Backend for Emulated {
         for k in lib.kernels.values() {
             s.kernels.remove(k);
         }
+        s.memory.free_where(|o| o == Owner::Managed { library: library.0 });
         Ok(())
     }
 
@@ -974,12 +985,32 @@ impl Backend for Emulated {
         s.global(m, name)
     }
 
-    /// As the image declares it: the emulated device keeps no managed memory.
-    fn library_managed_value(&self, library: Obj, name: &str) -> BResult<Vec<u8>> {
-        let s = self.state();
+    /// Device memory of the library's own, placed when first asked for: the
+    /// emulated device's kernels reach variables through pointers only.
+    fn library_get_managed(&self, library: Obj, name: &str) -> BResult<(u64, u64)> {
+        let mut s = self.state();
         let lib = s.libraries.get(&library.0).ok_or(CuError::INVALID_HANDLE)?;
-        let global = lib.image.globals.iter().find(|g| g.name == name).ok_or(CuError::NOT_FOUND)?;
-        Ok(global.init.clone())
+        if let Some(&placed) = lib.managed.get(name) {
+            return Ok(placed);
+        }
+        let missing = || err(CuError::NOT_FOUND, format!("no managed variable {name:?} in the library"));
+        let global = lib.image.globals.iter().find(|g| g.name == name).ok_or_else(missing)?.clone();
+        let ptr = s.memory.alloc(global.size.max(1), Owner::Managed { library: library.0 }, &global.init)?;
+        let placed = (ptr, global.size);
+        if let Some(lib) = s.libraries.get_mut(&library.0) {
+            lib.managed.insert(name.to_owned(), placed);
+        }
+        Ok(placed)
+    }
+
+    unsafe fn managed_read(&self, ptr: u64, out: &mut [u8]) -> BResult<()> {
+        let gone = || err(CuError::ILLEGAL_ADDRESS, "a managed variable whose context is gone");
+        self.state().memory.read_at(ptr, out).then_some(()).ok_or_else(gone)
+    }
+
+    unsafe fn managed_write(&self, ptr: u64, data: &[u8]) -> BResult<()> {
+        let gone = || err(CuError::ILLEGAL_ADDRESS, "a managed variable whose context is gone");
+        self.state().memory.write_at(ptr, data).then_some(()).ok_or_else(gone)
     }
 
     fn library_kernel_count(&self, library: Obj) -> BResult<u32> {
@@ -1435,6 +1466,52 @@ impl Backend for Emulated {
 
     fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {
         self.state().graphs.dependencies(graph, from, to, data, remove)
+    }
+
+    /// The memory is placed at once, in the context, and kept until the
+    /// context ends: the test device reserves graph memory for good.
+    fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        let dptr = s.memory.alloc(alloc.bytes.max(1), Owner::Alloc { ctx: ctx.0 }, &[])?;
+        let node = s.graphs.add_work(graph, deps, Work::MemAlloc(GraphAlloc { dptr, ..alloc.clone() }));
+        if node.is_err() {
+            let _ = s.memory.free(dptr);
+        }
+        Ok((node?, dptr))
+    }
+
+    fn graph_mem_alloc_node_params(&self, node: Obj) -> BResult<GraphAlloc> {
+        match self.state().graphs.node_work(node)? {
+            Work::MemAlloc(a) => Ok(a.clone()),
+            _ => Err(err(CuError::INVALID_VALUE, "not an allocation node")),
+        }
+    }
+
+    fn graph_mem_free_node_params(&self, node: Obj) -> BResult<u64> {
+        match self.state().graphs.node_work(node)? {
+            Work::MemFree(dptr) => Ok(*dptr),
+            _ => Err(err(CuError::INVALID_VALUE, "not a free node")),
+        }
+    }
+
+    fn graph_mem_trim(&self, _dev: i32) -> BResult<()> {
+        Ok(())
+    }
+
+    fn graph_mem_attribute(&self, _dev: i32, attr: i32) -> BResult<u64> {
+        match attr {
+            0..=3 => Ok(self.state().graphs.memory()),
+            _ => Err(err(CuError::INVALID_VALUE, format!("graph memory attribute {attr}"))),
+        }
+    }
+
+    /// Only the high watermarks may be set, and only to 0.
+    fn graph_mem_set_attribute(&self, _dev: i32, attr: i32, value: u64) -> BResult<()> {
+        match (attr, value) {
+            (1 | 3, 0) => Ok(()),
+            _ => Err(err(CuError::INVALID_VALUE, format!("graph memory attribute {attr} set to {value}"))),
+        }
     }
 
     fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {

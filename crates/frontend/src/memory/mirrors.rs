@@ -1,0 +1,199 @@
+//! Ordinary (pageable) host memory in graphs: a copy captured from a
+//! stream, or a memcpy node, whose host end is the program's own memory.
+//!
+//! The driver keeps such a copy's host address and reaches it each time the
+//! graph runs, but the program's memory is out of the server's reach. So
+//! the range gets a mirror: a block shared with the server and registered
+//! with its driver, which the graph copies to or from instead. The program
+//! and the mirror agree at the points where the program could tell: before
+//! each graph launch the mirror takes what the program wrote, and after
+//! each waited call that reaches the device, and around each host function
+//! the graph runs here, the program's memory takes what the device wrote.
+//! Only the bytes a side changed since they last agreed cross, so a write
+//! of the program's is never undone by an old value of the device's.
+//!
+//! The program may free the memory while a graph still names it (natively
+//! the graph then must not run). Its pages are therefore read and written
+//! with `process_vm_readv`/`writev` on this process, which fail instead of
+//! faulting; a mirror whose memory is gone is dropped, and its block freed
+//! at the next mirror made.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use gpuplex_protocol::CuError;
+use gpuplex_transport::shm::{differing_runs, Region};
+
+use super::host::{self, PAGE};
+
+/// Bytes of the program's memory mirrored at most.
+const BUDGET: usize = 1 << 30;
+
+struct Mirror {
+    /// The program's range.
+    host: u64,
+    len: usize,
+    /// The server's block, and its mapping here.
+    block: u64,
+    region: Region,
+    /// What the program's memory and the mirror held when they last agreed.
+    agreed: Vec<u8>,
+    /// Whether a graph copies into the program's range.
+    from_device: bool,
+}
+
+static MIRRORS: Mutex<Vec<Mirror>> = Mutex::new(Vec::new());
+/// Blocks of mirrors whose memory is gone, freed without the connection held.
+static GONE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+static ANY: AtomicBool = AtomicBool::new(false);
+
+fn mirrors() -> std::sync::MutexGuard<'static, Vec<Mirror>> {
+    MIRRORS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The shared block and offset a graph's copy of `[ptr, ptr + len)` uses,
+/// `to_device` (the host end is the source) or from it. None where memory
+/// is not shared with the server, or the range is not readable memory.
+pub fn block_for(ptr: u64, len: usize, to_device: bool) -> Result<Option<(u64, u64)>, CuError> {
+    if !host::shared_memory() || len == 0 {
+        return Ok(None);
+    }
+    let gone = std::mem::take(&mut *GONE.lock().unwrap_or_else(PoisonError::into_inner));
+    for block in gone {
+        host::free_block(block);
+    }
+    let end = ptr.checked_add(len as u64).ok_or(CuError::INVALID_VALUE)?;
+    {
+        let mut all = mirrors();
+        if let Some(m) = all.iter_mut().find(|m| m.host <= ptr && end <= m.host + m.len as u64) {
+            m.from_device |= !to_device;
+            return Ok(Some((m.block, ptr - m.host)));
+        }
+        if all.iter().map(|m| m.len).sum::<usize>() + len > BUDGET {
+            crate::log::warn("a graph's copies name more ordinary host memory than gpuplex mirrors (1 GiB)");
+            return Ok(None);
+        }
+    }
+    let mut agreed = vec![0u8; len];
+    if !read_own(ptr, &mut agreed) {
+        return Ok(None);
+    }
+    let (block, region) = host::new_block((len as u64).next_multiple_of(PAGE), 0, 0, true)?;
+    // SAFETY: the block's fresh mapping, at least `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(agreed.as_ptr(), region.as_ptr(), len) };
+    let m = Mirror { host: ptr, len, block: block.id, region, agreed, from_device: !to_device };
+    mirrors().push(m);
+    ANY.store(true, Ordering::Release);
+    Ok(Some((block.id, 0)))
+}
+
+/// Before a graph launch: what the device wrote first, then what the
+/// program wrote, into the mirrors; into those the graph only writes too,
+/// so that the device's next write is told from the program's last.
+pub fn to_device() {
+    if ANY.load(Ordering::Acquire) {
+        mirrors().retain_mut(|m| m.take_device_writes() && m.take_program_writes());
+    }
+}
+
+/// After a waited call that reaches the device, and before a host function
+/// the graph runs here: what the device wrote, into the program's memory.
+pub fn from_device() {
+    if ANY.load(Ordering::Acquire) {
+        mirrors().retain_mut(Mirror::take_device_writes);
+    }
+}
+
+impl Mirror {
+    fn staging(&self) -> &[u8] {
+        // SAFETY: the block stays mapped while the mirror lives; the GPU may
+        // be writing it, as it may write pinned memory the program reads.
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr(), self.len) }
+    }
+
+    /// Copies into the program's memory what the device changed in the
+    /// mirror, where the program has not changed it since. False when the
+    /// program's memory is gone.
+    fn take_device_writes(&mut self) -> bool {
+        if !self.from_device || self.staging() == self.agreed.as_slice() {
+            return true;
+        }
+        let mut program = vec![0u8; self.len];
+        if !read_own(self.host, &mut program) {
+            return self.gone();
+        }
+        let staging = self.staging().to_vec();
+        for (start, n) in differing_runs(&self.agreed, &staging) {
+            let mut changed = false;
+            for i in start..start + n {
+                if program[i] == self.agreed[i] {
+                    program[i] = staging[i];
+                    changed = true;
+                }
+                self.agreed[i] = staging[i];
+            }
+            if changed && !write_own(self.host + start as u64, &program[start..start + n]) {
+                return self.gone();
+            }
+        }
+        true
+    }
+
+    /// Copies into the mirror what the program changed. False when its
+    /// memory is gone.
+    fn take_program_writes(&mut self) -> bool {
+        let mut program = vec![0u8; self.len];
+        if !read_own(self.host, &mut program) {
+            return self.gone();
+        }
+        for (start, n) in differing_runs(&self.agreed, &program) {
+            // SAFETY: inside the block's mapping.
+            unsafe { std::ptr::copy_nonoverlapping(program[start..].as_ptr(), self.region.as_ptr().add(start), n) };
+            self.agreed[start..start + n].copy_from_slice(&program[start..start + n]);
+        }
+        true
+    }
+
+    /// Hands the block over to be freed; the mirror is dropped.
+    fn gone(&mut self) -> bool {
+        GONE.lock().unwrap_or_else(PoisonError::into_inner).push(self.block);
+        false
+    }
+}
+
+/// Reads this process's memory at `addr`, failing instead of faulting.
+fn read_own(addr: u64, out: &mut [u8]) -> bool {
+    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: out.len() };
+    let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: out.len() };
+    // SAFETY: `local` is our buffer; the kernel checks `remote` and fails
+    // with EFAULT where it is not mapped.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == out.len() as isize
+}
+
+/// Writes this process's memory at `addr`, failing instead of faulting.
+fn write_own(addr: u64, data: &[u8]) -> bool {
+    let local = libc::iovec { iov_base: data.as_ptr().cast_mut().cast(), iov_len: data.len() };
+    let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: data.len() };
+    // SAFETY: as for reading; the range is the program's memory that a
+    // graph copies into, as the driver would write it.
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == data.len() as isize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_memory_is_read_and_written_and_a_hole_fails() {
+        let mut v = vec![1u8, 2, 3, 4];
+        let mut out = [0u8; 4];
+        assert!(read_own(v.as_ptr() as u64, &mut out));
+        assert_eq!(out, [1, 2, 3, 4]);
+        assert!(write_own(v.as_mut_ptr() as u64 + 1, &[9, 9]));
+        assert_eq!(v, [1, 9, 9, 4]);
+        assert!(!read_own(8, &mut out), "page 0 is never mapped");
+        assert!(!write_own(8, &[0]));
+    }
+}
