@@ -57,6 +57,25 @@ static inline CUdevice init_primary(CUcontext *ctx) {
     return dev;
 }
 
+// A 1D copy of `bytes` between host memory and device memory, in the form
+// memcpy nodes take.
+static inline CUDA_MEMCPY3D copy_1d(CUmemorytype src_type, const void *src, CUmemorytype dst_type, void *dst,
+                                    size_t bytes) {
+    CUDA_MEMCPY3D c = {};
+    c.srcMemoryType = src_type;
+    c.dstMemoryType = dst_type;
+    if (src_type == CU_MEMORYTYPE_HOST)
+        c.srcHost = src;
+    else
+        c.srcDevice = (CUdeviceptr)src;
+    if (dst_type == CU_MEMORYTYPE_HOST)
+        c.dstHost = dst;
+    else
+        c.dstDevice = (CUdeviceptr)dst;
+    c.WidthInBytes = bytes, c.Height = 1, c.Depth = 1;
+    return c;
+}
+
 // splitmix64's finaliser: a good 64-bit mix of a counter.
 static inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

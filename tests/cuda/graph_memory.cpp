@@ -12,22 +12,6 @@ EMBED(vector_add_fatbin, "vector_add.fatbin");
 
 static const int N = 1 << 14;
 
-static CUDA_MEMCPY3D copy_1d(CUmemorytype src_type, const void *src, CUmemorytype dst_type, void *dst, size_t bytes) {
-    CUDA_MEMCPY3D c = {};
-    c.srcMemoryType = src_type;
-    c.dstMemoryType = dst_type;
-    if (src_type == CU_MEMORYTYPE_HOST)
-        c.srcHost = src;
-    else
-        c.srcDevice = (CUdeviceptr)src;
-    if (dst_type == CU_MEMORYTYPE_HOST)
-        c.dstHost = dst;
-    else
-        c.dstDevice = (CUdeviceptr)dst;
-    c.WidthInBytes = bytes, c.Height = 1, c.Depth = 1;
-    return c;
-}
-
 int main() {
     CUcontext ctx;
     CUdevice dev = init_primary(&ctx);

@@ -20,22 +20,6 @@ EMBED(vector_add_fatbin, "vector_add.fatbin");
 
 static const int N = 1 << 16;
 
-static CUDA_MEMCPY3D copy_1d(CUmemorytype src_type, const void *src, CUmemorytype dst_type, void *dst, size_t bytes) {
-    CUDA_MEMCPY3D c = {};
-    c.srcMemoryType = src_type;
-    c.dstMemoryType = dst_type;
-    if (src_type == CU_MEMORYTYPE_HOST)
-        c.srcHost = src;
-    else
-        c.srcDevice = (CUdeviceptr)src;
-    if (dst_type == CU_MEMORYTYPE_HOST)
-        c.dstHost = dst;
-    else
-        c.dstDevice = (CUdeviceptr)dst;
-    c.WidthInBytes = bytes, c.Height = 1, c.Depth = 1;
-    return c;
-}
-
 // sum[i] == in[i] + b for i < n, and untouched (NaN) from n on.
 static bool sums(const float *sum, const float *in, float b, int n) {
     for (int i = 0; i < N; i++) {
