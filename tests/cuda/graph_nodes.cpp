@@ -10,7 +10,7 @@
 // from ordinary memory; a graph made with the
 // generic cuGraphAddNode and changed through cuGraph[Exec]NodeSetParams and
 // the per-type setters (memset, memcpy, event), as XLA's command buffers
-// are. Every result is compared with the host's.
+// are; a node turned off and on in an executable graph, and its flags. Every result is compared with the host's.
 #include "common.h"
 
 #include <cmath>
@@ -348,6 +348,22 @@ int main() {
     CHECK(cuGraphInstantiate(&again, generic, 0));
     run_generic(again);
     printf("the graph's own memset set to 5.0, instantiated again, sums over all: %s\n", yes_no(sums(out, in, 5.0f, N)));
+    // The memset turned off in the executable graph, with b cleared first,
+    // then on again; and the flags it was instantiated with.
+    unsigned on = 9, off = 9;
+    CHECK(cuGraphNodeGetEnabled(again, g_set, &on));
+    CHECK(cuGraphNodeSetEnabled(again, g_set, 0));
+    CHECK(cuGraphNodeGetEnabled(again, g_set, &off));
+    CHECK(cuMemsetD32(b, 0, N));
+    run_generic(again);
+    bool skipped = sums(out, in, 0.0f, N);
+    CHECK(cuGraphNodeSetEnabled(again, g_set, 1));
+    run_generic(again);
+    bool back_on = sums(out, in, 5.0f, N);
+    cuuint64_t flags = 99;
+    CHECK(cuGraphExecGetFlags(again, &flags));
+    printf("the memset turned off (enabled %u, then %u): sums with 0.0: %s; on again, 5.0: %s; flags %llu\n", on, off,
+           yes_no(skipped), yes_no(back_on), (unsigned long long)flags);
     CHECK(cuGraphExecDestroy(again));
     CHECK(cuGraphExecDestroy(generic_exec));
 

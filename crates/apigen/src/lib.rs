@@ -60,6 +60,8 @@ pub struct Row {
     pub memo: Option<MemoUse>,
     /// Queues work on a device or waits for it.
     pub device: bool,
+    /// The server's side is generated too (for the types in `PASS_TYPES`).
+    pub pass: bool,
 }
 
 /// A row's part in one of the front-end's memos (`crate::memo`), named in
@@ -138,13 +140,15 @@ pub fn parse(text: &str) -> Result<Table, String> {
             _ => return Err(fail("unknown kind")),
         };
         let mut rest = rest.trim();
-        let (mut posted, mut memo, mut device) = (false, None, false);
+        let (mut posted, mut memo, mut device, mut pass) = (false, None, false, false);
         loop {
             let (word, after) = rest.split_once(' ').unwrap_or((rest, ""));
             if word == "posted" {
                 posted = true;
             } else if word == "device" {
                 device = true;
+            } else if word == "pass" {
+                pass = true;
             } else if let Some(m) = MemoUse::parse(word) {
                 if memo.replace(m).is_some() {
                     return Err(fail("a row takes part in one memo at most"));
@@ -164,8 +168,17 @@ pub fn parse(text: &str) -> Result<Table, String> {
             return Err(fail("only a call that is no memo's query can reach a device"));
         }
         if kind == Kind::Control {
-            let row =
-                Row { opcode, kind, name: rest.to_owned(), params: vec![], aliases: vec![], posted, memo, device };
+            let row = Row {
+                opcode,
+                kind,
+                name: rest.to_owned(),
+                params: vec![],
+                aliases: vec![],
+                posted,
+                memo,
+                device,
+                pass,
+            };
             table.rows.push(row);
             continue;
         }
@@ -198,7 +211,13 @@ pub fn parse(text: &str) -> Result<Table, String> {
         if posted && params.iter().any(|p| p.dir != Dir::In) {
             return Err(fail("a posted row cannot have results"));
         }
-        let row = Row { opcode, kind, name, params, aliases, posted, memo, device };
+        if pass && !matches!(kind, Kind::Export | Kind::Ptsz) {
+            return Err(fail("only export and ptsz rows pass through"));
+        }
+        if let Some(p) = params.iter().find(|p| pass && pass_type(p).is_none()) {
+            return Err(fail(&format!("{} {}: not a type that passes through", p.name, p.ty)));
+        }
+        let row = Row { opcode, kind, name, params, aliases, posted, memo, device, pass };
         if matches!(row.memo, Some(MemoUse::Changes(_))) && row.group_param().is_none() {
             return Err(fail("a row that changes a memo needs a handle parameter to name the group"));
         }
@@ -374,14 +393,23 @@ pub fn protocol_code(table: &Table) -> String {
     }
     s += "}\n\n";
 
-    s += "/// The server side of every call, one method per table row.\n#[allow(non_snake_case)]\npub trait Api {\n";
+    s += "/// The server side of every call, one method per table row; a `pass`\n/// row's is generated ([`pass`]).\n#[allow(non_snake_case)]\npub trait Api: Resolver {\n";
     for row in &calls {
-        writeln!(
-            s,
-            "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError>;",
-            row.name
-        )
-        .unwrap();
+        if row.pass {
+            writeln!(
+                s,
+                "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError> {{\n        pass::{0}(self, req)\n    }}",
+                row.name
+            )
+            .unwrap();
+        } else {
+            writeln!(
+                s,
+                "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError>;",
+                row.name
+            )
+            .unwrap();
+        }
     }
     s += "}\n\n";
     s += "/// Decodes a request payload, runs it on `api` and encodes the reply.\n";
@@ -417,7 +445,231 @@ pub fn protocol_code(table: &Table) -> String {
     }
     control_arms(&mut s);
     s += "    }\n}\n";
+    s += &passthrough_code(table);
     s
+}
+
+/// How a parameter of a `pass` row reaches the driver: in the message,
+/// through the `Passthrough` trait and at the C call.
+struct PassType {
+    name: &'static str,
+    /// The `Passthrough` parameter (and result) type.
+    rust: &'static str,
+    /// The C type.
+    c: &'static str,
+    /// How the server resolves an input: a handle kind, or a check.
+    resolve: Resolve,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Resolve {
+    /// Sent as is.
+    Value,
+    /// A guest device, numbered as the backend's.
+    Device,
+    /// A device address inside one of the session's regions.
+    Pointer,
+    /// A handle of this kind in the session's tables.
+    Handle(&'static str),
+}
+
+/// The types a `pass` row may have; results only `Value` ones and device
+/// addresses.
+const PASS_TYPES: &[PassType] = &[
+    PassType { name: "u32", rust: "u32", c: "c_uint", resolve: Resolve::Value },
+    PassType { name: "i32", rust: "i32", c: "c_int", resolve: Resolve::Value },
+    PassType { name: "u64", rust: "u64", c: "u64", resolve: Resolve::Value },
+    PassType { name: "usize", rust: "u64", c: "usize", resolve: Resolve::Value },
+    PassType { name: "f32", rust: "f32", c: "f32", resolve: Resolve::Value },
+    PassType { name: "Device", rust: "i32", c: "c_int", resolve: Resolve::Device },
+    PassType { name: "DevPtr", rust: "u64", c: "u64", resolve: Resolve::Pointer },
+    PassType { name: "Ctx", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Ctx") },
+    PassType { name: "Module", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Module") },
+    PassType { name: "Func", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Func") },
+    PassType { name: "Stream", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Stream") },
+    PassType { name: "Event", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Event") },
+    PassType { name: "Library", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Library") },
+    PassType { name: "Kernel", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Kernel") },
+    PassType { name: "Graph", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Graph") },
+    PassType { name: "GraphExec", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("GraphExec") },
+    PassType { name: "GraphNode", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("GraphNode") },
+    PassType { name: "MemPool", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("MemPool") },
+    PassType { name: "Array", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Array") },
+];
+
+/// A parameter's pass type, where it may pass through.
+fn pass_type(p: &Param) -> Option<&'static PassType> {
+    let t = PASS_TYPES.iter().find(|t| t.name == p.ty)?;
+    let result_ok = matches!(t.resolve, Resolve::Value | Resolve::Pointer);
+    (p.dir == Dir::In || (p.dir == Dir::Out && result_ok)).then_some(t)
+}
+
+fn pass_rows(table: &Table) -> impl Iterator<Item = &Row> {
+    table.rows.iter().filter(|r| r.pass)
+}
+
+/// A `pass` row's parameters, each with its pass type.
+type Typed<'a> = Vec<(&'a Param, &'static PassType)>;
+
+/// A `pass` row's inputs and results.
+fn pass_split(row: &Row) -> (Typed<'_>, Typed<'_>) {
+    let typed = row.params.iter().map(|p| (p, pass_type(p).expect("checked at parse time")));
+    typed.partition(|(p, _)| p.dir == Dir::In)
+}
+
+/// The `Passthrough` method's result type.
+fn pass_result(outs: &[(&Param, &PassType)]) -> String {
+    match outs {
+        [] => "()".into(),
+        [(_, t)] => t.rust.into(),
+        many => format!("({})", many.iter().map(|(_, t)| t.rust).collect::<Vec<_>>().join(", ")),
+    }
+}
+
+/// The `Handle` kinds, the `Passthrough` trait (each method answering
+/// NOT_SUPPORTED unless a backend implements it) and the server-side
+/// default of every `pass` row's `Api` method, which resolves each
+/// parameter through the `Resolver` and calls the backend.
+fn passthrough_code(table: &Table) -> String {
+    let mut s = String::new();
+    let kinds: BTreeSet<&str> =
+        PASS_TYPES.iter().filter_map(|t| if let Resolve::Handle(k) = t.resolve { Some(k) } else { None }).collect();
+    s += "\n/// The kinds of handle a passed-through call may name.\n#[derive(Clone, Copy, Debug, PartialEq, Eq)]\npub enum Handle {\n";
+    for k in &kinds {
+        writeln!(s, "    {k},").unwrap();
+    }
+    s += "}\n\n";
+    s += "/// The backend's side of every `pass` row: the driver called with the\n/// session's resolved arguments, `ctx` (0 for none) current. A backend\n/// that does not implement a call answers CUDA_ERROR_NOT_SUPPORTED.\n#[allow(non_snake_case, unused_variables)]\npub trait Passthrough {\n";
+    for row in pass_rows(table) {
+        let (ins, outs) = pass_split(row);
+        let args: Vec<String> = ins.iter().map(|(p, t)| format!("{}: {}", p.name, t.rust)).collect();
+        writeln!(
+            s,
+            "    fn {0}(&self, ctx: u64, {1}) -> Result<{2}, CallError> {{\n        Err(CallError::new(CuError::NOT_SUPPORTED, \"{0} is not supported by this backend\"))\n    }}",
+            row.name,
+            args.join(", "),
+            pass_result(&outs)
+        )
+        .unwrap();
+    }
+    s += "}\n\n";
+    s += "/// What the generated server side of a `pass` row asks of the session.\npub trait Resolver {\n";
+    s += "    /// The backend context the call runs in: the guest's current one, or 0.\n    fn pass_context(&mut self) -> Result<u64, CallError>;\n";
+    s += "    /// The backend object a guest's handle names.\n    fn resolve(&mut self, kind: Handle, handle: u64) -> Result<u64, CallError>;\n";
+    s += "    /// The backend's number for a guest's device.\n    fn resolve_device(&mut self, device: i32) -> Result<i32, CallError>;\n";
+    s += "    /// A device address, checked to lie in memory the session holds.\n    fn resolve_pointer(&mut self, ptr: u64) -> Result<u64, CallError>;\n";
+    s += "    fn passthrough(&self) -> &dyn Passthrough;\n}\n\n";
+    s += "/// The server side of every `pass` row, for any [`Resolver`].\n#[allow(non_snake_case)]\npub mod pass {\n    use crate::*;\n";
+    for row in pass_rows(table) {
+        let (ins, outs) = pass_split(row);
+        writeln!(
+            s,
+            "    pub fn {0}<R: Resolver + ?Sized>(r: &mut R, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError> {{\n        let ctx = r.pass_context()?;",
+            row.name
+        )
+        .unwrap();
+        for (p, t) in &ins {
+            let value = match t.resolve {
+                Resolve::Value => format!("req.{}", p.name),
+                Resolve::Device => format!("r.resolve_device(req.{})?", p.name),
+                Resolve::Pointer => format!("r.resolve_pointer(req.{}.0)?", p.name),
+                Resolve::Handle(k) => format!("r.resolve(Handle::{k}, req.{}.0)?", p.name),
+            };
+            writeln!(s, "        let {} = {value};", p.name).unwrap();
+        }
+        let names: Vec<&str> = ins.iter().map(|(p, _)| p.name.as_str()).collect();
+        let bound = match outs.as_slice() {
+            [] => "()".to_owned(),
+            [(p, _)] => p.name.clone(),
+            many => format!("({})", many.iter().map(|(p, _)| p.name.as_str()).collect::<Vec<_>>().join(", ")),
+        };
+        writeln!(s, "        let {bound} = r.passthrough().{}(ctx, {})?;", row.name, names.join(", ")).unwrap();
+        let fields: Vec<String> = outs
+            .iter()
+            .map(
+                |(p, t)| {
+                    if t.resolve == Resolve::Pointer {
+                        format!("{0}: DevPtr({0})", p.name)
+                    } else {
+                        p.name.clone()
+                    }
+                },
+            )
+            .collect();
+        writeln!(s, "        Ok(calls::{}::Reply {{ {} }})\n    }}", row.name, fields.join(", ")).unwrap();
+    }
+    s += "}\n";
+    s
+}
+
+/// A C type named from anywhere (`c_uint` as `std::ffi::c_uint`).
+fn qualified(c: &str) -> String {
+    if c.starts_with("c_") {
+        format!("std::ffi::{c}")
+    } else {
+        c.to_owned()
+    }
+}
+
+/// For the server's CUDA backend: the driver entry point of every `pass`
+/// row (for its `driver_api!`) and the `Passthrough` implementation that
+/// calls them, as `(bindings, implementation)`.
+pub fn cuda_passthrough_code(table: &Table) -> (String, String) {
+    let (mut bindings, mut imp) = (String::from("driver_api! {\n"), String::new());
+    imp += "// The table keeps CUDA's parameter names.\n#[allow(non_snake_case)]\nimpl gpuplex_protocol::Passthrough for Cuda {\n";
+    for row in pass_rows(table) {
+        let (ins, outs) = pass_split(row);
+        let mut c_params: Vec<String> = Vec::new();
+        let mut args: Vec<String> = Vec::new();
+        let mut prelude = String::new();
+        for p in &row.params {
+            let t = pass_type(p).expect("checked at parse time");
+            if p.dir == Dir::In {
+                c_params.push(format!("{}: {}", p.name, t.c));
+                args.push(match t.c {
+                    "*mut c_void" => format!("{} as usize as *mut std::ffi::c_void", p.name),
+                    "usize" => format!("{} as usize", p.name),
+                    _ => p.name.clone(),
+                });
+            } else {
+                c_params.push(format!("{}: *mut {}", p.name, t.c));
+                writeln!(prelude, "        let mut {}: {} = Default::default();", p.name, qualified(t.c)).unwrap();
+                args.push(format!("&mut {}", p.name));
+            }
+        }
+        writeln!(bindings, "    {}({});", row.name, c_params.join(", ")).unwrap();
+        let params: Vec<String> = ins.iter().map(|(p, t)| format!("{}: {}", p.name, t.rust)).collect();
+        writeln!(
+            imp,
+            "    fn {}(&self, ctx: u64, {}) -> BResult<{}> {{",
+            row.name,
+            params.join(", "),
+            pass_result(&outs)
+        )
+        .unwrap();
+        imp += "        enter(Obj(ctx))?;\n";
+        imp += &prelude;
+        writeln!(
+            imp,
+            "        // SAFETY: the entry point's prototype in cuda.h; every handle and\n        // address is the session's, resolved and checked by it; results go\n        // to locals.\n        api::check(unsafe {{ api::{}({}) }})?;",
+            row.name,
+            args.join(", ")
+        )
+        .unwrap();
+        let results: Vec<String> = outs
+            .iter()
+            .map(|(p, t)| if t.c == "usize" { format!("{} as u64", p.name) } else { p.name.clone() })
+            .collect();
+        match results.as_slice() {
+            [] => imp += "        Ok(())\n",
+            [one] => writeln!(imp, "        Ok({one})").unwrap(),
+            many => writeln!(imp, "        Ok(({}))", many.join(", ")).unwrap(),
+        }
+        imp += "    }\n";
+    }
+    bindings += "}\n";
+    imp += "}\n";
+    (bindings, imp)
 }
 
 /// The front-end's generated exports and NOT_SUPPORTED stubs.
@@ -556,12 +808,13 @@ handwritten cuInit
 0x0114 export changes(things) cuThingSet(f: Func, value: i32)
 0x0115 export forgets(things) cuThingUnload(lib: Library)
 0x0116 wire device Run(stream: Stream) -> ()
+0x0117 export pass cuThingQuery(node: GraphNode, dev: Device, p: DevPtr, out value: u64, out at: DevPtr)
 ";
 
     #[test]
     fn parses_rows() {
         let t = parse(SAMPLE).unwrap();
-        assert_eq!(t.rows.len(), 8);
+        assert_eq!(t.rows.len(), 9);
         assert!(t.rows[7].device && !t.rows[6].device);
         assert!(protocol_code(&t).contains("matches!(self, Opcode::Run)"));
         assert_eq!(t.rows[4].memo, Some(MemoUse::Keeps("things".into())));
@@ -585,6 +838,29 @@ handwritten cuInit
         assert!(parse("0x0001 export changes(x) a(v: u32)").unwrap_err().contains("handle parameter"));
         assert!(parse("0x0001 export memo(x) forgets(x) a(v: u32)").unwrap_err().contains("one memo"));
         assert!(parse("0x0001 export device memo(x) a(v: u32)").unwrap_err().contains("reach a device"));
+        assert!(parse("0x0001 wire pass a(v: u32) -> ()").unwrap_err().contains("only export and ptsz"));
+        assert!(parse("0x0001 export pass a(v: Name)").unwrap_err().contains("passes through"));
+        assert!(parse("0x0001 export pass a(out g: Graph)").unwrap_err().contains("passes through"));
+    }
+
+    #[test]
+    fn pass_rows_are_generated_for_both_sides() {
+        let t = parse(SAMPLE).unwrap();
+        let protocol = protocol_code(&t);
+        assert!(protocol.contains("let node = r.resolve(Handle::GraphNode, req.node.0)?;"));
+        assert!(protocol.contains("let dev = r.resolve_device(req.dev)?;"));
+        assert!(protocol.contains("let p = r.resolve_pointer(req.p.0)?;"));
+        assert!(protocol.contains("let (value, at) = r.passthrough().cuThingQuery(ctx, node, dev, p)?;"));
+        assert!(protocol.contains("Ok(calls::cuThingQuery::Reply { value, at: DevPtr(at) })"));
+        assert!(protocol.contains(
+            "fn cuThingQuery(&self, ctx: u64, node: u64, dev: i32, p: u64) -> Result<(u64, u64), CallError>"
+        ));
+        let (bindings, imp) = cuda_passthrough_code(&t);
+        assert!(
+            bindings.contains("cuThingQuery(node: *mut c_void, dev: c_int, p: u64, value: *mut u64, at: *mut u64);")
+        );
+        assert!(imp.contains("api::cuThingQuery(node as usize as *mut std::ffi::c_void, dev, p, &mut value, &mut at)"));
+        assert!(imp.contains("Ok((value, at))"));
     }
 
     #[test]
@@ -599,6 +875,7 @@ handwritten cuInit
             "cuThingGetFunction",
             "cuThingSet",
             "cuThingUnload",
+            "cuThingQuery",
             "cuOther",
         ]
         .map(String::from)

@@ -121,6 +121,19 @@ int main() {
     printf("cudaDeviceSynchronize after it: %s\n", cudaGetErrorName(cudaDeviceSynchronize()));
     CHECK(cudaFree(out));
 
+    // A peer copy within the one device, synchronous and on a stream.
+    float *peer_src, *peer_dst;
+    float peer_in[4] = {1.5f, 2.5f, 3.5f, 4.5f}, peer_out[4] = {};
+    CHECK(cudaMalloc(&peer_src, sizeof peer_in));
+    CHECK(cudaMalloc(&peer_dst, sizeof peer_in));
+    CHECK(cudaMemcpy(peer_src, peer_in, sizeof peer_in, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpyPeer(peer_dst, 0, peer_src, 0, 2 * sizeof(float)));
+    CHECK(cudaMemcpyPeerAsync(peer_dst + 2, 0, peer_src + 2, 0, 2 * sizeof(float), 0));
+    CHECK(cudaMemcpy(peer_out, peer_dst, sizeof peer_out, cudaMemcpyDeviceToHost));
+    printf("cudaMemcpyPeer, then Async: %.1f %.1f %.1f %.1f\n", peer_out[0], peer_out[1], peer_out[2], peer_out[3]);
+    CHECK(cudaFree(peer_src));
+    CHECK(cudaFree(peer_dst));
+
     void *huge = nullptr;
     printf("cudaMalloc(1 PiB): %s\n", cudaGetErrorName(cudaMalloc(&huge, (size_t)1 << 50)));
     printf("then cudaGetLastError: %s\n", cudaGetErrorName(cudaGetLastError()));

@@ -280,6 +280,12 @@ exports! {
     cuMemcpyDtoD_v2_ptds(dst: u64, src: u64, n: usize) => dtod(dst, src, n, Stream::PER_THREAD, false);
     cuMemcpyDtoDAsync_v2(dst: u64, src: u64, n: usize, s: *mut c_void) => dtod(dst, src, n, stream(s), false);
     cuMemcpyDtoDAsync_v2_ptsz(dst: u64, src: u64, n: usize, s: *mut c_void) => dtod(dst, src, n, ptsz_stream(s), false);
+    // Peer copies are device-to-device copies in unified addressing: the
+    // server's driver finds each end's device from its address.
+    cuMemcpyPeer(dst: u64, _dc: *mut c_void, src: u64, _sc: *mut c_void, n: usize) => dtod(dst, src, n, Stream::NULL, false);
+    cuMemcpyPeer_ptds(dst: u64, _dc: *mut c_void, src: u64, _sc: *mut c_void, n: usize) => dtod(dst, src, n, Stream::PER_THREAD, false);
+    cuMemcpyPeerAsync(dst: u64, _dc: *mut c_void, src: u64, _sc: *mut c_void, n: usize, s: *mut c_void) => dtod(dst, src, n, stream(s), false);
+    cuMemcpyPeerAsync_ptsz(dst: u64, _dc: *mut c_void, src: u64, _sc: *mut c_void, n: usize, s: *mut c_void) => dtod(dst, src, n, ptsz_stream(s), false);
     cuMemcpy(dst: u64, src: u64, n: usize) => unified_copy(dst, src, n, Stream::NULL, true);
     cuMemcpy_ptds(dst: u64, src: u64, n: usize) => unified_copy(dst, src, n, Stream::PER_THREAD, true);
     cuMemcpyAsync(dst: u64, src: u64, n: usize, s: *mut c_void) => unified_copy(dst, src, n, stream(s), false);

@@ -14,7 +14,7 @@
 pub mod cuda;
 pub mod emulated;
 
-use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, DeviceInfo, PoolProps, ResourceDesc};
+use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, DeviceInfo, Passthrough, PoolProps, ResourceDesc};
 
 pub type BResult<T> = Result<T, CallError>;
 
@@ -478,13 +478,11 @@ pub trait Backend: Send + Sync {
     fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)>;
     /// An allocation node's parameters, its address included.
     fn graph_mem_alloc_node_params(&self, node: Obj) -> BResult<GraphAlloc>;
-    /// The address a memory free node frees.
-    fn graph_mem_free_node_params(&self, node: Obj) -> BResult<u64>;
-    /// `cuDeviceGraphMemTrim`.
-    fn graph_mem_trim(&self, dev: i32) -> BResult<()>;
-    /// A `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).
-    fn graph_mem_attribute(&self, dev: i32, attr: i32) -> BResult<u64>;
+    /// Sets a `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).
     fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()>;
+
+    /// The calls of the API table's `pass` rows.
+    fn passthrough(&self) -> &dyn Passthrough;
 }
 
 /// A graph memory allocation node's parameters (`CUDA_MEM_ALLOC_NODE_PARAMS`).

@@ -258,7 +258,9 @@ fn a_tenant_alone_is_not_held_back_and_its_time_is_measured() {
     let wall = started.elapsed().as_nanos() as f64;
     drop(seats);
     let measured = compute_ns(&board, 0) as f64;
-    assert!(counts[0] as f64 >= 0.8 * run.as_millis() as f64, "{counts:?} submissions of 1 ms in {run:?}");
+    // Held to its weight's share it would make about a sixth of them; other
+    // tests' threads on a small machine take the rest of the margin.
+    assert!(counts[0] as f64 >= 0.5 * run.as_millis() as f64, "{counts:?} submissions of 1 ms in {run:?}");
     assert!((0.8..=1.05).contains(&(measured / wall)), "measured {measured} ns of {wall} ns busy");
 }
 

@@ -70,7 +70,7 @@ impl Session {
 
     /// A context handle as `(handle, backend context)`; a retained primary
     /// context that was reset comes back to life here, as the driver's does.
-    fn resolve_ctx(&mut self, h: u64) -> R<(u64, Obj)> {
+    pub(super) fn resolve_ctx(&mut self, h: u64) -> R<(u64, Obj)> {
         if h == 0 {
             return Err(CallError::new(CuError::INVALID_CONTEXT, "no current context"));
         }
@@ -304,24 +304,6 @@ impl Api for Session {
 
     fn GraphMemAllocNodeParams(&mut self, req: GraphMemAllocNodeParams::Request) -> R<GraphMemAllocNodeParams::Reply> {
         self.graph_mem_alloc_node_params(req)
-    }
-
-    fn cuGraphMemFreeNodeGetParams(
-        &mut self,
-        req: cuGraphMemFreeNodeGetParams::Request,
-    ) -> R<cuGraphMemFreeNodeGetParams::Reply> {
-        self.graph_mem_free_node_params(req)
-    }
-
-    fn cuDeviceGraphMemTrim(&mut self, req: cuDeviceGraphMemTrim::Request) -> R<cuDeviceGraphMemTrim::Reply> {
-        self.graph_mem_trim(req)
-    }
-
-    fn cuDeviceGetGraphMemAttribute(
-        &mut self,
-        req: cuDeviceGetGraphMemAttribute::Request,
-    ) -> R<cuDeviceGetGraphMemAttribute::Reply> {
-        self.graph_mem_attribute(req)
     }
 
     fn GraphMemAttributeSet(&mut self, req: GraphMemAttributeSet::Request) -> R<GraphMemAttributeSet::Reply> {

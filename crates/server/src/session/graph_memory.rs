@@ -1,5 +1,5 @@
-//! Graph memory: allocation and free nodes, and each device's graph memory
-//! as a whole.
+//! Graph memory: allocation and free nodes, and resetting each device's
+//! graph memory watermarks (the other queries pass through).
 //!
 //! An allocation node's memory is at an address the driver gives when the
 //! node is made, valid while the graph runs between that node and a free
@@ -19,7 +19,7 @@ use crate::backend::{GraphAlloc, NodeWork};
 type R<T> = Result<T, CallError>;
 
 /// `CU_GRAPH_MEM_ATTR_USED_MEM_HIGH` and `_RESERVED_MEM_HIGH`, the two a
-/// program may reset (to 0); attributes run from 0 to 3.
+/// program may reset (to 0).
 const USED_HIGH: i32 = 1;
 const RESERVED_HIGH: i32 = 3;
 
@@ -76,30 +76,6 @@ impl Session {
             bytesize: alloc.bytes,
             dptr: DevPtr(alloc.dptr),
         })
-    }
-
-    pub(super) fn graph_mem_free_node_params(
-        &mut self,
-        req: cuGraphMemFreeNodeGetParams::Request,
-    ) -> R<cuGraphMemFreeNodeGetParams::Reply> {
-        let (_, node) = self.node(req.hNode)?;
-        Ok(cuGraphMemFreeNodeGetParams::Reply { dptr_out: DevPtr(self.backend.graph_mem_free_node_params(node)?) })
-    }
-
-    pub(super) fn graph_mem_trim(&mut self, req: cuDeviceGraphMemTrim::Request) -> R<cuDeviceGraphMemTrim::Reply> {
-        self.backend.graph_mem_trim(self.backend_device(req.device)?)?;
-        Ok(cuDeviceGraphMemTrim::Reply {})
-    }
-
-    pub(super) fn graph_mem_attribute(
-        &mut self,
-        req: cuDeviceGetGraphMemAttribute::Request,
-    ) -> R<cuDeviceGetGraphMemAttribute::Reply> {
-        if !(0..=RESERVED_HIGH).contains(&req.attr) {
-            return Err(invalid(format!("graph memory attribute {}", req.attr)));
-        }
-        let value = self.backend.graph_mem_attribute(self.backend_device(req.device)?, req.attr)?;
-        Ok(cuDeviceGetGraphMemAttribute::Reply { value })
     }
 
     pub(super) fn graph_mem_set_attribute(

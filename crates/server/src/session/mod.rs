@@ -22,6 +22,7 @@ mod launcher;
 mod line;
 mod managed;
 mod nodes;
+mod passthrough;
 mod pools;
 mod scratch;
 mod shared;

@@ -128,7 +128,7 @@ impl Pools {
 
 impl Session {
     /// A pool the guest names; NULL is not one.
-    fn pool_obj(&self, pool: MemPool) -> R<Obj> {
+    pub(super) fn pool_obj(&self, pool: MemPool) -> R<Obj> {
         Ok(self.tables.pools.live(pool.0)?.obj)
     }
 

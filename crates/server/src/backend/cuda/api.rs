@@ -113,6 +113,9 @@ macro_rules! driver_api {
     )*};
 }
 
+// The entry points of the API table's `pass` rows (`passthrough.rs`).
+include!(concat!(env!("OUT_DIR"), "/cuda_bindings.rs"));
+
 /// The symbol `name` (NUL-terminated) of the loaded driver.
 ///
 /// # Safety
@@ -373,9 +376,6 @@ driver_api! {
     );
     cuGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const *mut c_void, count: usize, dptr: CUdeviceptr);
     cuGraphMemAllocNodeGetParams(node: *mut c_void, params: *mut MemAllocNodeParams);
-    cuGraphMemFreeNodeGetParams(node: *mut c_void, dptr: *mut CUdeviceptr);
-    cuDeviceGraphMemTrim(dev: CUdevice);
-    cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void);
     cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void);
     cuStreamBeginCaptureToGraph(
         stream: CUstream,

@@ -1,7 +1,7 @@
-//! Graph memory on the real driver: allocation nodes, and each device's
-//! graph memory as a whole. Free nodes are made with the others
-//! (`graph.rs`). The session has checked every graph, node, device and
-//! address first.
+//! Graph memory on the real driver: allocation nodes, and setting each
+//! device's graph memory attributes. Free nodes are made with the others
+//! (`graph.rs`); the rest passes through (`passthrough.rs`). The session has
+//! checked every graph, node, device and address first.
 
 use std::ffi::c_void;
 use std::ptr::null;
@@ -12,7 +12,7 @@ use super::api::{self, check};
 use super::graph::raw_nodes;
 use super::pools::{c_props, wire_props};
 use super::vmm::c_access;
-use super::{enter, handle, query, raw, size, BResult, Obj};
+use super::{enter, handle, raw, size, BResult, Obj};
 use crate::backend::GraphAlloc;
 
 pub(super) fn add_alloc_node(ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)> {
@@ -50,21 +50,6 @@ pub(super) fn alloc_node_params(node: Obj) -> BResult<GraphAlloc> {
         .map(|d| AccessDesc { location_kind: d.location.kind as u32, location: d.location.id, flags: d.flags as u32 })
         .collect();
     Ok(GraphAlloc { props: wire_props(&p.pool_props), access, bytes: p.bytesize as u64, dptr: p.dptr })
-}
-
-pub(super) fn free_node_params(node: Obj) -> BResult<u64> {
-    // SAFETY: a live free node; out-pointer to a local.
-    query(|d| unsafe { api::cuGraphMemFreeNodeGetParams(raw(node), d) })
-}
-
-pub(super) fn trim(dev: i32) -> BResult<()> {
-    // SAFETY: a device of the session's.
-    check(unsafe { api::cuDeviceGraphMemTrim(dev) })
-}
-
-pub(super) fn attribute(dev: i32, attr: i32) -> BResult<u64> {
-    // SAFETY: every graph memory attribute is a `cuuint64_t`.
-    query(|v: *mut u64| unsafe { api::cuDeviceGetGraphMemAttribute(dev, attr, v.cast::<c_void>()) })
 }
 
 pub(super) fn set_attribute(dev: i32, attr: i32, value: u64) -> BResult<()> {

@@ -43,6 +43,7 @@ mod arrays;
 mod graph;
 mod graph_memory;
 mod image;
+mod passthrough;
 mod pools;
 mod tensor_maps;
 mod vmm;
@@ -1231,20 +1232,12 @@ impl Backend for Cuda {
         graph_memory::alloc_node_params(node)
     }
 
-    fn graph_mem_free_node_params(&self, node: Obj) -> BResult<u64> {
-        graph_memory::free_node_params(node)
-    }
-
-    fn graph_mem_trim(&self, dev: i32) -> BResult<()> {
-        graph_memory::trim(dev)
-    }
-
-    fn graph_mem_attribute(&self, dev: i32, attr: i32) -> BResult<u64> {
-        graph_memory::attribute(dev, attr)
-    }
-
     fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()> {
         graph_memory::set_attribute(dev, attr, value)
+    }
+
+    fn passthrough(&self) -> &dyn gpuplex_protocol::Passthrough {
+        self
     }
 
     fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {

@@ -12,7 +12,7 @@
 //! capturing stream) fails as the driver's does. Capture modes are kept
 //! but not enforced.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use gpuplex_protocol::CuError;
 
@@ -134,6 +134,8 @@ pub struct Graphs {
     captures: HashMap<u64, Capture>,
     /// Each clone's copy of a node: `(clone, original node)` to node.
     clones: HashMap<(u64, u64), u64>,
+    /// Nodes turned off in an executable graph: `(exec, node)`.
+    disabled: HashSet<(u64, u64)>,
     /// The data of edges `(from, to)` other than the default.
     edge_data: HashMap<(u64, u64), u64>,
 }
@@ -466,6 +468,33 @@ impl Graphs {
         }
     }
 
+    /// Turns a kernel, memcpy or memset node of an executable graph off or
+    /// on, as the driver allows for those kinds only.
+    pub fn set_enabled(&mut self, exec: Obj, node: Obj, enabled: bool) -> BResult<()> {
+        match self.exec_work(exec)?.iter().find(|(id, _)| *id == node.0) {
+            Some((_, Work::Kernel { .. } | Work::Memset(_) | Work::Copy { .. } | Work::Copy3D(_))) => {}
+            _ => return Err(err(CuError::INVALID_VALUE, "only kernel, memcpy and memset nodes can be turned off")),
+        }
+        if enabled {
+            self.disabled.remove(&(exec.0, node.0));
+        } else {
+            self.disabled.insert((exec.0, node.0));
+        }
+        Ok(())
+    }
+
+    /// An executable graph's nodes and their work.
+    pub fn exec_work(&self, exec: Obj) -> BResult<&[(u64, Work)]> {
+        self.execs.get(&exec.0).map(|(_, work)| work.as_slice()).ok_or_else(|| CuError::INVALID_VALUE.into())
+    }
+
+    pub fn enabled(&self, exec: Obj, node: Obj) -> BResult<bool> {
+        if !self.exec_work(exec)?.iter().any(|(id, _)| *id == node.0) {
+            return Err(err(CuError::INVALID_VALUE, "not a node of the executable graph"));
+        }
+        Ok(!self.disabled.contains(&(exec.0, node.0)))
+    }
+
     /// A graph memory node's work, as made.
     pub fn node_work(&self, node: Obj) -> BResult<&Work> {
         let (graph, i) = self.locate(node.0)?;
@@ -543,13 +572,18 @@ impl Graphs {
     }
 
     pub fn exec_destroy(&mut self, exec: Obj) -> BResult<()> {
+        self.disabled.retain(|&(e, _)| e != exec.0);
         self.execs.remove(&exec.0).map(drop).ok_or_else(|| CuError::INVALID_VALUE.into())
     }
 
     /// What an executable graph runs, for a launch in `ctx`.
+    /// An executable graph's work to run, its disabled nodes left out.
     pub fn exec(&self, ctx: Obj, exec: Obj) -> BResult<Vec<Work>> {
+        let enabled = |node: &u64| !self.disabled.contains(&(exec.0, *node));
         match self.execs.get(&exec.0) {
-            Some((c, work)) if *c == ctx.0 => Ok(work.iter().map(|(_, w)| w.clone()).collect()),
+            Some((c, work)) if *c == ctx.0 => {
+                Ok(work.iter().filter(|(n, _)| enabled(n)).map(|(_, w)| w.clone()).collect())
+            }
             Some(_) => Err(err(CuError::INVALID_CONTEXT, "the graph was instantiated in another context")),
             None => Err(CuError::INVALID_VALUE.into()),
         }

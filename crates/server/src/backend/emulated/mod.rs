@@ -15,6 +15,7 @@ mod graph;
 
 pub mod kernels;
 mod memory;
+mod passthrough;
 mod pools;
 mod tensor_maps;
 mod vmm;
@@ -23,7 +24,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, CuError, DeviceInfo, PoolProps, ResourceDesc};
+use gpuplex_protocol::{
+    AccessDesc, AllocProp, ArrayDesc, CallError, CuError, DeviceInfo, Passthrough, PoolProps, ResourceDesc,
+};
 
 use super::{
     BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork, Obj,
@@ -1488,30 +1491,16 @@ impl Backend for Emulated {
         }
     }
 
-    fn graph_mem_free_node_params(&self, node: Obj) -> BResult<u64> {
-        match self.state().graphs.node_work(node)? {
-            Work::MemFree(dptr) => Ok(*dptr),
-            _ => Err(err(CuError::INVALID_VALUE, "not a free node")),
-        }
-    }
-
-    fn graph_mem_trim(&self, _dev: i32) -> BResult<()> {
-        Ok(())
-    }
-
-    fn graph_mem_attribute(&self, _dev: i32, attr: i32) -> BResult<u64> {
-        match attr {
-            0..=3 => Ok(self.state().graphs.memory()),
-            _ => Err(err(CuError::INVALID_VALUE, format!("graph memory attribute {attr}"))),
-        }
-    }
-
     /// Only the high watermarks may be set, and only to 0.
     fn graph_mem_set_attribute(&self, _dev: i32, attr: i32, value: u64) -> BResult<()> {
         match (attr, value) {
             (1 | 3, 0) => Ok(()),
             _ => Err(err(CuError::INVALID_VALUE, format!("graph memory attribute {attr} set to {value}"))),
         }
+    }
+
+    fn passthrough(&self) -> &dyn Passthrough {
+        self
     }
 
     fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
