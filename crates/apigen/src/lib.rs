@@ -554,29 +554,38 @@ fn passthrough_code(table: &Table) -> String {
     }
     s += "}\n\n";
     s += "/// What the generated server side of a `pass` row asks of the session.\npub trait Resolver {\n";
-    s += "    /// The backend context the call runs in: the guest's current one, or 0.\n    fn pass_context(&mut self) -> Result<u64, CallError>;\n";
-    s += "    /// The backend object a guest's handle names.\n    fn resolve(&mut self, kind: Handle, handle: u64) -> Result<u64, CallError>;\n";
+    s += "    /// The backend context a call naming no handle of a context runs in:\n    /// the guest's current one, or 0.\n    fn pass_context(&mut self) -> Result<u64, CallError>;\n";
+    s += "    /// The backend object a guest's handle names; where `ctx` is still 0,\n    /// it becomes the object's context (the first such handle's is the call's).\n    fn resolve(&mut self, kind: Handle, handle: u64, ctx: &mut u64) -> Result<u64, CallError>;\n";
     s += "    /// The backend's number for a guest's device.\n    fn resolve_device(&mut self, device: i32) -> Result<i32, CallError>;\n";
     s += "    /// A device address, checked to lie in memory the session holds.\n    fn resolve_pointer(&mut self, ptr: u64) -> Result<u64, CallError>;\n";
     s += "    fn passthrough(&self) -> &dyn Passthrough;\n}\n\n";
-    s += "/// The server side of every `pass` row, for any [`Resolver`].\n#[allow(non_snake_case)]\npub mod pass {\n    use crate::*;\n";
+    s += "/// The server side of every `pass` row, for any [`Resolver`].\n#[allow(non_snake_case, unused_variables)]\npub mod pass {\n    use crate::*;\n";
     for row in pass_rows(table) {
         let (ins, outs) = pass_split(row);
         writeln!(
             s,
-            "    pub fn {0}<R: Resolver + ?Sized>(r: &mut R, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError> {{\n        let ctx = r.pass_context()?;",
+            "    pub fn {0}<R: Resolver + ?Sized>(r: &mut R, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError> {{",
             row.name
         )
         .unwrap();
+        let handles = ins.iter().any(|(_, t)| matches!(t.resolve, Resolve::Handle(_)));
+        if handles {
+            s += "        let mut ctx = 0;\n";
+        }
         for (p, t) in &ins {
             let value = match t.resolve {
                 Resolve::Value => format!("req.{}", p.name),
                 Resolve::Device => format!("r.resolve_device(req.{})?", p.name),
                 Resolve::Pointer => format!("r.resolve_pointer(req.{}.0)?", p.name),
-                Resolve::Handle(k) => format!("r.resolve(Handle::{k}, req.{}.0)?", p.name),
+                Resolve::Handle(k) => format!("r.resolve(Handle::{k}, req.{}.0, &mut ctx)?", p.name),
             };
             writeln!(s, "        let {} = {value};", p.name).unwrap();
         }
+        s += if handles {
+            "        let ctx = if ctx == 0 { r.pass_context()? } else { ctx };\n"
+        } else {
+            "        let ctx = r.pass_context()?;\n"
+        };
         let names: Vec<&str> = ins.iter().map(|(p, _)| p.name.as_str()).collect();
         let bound = match outs.as_slice() {
             [] => "()".to_owned(),
@@ -847,7 +856,8 @@ handwritten cuInit
     fn pass_rows_are_generated_for_both_sides() {
         let t = parse(SAMPLE).unwrap();
         let protocol = protocol_code(&t);
-        assert!(protocol.contains("let node = r.resolve(Handle::GraphNode, req.node.0)?;"));
+        assert!(protocol.contains("let node = r.resolve(Handle::GraphNode, req.node.0, &mut ctx)?;"));
+        assert!(protocol.contains("let ctx = if ctx == 0 { r.pass_context()? } else { ctx };"));
         assert!(protocol.contains("let dev = r.resolve_device(req.dev)?;"));
         assert!(protocol.contains("let p = r.resolve_pointer(req.p.0)?;"));
         assert!(protocol.contains("let (value, at) = r.passthrough().cuThingQuery(ctx, node, dev, p)?;"));

@@ -360,8 +360,6 @@ pub trait Backend: Send + Sync {
     fn func_get_attribute(&self, ctx: Obj, func: Obj, attr: i32) -> BResult<i32>;
     fn func_set_attribute(&self, ctx: Obj, func: Obj, attr: i32, value: i32) -> BResult<()>;
     fn func_set_cache_config(&self, ctx: Obj, func: Obj, config: i32) -> BResult<()>;
-    fn func_is_loaded(&self, ctx: Obj, func: Obj) -> BResult<i32>;
-    fn func_load(&self, ctx: Obj, func: Obj) -> BResult<()>;
     fn kernel_get_attribute(&self, kernel: Obj, attr: i32, dev: i32) -> BResult<i32>;
     fn kernel_set_attribute(&self, kernel: Obj, attr: i32, value: i32, dev: i32) -> BResult<()>;
     fn kernel_set_cache_config(&self, kernel: Obj, config: i32, dev: i32) -> BResult<()>;
@@ -388,13 +386,9 @@ pub trait Backend: Send + Sync {
     fn stream_synchronize(&self, ctx: Obj, stream: Obj) -> BResult<()>;
     fn stream_query(&self, ctx: Obj, stream: Obj) -> BResult<()>;
     fn stream_wait_event(&self, ctx: Obj, stream: Obj, event: Obj, flags: u32) -> BResult<()>;
-    fn stream_priority(&self, ctx: Obj, stream: Obj) -> BResult<i32>;
-    fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32>;
     /// A stream attribute's value, `CUstreamAttrValue`'s 64 bytes.
     fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()>;
     fn stream_get_attribute(&self, ctx: Obj, stream: Obj, attr: u32) -> BResult<[u8; 64]>;
-    /// `cuProfilerStart` (or `Stop`) in `ctx`.
-    fn profiler(&self, ctx: Obj, start: bool) -> BResult<()>;
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64>;
     /// A tensor map, as the driver encodes it for the device.
     fn tensor_map_encode(&self, map: &TensorMap) -> BResult<TensorMapBytes>;
@@ -443,8 +437,6 @@ pub trait Backend: Send + Sync {
     fn graph_upload(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()>;
     /// The graph's nodes, or only those that depend on none (`roots`).
     fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>>;
-    /// `CUgraphNodeType`.
-    fn graph_node_type(&self, node: Obj) -> BResult<u32>;
     /// A node of `graph` after `deps`, made in `ctx`.
     ///
     /// # Safety

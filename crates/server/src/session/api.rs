@@ -161,14 +161,14 @@ impl Session {
         Ok((ctx, obj))
     }
 
-    fn event(&self, e: Event) -> R<(Obj, Obj)> {
+    pub(super) fn event(&self, e: Event) -> R<(Obj, Obj)> {
         let entry = self.tables.get(Kind::Event, e.0)?;
         Ok((self.ctx_of(&entry)?, entry.obj))
     }
 
     /// A function as `(backend context, backend function)`. A kernel handle
     /// stands for its function in the current context.
-    fn func(&mut self, f: Func) -> R<(Obj, Obj)> {
+    pub(super) fn func(&mut self, f: Func) -> R<(Obj, Obj)> {
         match self.tables.lookup(f.0) {
             Some((Kind::Func, entry)) => Ok((self.ctx_of(&entry)?, entry.obj)),
             Some((Kind::Kernel, kernel)) => {
@@ -185,7 +185,7 @@ impl Session {
         Ok(self.tables.get(Kind::Kernel, h)?.obj)
     }
 
-    fn module(&self, h: u64) -> R<(Obj, Entry)> {
+    pub(super) fn module(&self, h: u64) -> R<(Obj, Entry)> {
         let entry = self.tables.get(Kind::Module, h)?;
         Ok((self.ctx_of(&entry)?, entry))
     }
@@ -498,10 +498,6 @@ impl Api for Session {
 
     fn GraphNodes(&mut self, req: GraphNodes::Request) -> R<GraphNodes::Reply> {
         self.graph_nodes(req)
-    }
-
-    fn cuGraphNodeGetType(&mut self, req: cuGraphNodeGetType::Request) -> R<cuGraphNodeGetType::Reply> {
-        self.graph_node_type(req)
     }
 
     fn Memcpy3D(&mut self, req: Memcpy3D::Request) -> R<Memcpy3D::Reply> {
@@ -1196,17 +1192,6 @@ impl Api for Session {
         Ok(cuKernelSetCacheConfig::Reply {})
     }
 
-    fn cuFuncIsLoaded(&mut self, req: cuFuncIsLoaded::Request) -> R<cuFuncIsLoaded::Reply> {
-        let (ctx, func) = self.func(req.function)?;
-        Ok(cuFuncIsLoaded::Reply { state: self.backend.func_is_loaded(ctx, func)? })
-    }
-
-    fn cuFuncLoad(&mut self, req: cuFuncLoad::Request) -> R<cuFuncLoad::Reply> {
-        let (ctx, func) = self.func(req.function)?;
-        self.backend.func_load(ctx, func)?;
-        Ok(cuFuncLoad::Reply {})
-    }
-
     fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
         &mut self,
         req: cuOccupancyMaxActiveBlocksPerMultiprocessor::Request,
@@ -1327,11 +1312,6 @@ impl Api for Session {
         Ok(cuStreamWaitEvent::Reply {})
     }
 
-    fn cuStreamGetPriority(&mut self, req: cuStreamGetPriority::Request) -> R<cuStreamGetPriority::Reply> {
-        let (ctx, stream) = self.stream(req.hStream)?;
-        Ok(cuStreamGetPriority::Reply { priority: self.backend.stream_priority(ctx, stream)? })
-    }
-
     fn cuStreamIsCapturing(&mut self, req: cuStreamIsCapturing::Request) -> R<cuStreamIsCapturing::Reply> {
         let (ctx, stream) = self.stream(req.hStream)?;
         Ok(cuStreamIsCapturing::Reply { captureStatus: self.backend.stream_capture_status(ctx, stream)? })
@@ -1350,23 +1330,6 @@ impl Api for Session {
         let attr = plain_attribute(req.attr)?;
         let (ctx, stream) = self.stream(req.hStream)?;
         Ok(StreamGetAttribute::Reply { value: self.backend.stream_get_attribute(ctx, stream, attr)?.to_vec() })
-    }
-
-    fn cuProfilerStart(&mut self, _: cuProfilerStart::Request) -> R<cuProfilerStart::Reply> {
-        let (_, ctx) = self.current_ctx()?;
-        self.backend.profiler(ctx, true)?;
-        Ok(cuProfilerStart::Reply {})
-    }
-
-    fn cuProfilerStop(&mut self, _: cuProfilerStop::Request) -> R<cuProfilerStop::Reply> {
-        let (_, ctx) = self.current_ctx()?;
-        self.backend.profiler(ctx, false)?;
-        Ok(cuProfilerStop::Reply {})
-    }
-
-    fn cuStreamGetFlags(&mut self, req: cuStreamGetFlags::Request) -> R<cuStreamGetFlags::Reply> {
-        let (ctx, stream) = self.stream(req.hStream)?;
-        Ok(cuStreamGetFlags::Reply { flags: self.backend.stream_flags(ctx, stream)? })
     }
 
     fn cuStreamGetId(&mut self, req: cuStreamGetId::Request) -> R<cuStreamGetId::Reply> {

@@ -251,11 +251,6 @@ impl Session {
         Ok(GraphNodes::Reply { nodes: Seq(self.node_handles(req.hGraph.0, nodes)) })
     }
 
-    pub(super) fn graph_node_type(&mut self, req: cuGraphNodeGetType::Request) -> R<cuGraphNodeGetType::Reply> {
-        let node = self.tables.get(Kind::GraphNode, req.hNode.0)?;
-        Ok(cuGraphNodeGetType::Reply { nodeType: self.backend.graph_node_type(node.obj)? })
-    }
-
     /// Destroys every executable graph and graph, for a session that ends
     /// while its worker lives on (sessions on threads, in tests).
     pub(super) fn release_graphs(&mut self) {

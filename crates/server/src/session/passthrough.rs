@@ -1,8 +1,12 @@
 //! What the generated server side of the API table's `pass` rows asks of a
-//! session: its current context, and each handle, device and address a
-//! guest names, resolved or checked as every hand-written call does.
+//! session: each handle, device and address a guest names, resolved or
+//! checked as every hand-written call does, and the context the call runs
+//! in (its first handle's, as the hand-written calls take it, else the
+//! guest's current one).
 
-use gpuplex_protocol::{CallError, CuError, Handle, MemPool, Passthrough, Resolver, Stream};
+use gpuplex_protocol::{CallError, CuError, Event, Func, Handle, MemPool, Passthrough, Resolver, Stream};
+
+use crate::backend::Obj;
 
 use super::tables::Kind;
 use super::Session;
@@ -15,22 +19,33 @@ impl Resolver for Session {
         Ok(self.current_ctx()?.1 .0)
     }
 
-    fn resolve(&mut self, kind: Handle, handle: u64) -> Result<u64, CallError> {
-        let table = |kind| Ok(self.tables.get(kind, handle)?.obj.0);
-        match kind {
-            Handle::Ctx => Ok(self.resolve_ctx(handle)?.1 .0),
-            Handle::Stream => Ok(self.stream(Stream(handle))?.1 .0),
-            Handle::MemPool => Ok(self.pool_obj(MemPool(handle))?.0),
-            Handle::Module => table(Kind::Module),
-            Handle::Func => table(Kind::Func),
-            Handle::Event => table(Kind::Event),
-            Handle::Library => table(Kind::Library),
-            Handle::Kernel => table(Kind::Kernel),
-            Handle::Graph => table(Kind::Graph),
-            Handle::GraphExec => table(Kind::GraphExec),
-            Handle::GraphNode => table(Kind::GraphNode),
-            Handle::Array => table(Kind::Array),
+    fn resolve(&mut self, kind: Handle, handle: u64, ctx: &mut u64) -> Result<u64, CallError> {
+        // Objects of a context (executable graphs) run in it; the rest in none.
+        let table = |kind| -> Result<(Obj, Obj), CallError> {
+            let entry = self.tables.get(kind, handle)?;
+            Ok((if entry.ctx == 0 { Obj(0) } else { self.ctx_of(&entry)? }, entry.obj))
+        };
+        let (in_ctx, obj) = match kind {
+            Handle::Ctx => (Obj(0), self.resolve_ctx(handle)?.1),
+            Handle::Stream => self.stream(Stream(handle))?,
+            Handle::Event => self.event(Event(handle))?,
+            Handle::Func => self.func(Func(handle))?,
+            Handle::Module => {
+                let (c, entry) = self.module(handle)?;
+                (c, entry.obj)
+            }
+            Handle::MemPool => (Obj(0), self.pool_obj(MemPool(handle))?),
+            Handle::Library => table(Kind::Library)?,
+            Handle::Kernel => table(Kind::Kernel)?,
+            Handle::Graph => table(Kind::Graph)?,
+            Handle::GraphExec => table(Kind::GraphExec)?,
+            Handle::GraphNode => table(Kind::GraphNode)?,
+            Handle::Array => table(Kind::Array)?,
+        };
+        if *ctx == 0 {
+            *ctx = in_ctx.0;
         }
+        Ok(obj.0)
     }
 
     fn resolve_device(&mut self, device: i32) -> Result<i32, CallError> {

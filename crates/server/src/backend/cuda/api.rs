@@ -251,8 +251,6 @@ driver_api! {
     cuFuncGetAttribute(value: *mut c_int, attrib: c_int, func: CUfunction);
     cuFuncSetAttribute(func: CUfunction, attrib: c_int, value: c_int);
     cuFuncSetCacheConfig(func: CUfunction, config: c_int);
-    cuFuncIsLoaded(state: *mut c_int, func: CUfunction);
-    cuFuncLoad(func: CUfunction);
     cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
         blocks: *mut c_int,
         func: CUfunction,
@@ -297,8 +295,6 @@ driver_api! {
     cuStreamSynchronize(stream: CUstream);
     cuStreamQuery(stream: CUstream);
     cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
-    cuStreamGetPriority(stream: CUstream, priority: *mut c_int);
-    cuStreamGetFlags(stream: CUstream, flags: *mut c_uint);
     cuStreamSetAttribute(stream: CUstream, attr: c_int, value: *const c_void);
     cuStreamGetAttribute(stream: CUstream, attr: c_int, value: *mut c_void);
     cuStreamBeginCapture_v2(stream: CUstream, mode: c_int);
@@ -321,7 +317,6 @@ driver_api! {
     cuGraphUpload(exec: *mut c_void, stream: CUstream);
     cuGraphGetNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize);
     cuGraphGetRootNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize);
-    cuGraphNodeGetType(node: *mut c_void, kind: *mut c_int);
     cuGraphAddKernelNode_v2(
         node: *mut *mut c_void,
         graph: *mut c_void,
@@ -471,8 +466,6 @@ driver_api! {
         oob_fill: c_int,
     );
     cuTensorMapReplaceAddress(map: *mut TensorMapRaw, address: *mut c_void);
-    cuProfilerStart();
-    cuProfilerStop();
     cuStreamGetId(stream: CUstream, id: *mut c_ulonglong);
     cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
     cuEventCreate(event: *mut CUevent, flags: c_uint);

@@ -8,7 +8,7 @@ use std::ptr::null_mut;
 use gpuplex_protocol::{CallError, CuError};
 
 use super::api::{self, check};
-use super::{arrays, enter, handle, obj, query, raw, size, with_packed, BResult, CaptureInfo, Launch, Obj};
+use super::{arrays, enter, handle, obj, raw, size, with_packed, BResult, CaptureInfo, Launch, Obj};
 use crate::backend::{ExecUpdate, HostFn, NodeWork};
 
 pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
@@ -135,11 +135,6 @@ pub(super) fn nodes(graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
     check(list(nodes.as_mut_ptr(), &mut count))?;
     nodes.truncate(count);
     Ok(nodes.into_iter().map(obj).collect())
-}
-
-pub(super) fn node_type(node: Obj) -> BResult<u32> {
-    // SAFETY: a live node of one of the session's graphs; out-pointer to a local.
-    query(|t: *mut c_int| unsafe { api::cuGraphNodeGetType(raw(node), t) }).map(|t| t as u32)
 }
 
 /// `CUDA_KERNEL_NODE_PARAMS_v2`.

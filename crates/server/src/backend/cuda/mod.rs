@@ -893,18 +893,6 @@ impl Backend for Cuda {
         check(unsafe { api::cuFuncSetCacheConfig(raw(func), config) })
     }
 
-    fn func_is_loaded(&self, ctx: Obj, func: Obj) -> BResult<i32> {
-        enter(ctx)?;
-        // SAFETY: out-pointer to a local `int`; live function.
-        query(|s| unsafe { api::cuFuncIsLoaded(s, raw(func)) })
-    }
-
-    fn func_load(&self, ctx: Obj, func: Obj) -> BResult<()> {
-        enter(ctx)?;
-        // SAFETY: live function.
-        check(unsafe { api::cuFuncLoad(raw(func)) })
-    }
-
     fn kernel_get_attribute(&self, kernel: Obj, attr: i32, dev: i32) -> BResult<i32> {
         // SAFETY: out-pointer to a local; live kernel; plain integers, which
         // the driver validates.
@@ -1036,12 +1024,6 @@ impl Backend for Cuda {
         check(unsafe { api::cuStreamWaitEvent(raw(stream), raw(event), flags) })
     }
 
-    fn stream_priority(&self, ctx: Obj, stream: Obj) -> BResult<i32> {
-        enter(ctx)?;
-        // SAFETY: the stream is live or special; out-pointer to a local.
-        query(|p| unsafe { api::cuStreamGetPriority(raw(stream), p) })
-    }
-
     fn stream_capture_status(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
         enter(ctx)?;
         // SAFETY: the stream is live or special; out-pointer to a local (the
@@ -1073,12 +1055,6 @@ impl Backend for Cuda {
         }
     }
 
-    fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
-        enter(ctx)?;
-        // SAFETY: the stream is live or special; out-pointer to a local.
-        query(|f| unsafe { api::cuStreamGetFlags(raw(stream), f) })
-    }
-
     fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()> {
         enter(ctx)?;
         // SAFETY: the stream is live or special; the value is the 64-byte union the driver reads.
@@ -1091,18 +1067,6 @@ impl Backend for Cuda {
         // SAFETY: the stream is live or special; the driver writes at most the 64-byte union.
         check(unsafe { api::cuStreamGetAttribute(raw(stream), attr as c_int, value.as_mut_ptr().cast()) })?;
         Ok(value)
-    }
-
-    fn profiler(&self, ctx: Obj, start: bool) -> BResult<()> {
-        enter(ctx)?;
-        // SAFETY: no arguments.
-        check(unsafe {
-            if start {
-                api::cuProfilerStart()
-            } else {
-                api::cuProfilerStop()
-            }
-        })
     }
 
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64> {
@@ -1275,10 +1239,6 @@ impl Backend for Cuda {
 
     fn graph_exec_update(&self, ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate> {
         graph::exec_update(ctx, exec, graph)
-    }
-
-    fn graph_node_type(&self, node: Obj) -> BResult<u32> {
-        graph::node_type(node)
     }
 }
 

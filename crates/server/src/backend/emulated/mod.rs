@@ -1058,15 +1058,6 @@ impl Backend for Emulated {
         Ok(())
     }
 
-    fn func_is_loaded(&self, _ctx: Obj, func: Obj) -> BResult<i32> {
-        // CU_FUNCTION_LOADING_STATE_LOADED: emulated modules load eagerly.
-        self.state().function(func).map(|_| 1)
-    }
-
-    fn func_load(&self, _ctx: Obj, func: Obj) -> BResult<()> {
-        self.state().function(func).map(|_| ())
-    }
-
     fn kernel_get_attribute(&self, kernel: Obj, attr: i32, _dev: i32) -> BResult<i32> {
         let s = self.state();
         let k = s.kernels.get(&kernel.0).ok_or(CuError::INVALID_HANDLE)?;
@@ -1240,18 +1231,6 @@ impl Backend for Emulated {
         s.graphs.refuse(stream, CuError::NOT_SUPPORTED, "the emulated device captures no event waits")
     }
 
-    fn stream_priority(&self, ctx: Obj, stream: Obj) -> BResult<i32> {
-        let mut s = self.state();
-        s.stream(ctx, stream)?;
-        Ok(s.streams.get(&stream.0).map_or(0, |st| st.priority))
-    }
-
-    fn stream_flags(&self, ctx: Obj, stream: Obj) -> BResult<u32> {
-        let mut s = self.state();
-        s.stream(ctx, stream)?;
-        Ok(s.streams.get(&stream.0).map_or(0, |st| st.flags))
-    }
-
     /// The stream attributes a device takes: an access policy window, a
     /// synchronization policy, a priority and memory synchronization domains.
     fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()> {
@@ -1281,10 +1260,6 @@ impl Backend for Emulated {
             value[..4].copy_from_slice(&st.map_or(0, |st| st.priority).to_le_bytes());
         }
         Ok(value)
-    }
-
-    fn profiler(&self, ctx: Obj, _start: bool) -> BResult<()> {
-        self.state().ctx(ctx).map(drop)
     }
 
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64> {
@@ -1547,10 +1522,6 @@ impl Backend for Emulated {
         let mut s = self.state();
         s.ctx(ctx)?;
         s.graphs.exec_update(exec, graph)
-    }
-
-    fn graph_node_type(&self, node: Obj) -> BResult<u32> {
-        self.state().graphs.node_type(node)
     }
 }
 

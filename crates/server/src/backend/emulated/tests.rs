@@ -74,8 +74,8 @@ fn events_time_and_refuse_untimed_ones() {
 fn streams_clamp_priorities_and_vanish_with_their_context() {
     let (e, ctx) = setup();
     let s = e.stream_create(ctx, 1, -100).unwrap();
-    assert_eq!(e.stream_priority(ctx, s).unwrap(), device::PRIORITY_RANGE.1);
-    assert_eq!(e.stream_flags(ctx, s).unwrap(), 1);
+    assert_eq!(e.cuStreamGetPriority(ctx.0, s.0).unwrap(), device::PRIORITY_RANGE.1);
+    assert_eq!(e.cuStreamGetFlags(ctx.0, s.0).unwrap(), 1);
     e.ctx_destroy(ctx).unwrap();
     let ctx = e.ctx_create(0, 0).unwrap();
     assert_eq!(e.stream_query(ctx, s).unwrap_err().code, CuError::INVALID_HANDLE);
