@@ -577,6 +577,28 @@ pub fn differing_runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
     runs
 }
 
+/// Takes into `ours` what the other side of a mirror changed (`theirs`
+/// against `agreed`, what both last agreed on), byte by byte, wherever
+/// `ours` has not changed that byte too; `agreed` becomes `theirs`. Returns
+/// the runs `(start, length)` of `ours` that took something.
+pub fn take_changes(agreed: &mut [u8], theirs: &[u8], ours: &mut [u8]) -> Vec<(usize, usize)> {
+    let mut taken = Vec::new();
+    for (start, n) in differing_runs(agreed, theirs) {
+        let mut took = false;
+        for i in start..start + n {
+            if ours[i] == agreed[i] {
+                ours[i] = theirs[i];
+                took = true;
+            }
+            agreed[i] = theirs[i];
+        }
+        if took {
+            taken.push((start, n));
+        }
+    }
+    taken
+}
+
 fn futex(word: &AtomicU32, op: libc::c_int, value: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|t| libc::timespec { tv_sec: t.as_secs() as _, tv_nsec: t.subsec_nanos() as _ });
     let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
@@ -595,6 +617,17 @@ fn hung_up(socket: RawFd) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn take_changes_keeps_both_sides_writes() {
+        let mut agreed = *b"aaaaaa";
+        let mut ours = *b"aXaaaa";
+        let taken = take_changes(&mut agreed, b"bbaaab", &mut ours);
+        assert_eq!(&ours, b"bXaaab", "our own write stays, theirs elsewhere is taken");
+        assert_eq!(&agreed, b"bbaaab");
+        assert_eq!(taken, vec![(0, 2), (5, 1)]);
+        assert!(take_changes(&mut agreed, b"bbaaab", &mut ours).is_empty());
+    }
+
     #[test]
     fn differing_runs_find_each_difference() {
         assert!(differing_runs(b"abc", b"abc").is_empty());

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use gpuplex_protocol::CuError;
-use gpuplex_transport::shm::{differing_runs, Region};
+use gpuplex_transport::shm::{differing_runs, take_changes, Region};
 
 use super::host::{self, PAGE};
 
@@ -92,7 +92,7 @@ pub fn block_for(ptr: u64, len: usize, to_device: bool) -> Result<Option<(u64, u
 /// so that the device's next write is told from the program's last.
 pub fn to_device() {
     if ANY.load(Ordering::Acquire) {
-        mirrors().retain_mut(|m| m.take_device_writes() && m.take_program_writes());
+        mirrors().retain_mut(|m| m.agree(true));
     }
 }
 
@@ -100,7 +100,7 @@ pub fn to_device() {
 /// the graph runs here: what the device wrote, into the program's memory.
 pub fn from_device() {
     if ANY.load(Ordering::Acquire) {
-        mirrors().retain_mut(Mirror::take_device_writes);
+        mirrors().retain_mut(|m| m.agree(false));
     }
 }
 
@@ -112,44 +112,32 @@ impl Mirror {
     }
 
     /// Copies into the program's memory what the device changed in the
-    /// mirror, where the program has not changed it since. False when the
-    /// program's memory is gone.
-    fn take_device_writes(&mut self) -> bool {
-        if !self.from_device || self.staging() == self.agreed.as_slice() {
+    /// mirror, where the program has not changed it since; then, `to_device`,
+    /// into the mirror what the program changed. The program's memory is
+    /// read once. False when it is gone.
+    fn agree(&mut self, to_device: bool) -> bool {
+        let device_wrote = self.from_device && self.staging() != self.agreed.as_slice();
+        if !device_wrote && !to_device {
             return true;
         }
         let mut program = vec![0u8; self.len];
         if !read_own(self.host, &mut program) {
             return self.gone();
         }
-        let staging = self.staging().to_vec();
-        for (start, n) in differing_runs(&self.agreed, &staging) {
-            let mut changed = false;
-            for i in start..start + n {
-                if program[i] == self.agreed[i] {
-                    program[i] = staging[i];
-                    changed = true;
+        if device_wrote {
+            let staging = self.staging().to_vec();
+            for (start, n) in take_changes(&mut self.agreed, &staging, &mut program) {
+                if !write_own(self.host + start as u64, &program[start..start + n]) {
+                    return self.gone();
                 }
-                self.agreed[i] = staging[i];
-            }
-            if changed && !write_own(self.host + start as u64, &program[start..start + n]) {
-                return self.gone();
             }
         }
-        true
-    }
-
-    /// Copies into the mirror what the program changed. False when its
-    /// memory is gone.
-    fn take_program_writes(&mut self) -> bool {
-        let mut program = vec![0u8; self.len];
-        if !read_own(self.host, &mut program) {
-            return self.gone();
-        }
-        for (start, n) in differing_runs(&self.agreed, &program) {
-            // SAFETY: inside the block's mapping.
-            unsafe { std::ptr::copy_nonoverlapping(program[start..].as_ptr(), self.region.as_ptr().add(start), n) };
-            self.agreed[start..start + n].copy_from_slice(&program[start..start + n]);
+        if to_device {
+            for (start, n) in differing_runs(&self.agreed, &program) {
+                // SAFETY: inside the block's mapping.
+                unsafe { std::ptr::copy_nonoverlapping(program[start..].as_ptr(), self.region.as_ptr().add(start), n) };
+                self.agreed[start..start + n].copy_from_slice(&program[start..start + n]);
+            }
         }
         true
     }

@@ -19,7 +19,7 @@
 use std::os::fd::OwnedFd;
 
 use gpuplex_protocol::{CallError, CuError};
-use gpuplex_transport::shm::{differing_runs, Region};
+use gpuplex_transport::shm::{differing_runs, take_changes, Region};
 use tracing::warn;
 
 use crate::backend::Backend;
@@ -151,16 +151,10 @@ impl ManagedVars {
             if let Err(e) = unsafe { backend.managed_read(v.dptr, &mut device) } {
                 return v.lost(&e);
             }
-            let mirror = v.mirror();
-            for (at, run) in differing_runs(&v.agreed, &device) {
-                for i in at..at + run {
-                    if mirror[i] == v.agreed[i] {
-                        // SAFETY: inside the mirror's mapping; one byte the
-                        // program has not changed.
-                        unsafe { v.here.add(i).write_volatile(device[i]) };
-                    }
-                    v.agreed[i] = device[i];
-                }
+            let mut mirror = v.mirror();
+            for (at, run) in take_changes(&mut v.agreed, &device, &mut mirror) {
+                // SAFETY: inside the mirror's mapping.
+                unsafe { std::ptr::copy_nonoverlapping(mirror[at..].as_ptr(), v.here.add(at), run) };
             }
             true
         });
