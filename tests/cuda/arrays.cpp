@@ -5,7 +5,8 @@
 // from each other, and read back; copies from pinned memory on a stream;
 // an image larger than one copy chunk; texture objects over an array, over
 // pitched and over linear memory, a surface object, their descriptors read
-// back. Every result is compared with what the host computes.
+// back; a mipmapped array's levels filled and read back. Every result is
+// compared with what the host computes.
 #include "common.h"
 
 #include <vector>
@@ -309,6 +310,52 @@ static void pinned_and_large(CUdevice) {
     CHECK(cuMemFree(p));
 }
 
+// A mipmapped array: each level an array of half the last one's extent,
+// filled and read back through its level's array; a texture object over
+// the whole mipmap.
+static void mipmaps(CUdevice) {
+    CUDA_ARRAY3D_DESCRIPTOR d = {};
+    d.Width = 64, d.Height = 40, d.Format = CU_AD_FORMAT_FLOAT, d.NumChannels = 1;
+    CUmipmappedArray mip;
+    CHECK(cuMipmappedArrayCreate(&mip, &d, 4));
+    CUarray level_array;
+    for (unsigned level = 0; level < 4; level++) {
+        CHECK(cuMipmappedArrayGetLevel(&level_array, mip, level));
+        CUDA_ARRAY3D_DESCRIPTOR ld;
+        CHECK(cuArray3DGetDescriptor(&ld, level_array));
+        size_t row = ld.Width * sizeof(float);
+        std::vector<unsigned char> img(row * ld.Height), back(row * ld.Height);
+        fill_pattern(img.data(), img.size(), 10 + level);
+        CUDA_MEMCPY2D c = copy_2d(row, ld.Height);
+        host_end(c, true, img.data(), row);
+        array_end(c, false, level_array);
+        CHECK(cuMemcpy2D(&c));
+        c = copy_2d(row, ld.Height);
+        array_end(c, true, level_array);
+        host_end(c, false, back.data(), row);
+        CHECK(cuMemcpy2D(&c));
+        printf("mipmap level %u: %zux%zu, filled and read back: %s\n", level, ld.Width, ld.Height, yes_no(img == back));
+    }
+    printf("a level past the last: %s\n", err_name(cuMipmappedArrayGetLevel(&level_array, mip, 9)));
+
+    CUDA_RESOURCE_DESC res = {};
+    res.resType = CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
+    res.res.mipmap.hMipmappedArray = mip;
+    CUDA_TEXTURE_DESC tex = {};
+    tex.addressMode[0] = tex.addressMode[1] = CU_TR_ADDRESS_MODE_CLAMP;
+    tex.filterMode = tex.mipmapFilterMode = CU_TR_FILTER_MODE_POINT;
+    tex.maxMipmapLevelClamp = 3;
+    tex.flags = CU_TRSF_NORMALIZED_COORDINATES;
+    CUtexObject t;
+    CHECK(cuTexObjectCreate(&t, &res, &tex, nullptr));
+    CUDA_RESOURCE_DESC named;
+    CHECK(cuTexObjectGetResourceDesc(&named, t));
+    printf("a texture over the mipmap names it: %s\n",
+           yes_no(named.resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY && named.res.mipmap.hMipmappedArray == mip));
+    CHECK(cuTexObjectDestroy(t));
+    CHECK(cuMipmappedArrayDestroy(mip));
+}
+
 int main() {
     CUcontext ctx;
     CUdevice dev = init_primary(&ctx);
@@ -316,6 +363,7 @@ int main() {
     volumes(dev);
     lines(dev);
     pinned_and_large(dev);
+    mipmaps(dev);
     printf("done\n");
     return 0;
 }

@@ -95,6 +95,45 @@ int main() {
     printf("error log empty: %s\n", yes_no(error[0] == 0));
     run_and_unload("ptx cuModuleLoadDataEx with JIT options", mod);
 
+    // Linking: the PTX through the JIT linker, from memory and from a
+    // file, the image it makes loaded; input that is not PTX refused with
+    // a log saying why.
+    char link_error[4096] = {0};
+    CUjit_option link_opts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                                CU_JIT_OPTIMIZATION_LEVEL};
+    void *link_values[] = {link_error, (void *)(uintptr_t)sizeof link_error, (void *)(uintptr_t)3};
+    CUlinkState link;
+    CHECK(cuLinkCreate(3, link_opts, link_values, &link));
+    CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx, ptx_end - ptx, "vector_add.ptx", 0, nullptr, nullptr));
+    void *linked;
+    size_t linked_size = 0;
+    CHECK(cuLinkComplete(link, &linked, &linked_size));
+    printf("linked: an image: %s\n", yes_no(linked != nullptr && linked_size > 0));
+    CHECK(cuModuleLoadData(&mod, linked));
+    CHECK(cuLinkDestroy(link));
+    run_and_unload("ptx cuLinkAddData", mod);
+
+    char ptx_path[] = "/tmp/gpuplex-link-XXXXXX";
+    int fd = mkstemp(ptx_path);
+    EXPECT(fd >= 0 && write(fd, ptx, ptx_end - ptx) == (ssize_t)(ptx_end - ptx), "write %s", ptx_path);
+    close(fd);
+    CHECK(cuLinkCreate(0, nullptr, nullptr, &link));
+    CUresult rc = cuLinkAddFile(link, CU_JIT_INPUT_PTX, ptx_path, 0, nullptr, nullptr);
+    unlink(ptx_path);
+    CHECK(rc);
+    CHECK(cuLinkComplete(link, &linked, &linked_size));
+    CHECK(cuModuleLoadData(&mod, linked));
+    CHECK(cuLinkDestroy(link));
+    run_and_unload("ptx cuLinkAddFile", mod);
+
+    static const char not_ptx[] = "this is not PTX";
+    link_values[1] = (void *)(uintptr_t)sizeof link_error;  // the last link wrote back how much it filled
+    CHECK(cuLinkCreate(3, link_opts, link_values, &link));
+    rc = cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)not_ptx, sizeof not_ptx, "bad", 0, nullptr, nullptr);
+    if (rc == CUDA_SUCCESS) rc = cuLinkComplete(link, &linked, &linked_size);
+    printf("link of bad PTX: %s, error log says why: %s\n", err_name(rc), yes_no(link_error[0] != 0));
+    CHECK(cuLinkDestroy(link));
+
     load_from_file("fatbin cuModuleLoad", fatbin, fatbin_end - fatbin);
     load_from_file("cubin cuModuleLoad", cubin, cubin_end - cubin);
     load_from_file("ptx cuModuleLoad", ptx, ptx_end - ptx);

@@ -114,6 +114,31 @@ int main() {
     printf("cuEventQuery on a never-recorded event: %s\n", err_name(cuEventQuery(never)));
     printf("cuEventSynchronize on a never-recorded event: %s\n", err_name(cuEventSynchronize(never)));
 
+    // Stream memory operations: writes, waits they meet, and a wait on one
+    // stream for a write another stream makes after a kernel, which orders
+    // a copy of the kernel's result after the kernel.
+    CUdeviceptr flag;
+    CHECK(cuMemAlloc(&flag, 16));
+    CHECK(cuMemsetD8(flag, 0, 16));
+    CHECK(cuStreamWriteValue32(s[1], flag, 7, 0));
+    CHECK(cuStreamWaitValue32(s[1], flag, 7, CU_STREAM_WAIT_VALUE_EQ));
+    CHECK(cuStreamWriteValue64(s[1], flag + 8, 0x123456789abcULL, 0));
+    CHECK(cuStreamWaitValue64(s[1], flag + 8, 0x100, CU_STREAM_WAIT_VALUE_GEQ));
+    CHECK(cuStreamWaitValue32(s[1], flag, 1, CU_STREAM_WAIT_VALUE_AND));
+    CHECK(cuStreamSynchronize(s[1]));
+    unsigned long long words[2];
+    CHECK(cuMemcpyDtoH(words, flag, sizeof words));
+    printf("stream writes: %llu %#llx\n", words[0], words[1]);
+    CHECK(cuMemsetD32(out, 0, THREADS));
+    launch_spin(spin, out, 21, s[2]);
+    CHECK(cuStreamWriteValue32(s[2], flag, 8, 0));
+    CHECK(cuStreamWaitValue32(s[3], flag, 8, CU_STREAM_WAIT_VALUE_EQ));
+    unsigned first = 0;
+    CHECK(cuMemcpyDtoHAsync(&first, out, sizeof first, s[3]));
+    CHECK(cuStreamSynchronize(s[3]));
+    printf("a wait orders another stream after the write: %s\n", yes_no(first == spin_value(21, 0)));
+    CHECK(cuMemFree(flag));
+
     // Nothing captures here: every stream says so, and a thread's capture
     // mode is exchanged as given.
     CUstreamCaptureStatus capturing;

@@ -106,13 +106,21 @@ impl Row {
 
     /// Every symbol this row exports.
     pub fn exports(&self) -> Vec<String> {
-        let mut names = match self.kind {
-            Kind::Export => vec![self.name.clone()],
-            Kind::Ptsz => vec![self.name.clone(), format!("{}_ptsz", self.name)],
-            Kind::Wire | Kind::Control => vec![],
-        };
-        names.extend(self.aliases.iter().cloned());
-        names
+        self.variants().into_iter().map(|(name, _)| name).collect()
+    }
+
+    /// Each C export of the row, and whether it is a `_ptsz` one: the name,
+    /// its aliases, and for a ptsz row each of those with `_ptsz`.
+    pub fn variants(&self) -> Vec<(String, bool)> {
+        if !matches!(self.kind, Kind::Export | Kind::Ptsz) {
+            return Vec::new();
+        }
+        let names = std::iter::once(&self.name).chain(&self.aliases);
+        let mut variants: Vec<(String, bool)> = names.clone().map(|n| (n.clone(), false)).collect();
+        if self.kind == Kind::Ptsz {
+            variants.extend(names.map(|n| (format!("{n}_ptsz"), true)));
+        }
+        variants
     }
 }
 
@@ -332,6 +340,7 @@ const TYPES: &[Type] = &[
         to_c: "{}.0 as *mut c_void",
     },
     Type { name: "Array", wire: "Array", c: "*mut c_void", from_c: "Array({} as u64)", to_c: "{}.0 as *mut c_void" },
+    Type { name: "Mipmap", wire: "Mipmap", c: "*mut c_void", from_c: "Mipmap({} as u64)", to_c: "{}.0 as *mut c_void" },
     Type { name: "Name", wire: "String", c: "*const c_char", from_c: "crate::ffi::c_name({})?", to_c: "" },
     Type { name: "Bytes", wire: "Vec<u8>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u32>", wire: "Seq<u32>", c: "", from_c: "", to_c: "" },
@@ -539,13 +548,13 @@ fn passthrough_code(table: &Table) -> String {
         writeln!(s, "    {k},").unwrap();
     }
     s += "}\n\n";
-    s += "/// The backend's side of every `pass` row: the driver called with the\n/// session's resolved arguments, `ctx` (0 for none) current. A backend\n/// that does not implement a call answers CUDA_ERROR_NOT_SUPPORTED.\n#[allow(non_snake_case, unused_variables)]\npub trait Passthrough {\n";
+    s += "/// The backend's side of every `pass` row: the driver called with the\n/// session's resolved arguments, `call_ctx` (0 for none) current. A backend\n/// that does not implement a call answers CUDA_ERROR_NOT_SUPPORTED.\n#[allow(non_snake_case, unused_variables)]\npub trait Passthrough {\n";
     for row in pass_rows(table) {
         let (ins, outs) = pass_split(row);
         let args: Vec<String> = ins.iter().map(|(p, t)| format!("{}: {}", p.name, t.rust)).collect();
         writeln!(
             s,
-            "    fn {0}(&self, ctx: u64, {1}) -> Result<{2}, CallError> {{\n        Err(CallError::new(CuError::NOT_SUPPORTED, \"{0} is not supported by this backend\"))\n    }}",
+            "    fn {0}(&self, call_ctx: u64, {1}) -> Result<{2}, CallError> {{\n        Err(CallError::new(CuError::NOT_SUPPORTED, \"{0} is not supported by this backend\"))\n    }}",
             row.name,
             args.join(", "),
             pass_result(&outs)
@@ -570,21 +579,21 @@ fn passthrough_code(table: &Table) -> String {
         .unwrap();
         let handles = ins.iter().any(|(_, t)| matches!(t.resolve, Resolve::Handle(_)));
         if handles {
-            s += "        let mut ctx = 0;\n";
+            s += "        let mut call_ctx = 0;\n";
         }
         for (p, t) in &ins {
             let value = match t.resolve {
                 Resolve::Value => format!("req.{}", p.name),
                 Resolve::Device => format!("r.resolve_device(req.{})?", p.name),
                 Resolve::Pointer => format!("r.resolve_pointer(req.{}.0)?", p.name),
-                Resolve::Handle(k) => format!("r.resolve(Handle::{k}, req.{}.0, &mut ctx)?", p.name),
+                Resolve::Handle(k) => format!("r.resolve(Handle::{k}, req.{}.0, &mut call_ctx)?", p.name),
             };
             writeln!(s, "        let {} = {value};", p.name).unwrap();
         }
         s += if handles {
-            "        let ctx = if ctx == 0 { r.pass_context()? } else { ctx };\n"
+            "        let call_ctx = if call_ctx == 0 { r.pass_context()? } else { call_ctx };\n"
         } else {
-            "        let ctx = r.pass_context()?;\n"
+            "        let call_ctx = r.pass_context()?;\n"
         };
         let names: Vec<&str> = ins.iter().map(|(p, _)| p.name.as_str()).collect();
         let bound = match outs.as_slice() {
@@ -592,7 +601,7 @@ fn passthrough_code(table: &Table) -> String {
             [(p, _)] => p.name.clone(),
             many => format!("({})", many.iter().map(|(p, _)| p.name.as_str()).collect::<Vec<_>>().join(", ")),
         };
-        writeln!(s, "        let {bound} = r.passthrough().{}(ctx, {})?;", row.name, names.join(", ")).unwrap();
+        writeln!(s, "        let {bound} = r.passthrough().{}(call_ctx, {})?;", row.name, names.join(", ")).unwrap();
         let fields: Vec<String> = outs
             .iter()
             .map(
@@ -650,13 +659,13 @@ pub fn cuda_passthrough_code(table: &Table) -> (String, String) {
         let params: Vec<String> = ins.iter().map(|(p, t)| format!("{}: {}", p.name, t.rust)).collect();
         writeln!(
             imp,
-            "    fn {}(&self, ctx: u64, {}) -> BResult<{}> {{",
+            "    fn {}(&self, call_ctx: u64, {}) -> BResult<{}> {{",
             row.name,
             params.join(", "),
             pass_result(&outs)
         )
         .unwrap();
-        imp += "        enter(Obj(ctx))?;\n";
+        imp += "        enter(Obj(call_ctx))?;\n";
         imp += &prelude;
         writeln!(
             imp,
@@ -692,12 +701,7 @@ pub fn frontend_code(table: &Table, all_exports: &[String]) -> Result<String, St
     }
     let mut s = String::new();
     for row in table.rows.iter().filter(|r| matches!(r.kind, Kind::Export | Kind::Ptsz)) {
-        let mut variants: Vec<(String, bool)> = vec![(row.name.clone(), false)];
-        variants.extend(row.aliases.iter().map(|a| (a.clone(), false)));
-        if row.kind == Kind::Ptsz {
-            variants.push((format!("{}_ptsz", row.name), true));
-        }
-        for (export, ptsz) in variants {
+        for (export, ptsz) in row.variants() {
             export_fn(&mut s, row, &export, ptsz);
         }
     }
@@ -856,14 +860,14 @@ handwritten cuInit
     fn pass_rows_are_generated_for_both_sides() {
         let t = parse(SAMPLE).unwrap();
         let protocol = protocol_code(&t);
-        assert!(protocol.contains("let node = r.resolve(Handle::GraphNode, req.node.0, &mut ctx)?;"));
-        assert!(protocol.contains("let ctx = if ctx == 0 { r.pass_context()? } else { ctx };"));
+        assert!(protocol.contains("let node = r.resolve(Handle::GraphNode, req.node.0, &mut call_ctx)?;"));
+        assert!(protocol.contains("let call_ctx = if call_ctx == 0 { r.pass_context()? } else { call_ctx };"));
         assert!(protocol.contains("let dev = r.resolve_device(req.dev)?;"));
         assert!(protocol.contains("let p = r.resolve_pointer(req.p.0)?;"));
-        assert!(protocol.contains("let (value, at) = r.passthrough().cuThingQuery(ctx, node, dev, p)?;"));
+        assert!(protocol.contains("let (value, at) = r.passthrough().cuThingQuery(call_ctx, node, dev, p)?;"));
         assert!(protocol.contains("Ok(calls::cuThingQuery::Reply { value, at: DevPtr(at) })"));
         assert!(protocol.contains(
-            "fn cuThingQuery(&self, ctx: u64, node: u64, dev: i32, p: u64) -> Result<(u64, u64), CallError>"
+            "fn cuThingQuery(&self, call_ctx: u64, node: u64, dev: i32, p: u64) -> Result<(u64, u64), CallError>"
         ));
         let (bindings, imp) = cuda_passthrough_code(&t);
         assert!(

@@ -195,6 +195,7 @@ runtime_tests!(
     managed_alloc,
     managed,
     graph_pageable,
+    graph_conditional,
     stream_ordered,
     textures,
 );

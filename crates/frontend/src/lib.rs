@@ -35,6 +35,7 @@ mod ffi;
 mod graph;
 mod host_calls;
 mod launch;
+mod link;
 mod log;
 mod memo;
 mod memory;
@@ -55,7 +56,8 @@ mod generated {
 
     #[allow(unused_imports)]
     use gpuplex_protocol::{
-        calls, Array, Ctx, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Kernel, Library, MemPool, Module, Stream,
+        calls, Array, Ctx, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Kernel, Library, MemPool, Mipmap, Module,
+        Stream,
     };
 
     use crate::ffi::CUresult;

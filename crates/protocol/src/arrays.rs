@@ -14,6 +14,31 @@ crate::wire_struct! {
     }
 }
 
+/// `CUDA_ARRAY3D_LAYERED` and `CUDA_ARRAY3D_CUBEMAP`: arrays whose depth
+/// counts layers or faces, which a mipmap's levels keep.
+pub const ARRAY_LAYERED: u32 = 0x01;
+pub const ARRAY_CUBEMAP: u32 = 0x04;
+
+/// The most levels a mipmapped array may have: one per halving of the
+/// largest extent the driver takes.
+pub const MAX_MIP_LEVELS: u32 = 32;
+
+impl ArrayDesc {
+    /// Level `level` of a mipmapped array of this shape: each extent halved
+    /// `level` times, down to 1 (an absent height or depth stays absent,
+    /// layers and cubemap faces stay as many).
+    pub fn mip_level(&self, level: u32) -> ArrayDesc {
+        let halve = |n: u64| if n == 0 { 0 } else { (n >> level.min(63)).max(1) };
+        let keeps_depth = self.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+        ArrayDesc {
+            width: halve(self.width),
+            height: halve(self.height),
+            depth: if keeps_depth { self.depth } else { halve(self.depth) },
+            ..self.clone()
+        }
+    }
+}
+
 /// A copy side's host bytes travel in the request or the reply, rows packed
 /// one after another.
 pub const SIDE_INLINE: u32 = 0;

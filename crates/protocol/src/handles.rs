@@ -60,6 +60,8 @@ handles! {
     MemPool,
     /// `CUarray`.
     Array,
+    /// `CUmipmappedArray`.
+    Mipmap,
     /// `CUdeviceptr`: a real device address in one of the session's contexts.
     DevPtr,
 }

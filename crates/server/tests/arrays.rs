@@ -153,7 +153,7 @@ fn objects_read_only_the_session_s_memory_and_bad_descriptors_fail_alone() {
         assert_eq!(texture(&mut c, wider), Err(CuError::INVALID_VALUE));
         let linear = ResourceDesc { size: 64 * 16 + 1, ..resource(RESOURCE_LINEAR, p.0) };
         assert_eq!(texture(&mut c, linear), Err(CuError::INVALID_VALUE));
-        assert_eq!(texture(&mut c, resource(RESOURCE_MIPMAPPED_ARRAY, 0x1000)), Err(CuError::NOT_SUPPORTED));
+        assert_eq!(texture(&mut c, resource(RESOURCE_MIPMAPPED_ARRAY, 0x1000)), Err(CuError::INVALID_HANDLE));
         assert_eq!(texture(&mut c, resource(9, p.0)), Err(CuError::INVALID_VALUE));
         let short = TexObjectCreate::Request { res: pitched.clone(), tex: vec![0; 8], view: vec![] };
         assert_eq!(err(c.call(short)), CuError::INVALID_VALUE);
@@ -185,5 +185,51 @@ fn arrays_are_held_until_destroyed_and_a_vanished_session_frees_them() {
         array(&mut c, 1024, 512).unwrap();
         drop(c);
         wait_for("the vanished session's array to be freed", || observer.free_memory() == before);
+    });
+}
+
+/// A mipmapped array is charged by all its levels' bytes; each level is an
+/// array handle of the session's that goes with the mipmapped array, and
+/// that cuArrayDestroy refuses; another session names none of them.
+#[test]
+fn a_mipmap_s_levels_go_with_it() {
+    within_30_s(|| {
+        let address = start_server("arrays-mipmap");
+        let mut observer = Client::connect(&address);
+        let before = observer.free_memory();
+        let mut c = Client::connect(&address);
+        let desc = ArrayDesc { width: 256, height: 256, depth: 0, format: FLOAT, channels: 1, flags: 0 };
+        let create = |c: &mut Client, levels| c.call(MipmappedArrayCreate::Request { desc: desc.clone(), levels });
+        assert_eq!(err(create(&mut c, 0)), CuError::INVALID_VALUE);
+        assert_eq!(err(create(&mut c, 10)), CuError::INVALID_VALUE, "more levels than halvings of 256");
+        let mip = create(&mut c, 3).unwrap().mipmap;
+        let levels = (256 * 256 + 128 * 128 + 64 * 64) * 4;
+        assert_eq!(observer.free_memory(), before - levels);
+
+        let level = |c: &mut Client, level| {
+            c.call(cuMipmappedArrayGetLevel::Request { hMipmappedArray: mip, level }).map(|r| r.pLevelArray)
+        };
+        let second = level(&mut c, 1).unwrap();
+        assert_eq!(level(&mut c, 1).unwrap(), second, "one handle per level");
+        assert_eq!(err(level(&mut c, 3)), CuError::INVALID_VALUE);
+        let d = c.call(ArrayDescriptor::Request { array: second }).unwrap().desc;
+        assert_eq!((d.width, d.height), (128, 128));
+        let row = vec![7u8; 512];
+        copy(&mut c, inline(), in_array(second), 512, 1, row.clone()).unwrap();
+        assert_eq!(copy(&mut c, in_array(second), inline(), 512, 1, vec![]).unwrap(), row);
+        assert_eq!(err(c.call(cuArrayDestroy::Request { hArray: second })), CuError::INVALID_VALUE);
+        let tex = texture(&mut c, resource(RESOURCE_MIPMAPPED_ARRAY, mip.0)).unwrap();
+
+        let mut other = Client::connect(&address);
+        assert_eq!(err(other.call(ArrayDescriptor::Request { array: second })), CuError::INVALID_HANDLE);
+        assert_eq!(err(other.call(cuMipmappedArrayDestroy::Request { hMipmappedArray: mip })), CuError::INVALID_HANDLE);
+
+        c.call(TexObjectDestroy::Request { object: tex }).unwrap();
+        c.call(cuMipmappedArrayDestroy::Request { hMipmappedArray: mip }).unwrap();
+        assert_eq!(err(c.call(ArrayDescriptor::Request { array: second })), CuError::INVALID_HANDLE);
+        assert_eq!(observer.free_memory(), before);
+        create(&mut c, 2).unwrap();
+        drop(c);
+        wait_for("the vanished session's mipmap to be freed", || observer.free_memory() == before);
     });
 }

@@ -360,3 +360,98 @@ fn a_child_graph_is_replaced_only_in_an_executable_graph_and_by_one_of_its_shape
         c.call(cuGraphLaunch::Request { hGraphExec: exec, hStream: Stream::NULL }).unwrap();
     });
 }
+
+fn conditional(
+    c: &mut Client,
+    graph: Graph,
+    handle: u64,
+    kind: u32,
+    size: u32,
+) -> Result<(GraphNode, Vec<Graph>), CuError> {
+    let req =
+        GraphAddConditionalNode::Request { graph, deps: gpuplex_protocol::Seq(vec![]), handle, kind, size, ctx: c.ctx };
+    c.call(req).map(|r| (r.node, r.bodies.0.into_iter().map(Graph).collect()))
+}
+
+fn memset_node(c: &mut Client, graph: Graph, dst: gpuplex_protocol::DevPtr, value: u32) -> GraphNode {
+    let req = GraphAddMemsetNode::Request {
+        graph,
+        deps: gpuplex_protocol::Seq(vec![]),
+        dst,
+        pitch: 4,
+        value,
+        elementSize: 1,
+        width: 4,
+        height: 1,
+    };
+    c.call(req).unwrap().node
+}
+
+/// A conditional node's body graphs are session handles that belong to the
+/// node: refused to cuGraphDestroy, gone with the node or its graph, and
+/// nobody's in another session. On the emulated device an if node runs the
+/// body its handle's default picks.
+#[test]
+fn conditional_bodies_belong_to_their_node() {
+    within_30_s(|| {
+        let address = start_server("graphs-conditional");
+        let mut c = Client::connect(&address);
+        let graph = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+        let handle_for = |c: &mut Client, default: u32| {
+            let req = cuGraphConditionalHandleCreate::Request {
+                hGraph: graph,
+                ctx: c.ctx,
+                defaultLaunchValue: default,
+                flags: 1,
+            };
+            c.call(req).unwrap().pHandle_out
+        };
+        let (yes, no) = (handle_for(&mut c, 1), handle_for(&mut c, 0));
+        assert_eq!(err(conditional(&mut c, graph, yes, 0, 3)), CuError::INVALID_VALUE, "an if node has 1 or 2 bodies");
+        assert_eq!(err(conditional(&mut c, graph, yes, 9, 1)), CuError::INVALID_VALUE, "no such kind");
+        assert_eq!(err(conditional(&mut c, graph, 0xbad, 0, 1)), CuError::INVALID_VALUE, "no such handle");
+
+        let p = c.alloc(8);
+        c.write(p, &[0; 8]);
+        let (_, taken) = conditional(&mut c, graph, yes, 0, 2).unwrap();
+        let (second, skipped) = conditional(&mut c, graph, no, 0, 1).unwrap();
+        assert_eq!((taken.len(), skipped.len()), (2, 1));
+        memset_node(&mut c, taken[0], p, 7);
+        memset_node(&mut c, taken[1], p, 9);
+        memset_node(&mut c, skipped[0], gpuplex_protocol::DevPtr(p.0 + 4), 5);
+        let exec = c.call(cuGraphInstantiateWithFlags::Request { hGraph: graph, flags: 0 }).unwrap().phGraphExec;
+        c.call(cuGraphLaunch::Request { hGraphExec: exec, hStream: Stream::NULL }).unwrap();
+        c.call(cuCtxSynchronize::Request {}).unwrap();
+        assert_eq!(c.read(p, 8), [7, 7, 7, 7, 0, 0, 0, 0], "the if body ran, not its else, nor the false one");
+
+        assert_eq!(err(c.call(cuGraphDestroy::Request { hGraph: taken[0] })), CuError::INVALID_VALUE);
+        let mut other = Client::connect(&address);
+        assert_eq!(err(other.call(GraphNodes::Request { hGraph: taken[0], roots: false })), CuError::INVALID_HANDLE);
+
+        c.call(cuGraphDestroyNode::Request { hNode: second }).unwrap();
+        assert_eq!(
+            err(c.call(GraphNodes::Request { hGraph: skipped[0], roots: false })),
+            CuError::INVALID_HANDLE,
+            "a body goes with its node"
+        );
+        assert_eq!(c.call(GraphNodes::Request { hGraph: taken[1], roots: false }).unwrap().nodes.0.len(), 1);
+        c.call(cuGraphExecDestroy::Request { hGraphExec: exec }).unwrap();
+
+        // A while node that never ends would hold the test device forever.
+        let forever = c.call(cuGraphCreate::Request { flags: 0 }).unwrap().phGraph;
+        conditional(&mut c, forever, yes, 1, 1).unwrap();
+        let exec = c.call(cuGraphInstantiateWithFlags::Request { hGraph: forever, flags: 0 }).unwrap().phGraphExec;
+        assert_eq!(
+            err(c.call(cuGraphLaunch::Request { hGraphExec: exec, hStream: Stream::NULL })),
+            CuError::NOT_SUPPORTED
+        );
+        assert_eq!(c.read(p, 4), [7, 7, 7, 7], "the session carries on");
+
+        c.call(cuGraphDestroy::Request { hGraph: graph }).unwrap();
+        assert_eq!(
+            err(c.call(GraphNodes::Request { hGraph: taken[1], roots: false })),
+            CuError::INVALID_HANDLE,
+            "and with its node's graph"
+        );
+    });
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{
-    codec, Ctx, CuError, DevPtr, Event, Func, Header, Hello, Module, Opcode, SessionSummary, Stream,
+    codec, Ctx, CuError, DevPtr, Event, Func, Header, Hello, Module, Opcode, Seq, SessionSummary, Stream,
 };
 use gpuplex_transport::{Address, AuthError, TransportError};
 
@@ -303,6 +303,46 @@ fn module_functions_are_the_handles_get_function_gives() {
     assert_eq!(err(c.call(ModuleFunctions::Request { hmod: Module(0xdead0) })), CuError::INVALID_HANDLE);
     c.call(cuModuleUnload::Request { hmod }).unwrap();
     assert_eq!(err(c.call(ModuleFunctions::Request { hmod })), CuError::INVALID_HANDLE);
+}
+
+/// A link is checked as a whole before the driver sees it: every option
+/// one that is passed on, with its value; every input of a known type, with
+/// its size inside the data and the data used up.
+#[test]
+fn a_link_s_options_and_inputs_are_checked() {
+    let address = start_server("link");
+    let mut c = Client::connect(&address);
+    let ptx = include_bytes!("../testdata/kernels.ptx").to_vec();
+    let link = |options: Vec<u32>, values: Vec<u64>, kinds: Vec<u32>, sizes: Vec<u64>, data: &[u8]| Link::Request {
+        options: Seq(options),
+        values: Seq(values),
+        kinds: Seq(kinds),
+        sizes: Seq(sizes),
+        data: data.to_vec(),
+    };
+    let n = ptx.len() as u64;
+    let linked = c.call(link(vec![7], vec![3], vec![1], vec![n], &ptx)).unwrap();
+    assert_eq!(linked.status, 0);
+    let hmod = c.module(linked.cubin);
+    assert_eq!(c.call(cuModuleGetFunctionCount::Request { hmod }).unwrap().count, 3);
+
+    let refused = c.call(link(vec![], vec![], vec![1], vec![4], b"junk")).unwrap();
+    assert_eq!((refused.status, refused.errorLog.is_empty()), (CuError::INVALID_PTX.0, false));
+    let invalid = CuError::INVALID_VALUE;
+    assert_eq!(err(c.call(link(vec![3], vec![0], vec![1], vec![n], &ptx))), invalid, "a log buffer is the server's");
+    assert_eq!(err(c.call(link(vec![7], vec![], vec![1], vec![n], &ptx))), invalid, "an option without its value");
+    assert_eq!(err(c.call(link(vec![], vec![], vec![9], vec![n], &ptx))), invalid, "no such input type");
+    assert_eq!(err(c.call(link(vec![], vec![], vec![1], vec![n + 1], &ptx))), invalid, "a size past the data");
+    assert_eq!(err(c.call(link(vec![], vec![], vec![1, 1], vec![n, 0], &ptx))), invalid, "an empty input");
+    assert_eq!(err(c.call(link(vec![], vec![], vec![1], vec![n - 1], &ptx))), invalid, "data left over");
+    assert_eq!(err(c.call(link(vec![], vec![], vec![], vec![], &[]))), invalid, "nothing to link");
+    let many = vec![1; 5000];
+    assert_eq!(err(c.call(link(vec![], vec![], many.clone(), vec![1; 5000], &[b'x'; 5000]))), invalid);
+    assert_eq!(
+        c.call(link(vec![], vec![], vec![1, 1], vec![n, n], &[ptx.clone(), ptx].concat())).unwrap().status,
+        CuError::NOT_SUPPORTED.0,
+        "the test device links one input"
+    );
 }
 
 #[test]

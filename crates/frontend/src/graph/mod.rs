@@ -14,6 +14,7 @@ use std::sync::{Mutex, PoisonError};
 
 use gpuplex_protocol::{calls, CuError, Graph, GraphExec, Stream};
 
+mod conditional;
 mod memory;
 mod nodes;
 

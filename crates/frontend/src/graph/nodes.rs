@@ -379,6 +379,7 @@ const NODE_WAIT_EVENT: u32 = 6;
 const NODE_EVENT_RECORD: u32 = 7;
 const NODE_MEM_ALLOC: u32 = 10;
 const NODE_MEM_FREE: u32 = 11;
+const NODE_CONDITIONAL: u32 = 13;
 
 fn unsupported_node(call: &str, kind: u32) -> CuError {
     crate::log::warn(&format!("{call}: graph nodes of type {kind} are not supported by gpuplex"));
@@ -392,8 +393,9 @@ fn unsupported_node(call: &str, kind: u32) -> CuError {
 /// # Safety
 /// `p` is NULL or valid for a read, with its type's parameters as the CUDA API requires.
 unsafe fn add_any(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const NodeParams) -> Result<(), CuError> {
-    // The parameters as written to: an allocation node's address goes back
-    // into them (the C API takes them as mutable).
+    // The parameters as written to: an allocation node's address and a
+    // conditional node's bodies go back into them (the C API takes them as
+    // mutable).
     // SAFETY: per the contract, when not NULL.
     let written = (!p.is_null()).then(|| unsafe { std::ptr::addr_of!((*p).params) }.cast::<u8>().cast_mut());
     // SAFETY: per the contract.
@@ -420,6 +422,8 @@ unsafe fn add_any(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const NodeParam
             // The address goes back into the caller's parameters, as the driver writes it.
             NODE_MEM_ALLOC => super::memory::add_alloc(out, graph, d, written.expect("not NULL").cast()),
             NODE_MEM_FREE => add(out, || super::memory::free_node(graph, d, *at.cast::<u64>())),
+            // The body graphs go back into the caller's parameters.
+            NODE_CONDITIONAL => super::conditional::add(out, graph, d, written.expect("not NULL").cast()),
             kind => Err(unsupported_node("cuGraphAddNode", kind)),
         }
     }

@@ -89,22 +89,47 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut *mut c_void, desc: *const
     })
 }
 
+/// A `CUDA_ARRAY3D_DESCRIPTOR` as it travels.
+///
+/// # Safety
+/// `desc` is NULL or valid for a read.
+unsafe fn read_3d(desc: *const Array3DDescriptor) -> Result<ArrayDesc, CuError> {
+    // SAFETY: NULL or valid, per the contract.
+    let d = unsafe { desc.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
+    Ok(ArrayDesc {
+        width: d.width as u64,
+        height: d.height as u64,
+        depth: d.depth as u64,
+        format: d.format,
+        channels: d.channels,
+        flags: d.flags,
+    })
+}
+
 /// # Safety
 /// `handle` is valid for a write, `desc` NULL or valid for a read.
 #[no_mangle]
 pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut *mut c_void, desc: *const Array3DDescriptor) -> CUresult {
-    entry("cuArray3DCreate_v2", || {
-        // SAFETY: NULL or valid, per the contract.
-        let d = unsafe { desc.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
-        let desc = ArrayDesc {
-            width: d.width as u64,
-            height: d.height as u64,
-            depth: d.depth as u64,
-            format: d.format,
-            channels: d.channels,
-            flags: d.flags,
-        };
-        create(handle, desc)
+    // SAFETY: per the contract.
+    entry("cuArray3DCreate_v2", || create(handle, unsafe { read_3d(desc)? }))
+}
+
+/// # Safety
+/// `handle` is valid for a write, `desc` NULL or valid for a read.
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut *mut c_void,
+    desc: *const Array3DDescriptor,
+    levels: u32,
+) -> CUresult {
+    entry("cuMipmappedArrayCreate", || {
+        check_out(handle)?;
+        // SAFETY: per the contract.
+        let desc = unsafe { read_3d(desc)? };
+        let reply = client::call(calls::MipmappedArrayCreate::Request { desc, levels })?;
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(handle, reply.mipmap.0 as *mut c_void) };
+        Ok(())
     })
 }
 

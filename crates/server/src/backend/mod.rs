@@ -260,6 +260,11 @@ pub trait Backend: Send + Sync {
     fn array_create(&self, ctx: Obj, desc: &ArrayDesc) -> BResult<Obj>;
     fn array_destroy(&self, ctx: Obj, array: Obj) -> BResult<()>;
     fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc>;
+    /// A mipmapped array of `levels` levels, level 0 shaped as `desc`.
+    fn mipmap_create(&self, ctx: Obj, desc: &ArrayDesc, levels: u32) -> BResult<Obj>;
+    /// A level's array, which goes with the mipmapped array.
+    fn mipmap_level(&self, ctx: Obj, mipmap: Obj, level: u32) -> BResult<Obj>;
+    fn mipmap_destroy(&self, ctx: Obj, mipmap: Obj) -> BResult<()>;
     /// A 2D or 3D copy, or a linear one to or from an array.
     ///
     /// # Safety
@@ -340,6 +345,10 @@ pub trait Backend: Send + Sync {
     // Modules, libraries, functions, kernels.
     fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj>;
     fn module_unload(&self, ctx: Obj, module: Obj) -> BResult<()>;
+    /// Links `inputs` (each a `CUjitInputType` and its bytes) with the JIT
+    /// `options` (codes and unsigned values) in `ctx`. A link the driver
+    /// refuses is an answer too, with its status and logs.
+    fn link(&self, ctx: Obj, options: &[(u32, u64)], inputs: &[(u32, &[u8])]) -> BResult<Linked>;
     fn module_get_function(&self, ctx: Obj, module: Obj, name: &str) -> BResult<Obj>;
     /// `(address, size)` of a `__device__` variable.
     fn module_get_global(&self, ctx: Obj, module: Obj, name: &str) -> BResult<(u64, u64)>;
@@ -473,8 +482,41 @@ pub trait Backend: Send + Sync {
     /// Sets a `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).
     fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()>;
 
+    /// A conditional node of `graph` after `deps`, run in `ctx`: the node
+    /// and the body graphs the driver made for it, which belong to the node.
+    fn graph_add_conditional_node(
+        &self,
+        ctx: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        cond: &Conditional,
+    ) -> BResult<(Obj, Vec<Obj>)>;
+
     /// The calls of the API table's `pass` rows.
     fn passthrough(&self) -> &dyn Passthrough;
+}
+
+/// What a link made: the driver's status, its image (on success) and logs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Linked {
+    /// The `CUresult`: 0 where the link succeeded.
+    pub status: u32,
+    pub image: Vec<u8>,
+    pub info_log: Vec<u8>,
+    pub error_log: Vec<u8>,
+}
+
+/// A conditional node's parameters (`CUDA_CONDITIONAL_NODE_PARAMS` less
+/// its context and output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conditional {
+    /// A handle `cuGraphConditionalHandleCreate` made.
+    pub handle: u64,
+    /// `CUgraphConditionalNodeType`: if (0), while (1), switch (2).
+    pub kind: u32,
+    /// How many body graphs: 1 for while, 1 or 2 (with else) for if, any
+    /// above 0 for switch.
+    pub size: u32,
 }
 
 /// A graph memory allocation node's parameters (`CUDA_MEM_ALLOC_NODE_PARAMS`).

@@ -400,6 +400,10 @@ impl Api for Session {
         self.graph_add_memset_node(req)
     }
 
+    fn GraphAddConditionalNode(&mut self, req: GraphAddConditionalNode::Request) -> R<GraphAddConditionalNode::Reply> {
+        self.graph_add_conditional_node(req)
+    }
+
     fn GraphAddEmptyNode(&mut self, req: GraphAddEmptyNode::Request) -> R<GraphAddEmptyNode::Reply> {
         self.graph_add_empty_node(req)
     }
@@ -514,6 +518,21 @@ impl Api for Session {
 
     fn ArrayDescriptor(&mut self, req: ArrayDescriptor::Request) -> R<ArrayDescriptor::Reply> {
         self.array_descriptor(req)
+    }
+
+    fn MipmappedArrayCreate(&mut self, req: MipmappedArrayCreate::Request) -> R<MipmappedArrayCreate::Reply> {
+        self.mipmap_create(req)
+    }
+
+    fn cuMipmappedArrayGetLevel(
+        &mut self,
+        req: cuMipmappedArrayGetLevel::Request,
+    ) -> R<cuMipmappedArrayGetLevel::Reply> {
+        self.mipmap_level(req)
+    }
+
+    fn cuMipmappedArrayDestroy(&mut self, req: cuMipmappedArrayDestroy::Request) -> R<cuMipmappedArrayDestroy::Reply> {
+        self.mipmap_destroy(req)
     }
 
     fn TexObjectCreate(&mut self, req: TexObjectCreate::Request) -> R<TexObjectCreate::Reply> {
@@ -1061,6 +1080,10 @@ impl Api for Session {
     ) -> R<cuModuleGetFunctionCount::Reply> {
         let (ctx, entry) = self.module(req.hmod.0)?;
         Ok(cuModuleGetFunctionCount::Reply { count: self.backend.module_function_count(ctx, entry.obj)? })
+    }
+
+    fn Link(&mut self, req: Link::Request) -> R<Link::Reply> {
+        self.link(req)
     }
 
     fn ModuleFunctions(&mut self, req: ModuleFunctions::Request) -> R<ModuleFunctions::Reply> {

@@ -10,9 +10,9 @@
 
 use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{
-    element_bytes, CallError, CopySide, CuError, ResourceDesc, COPY_2D, COPY_2D_UNALIGNED, COPY_3D, COPY_ARRAY_LINEAR,
-    RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_MIPMAPPED_ARRAY, RESOURCE_PITCH2D, RESOURCE_VIEW_DESC_BYTES, SIDE_ARRAY,
-    SIDE_BLOCK, SIDE_DEVICE, SIDE_INLINE, TEXTURE_DESC_BYTES,
+    element_bytes, ArrayDesc, CallError, CopySide, ResourceDesc, COPY_2D, COPY_2D_UNALIGNED, COPY_3D,
+    COPY_ARRAY_LINEAR, MAX_MIP_LEVELS, RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_MIPMAPPED_ARRAY, RESOURCE_PITCH2D,
+    RESOURCE_VIEW_DESC_BYTES, SIDE_ARRAY, SIDE_BLOCK, SIDE_DEVICE, SIDE_INLINE, TEXTURE_DESC_BYTES,
 };
 
 use super::tables::{Entry, HandleMap, Kind, Owner};
@@ -98,6 +98,56 @@ impl Session {
         Ok(ArrayCreate::Reply { array: gpuplex_protocol::Array(handle) })
     }
 
+    pub(super) fn mipmap_create(&mut self, req: MipmappedArrayCreate::Request) -> R<MipmappedArrayCreate::Reply> {
+        let (h, ctx) = self.current_ctx()?;
+        let d = &req.desc;
+        if !(1..=MAX_MIP_LEVELS).contains(&req.levels) {
+            return Err(invalid(format!("{} levels", req.levels)));
+        }
+        let elem = element_bytes(d.format, d.channels).map_err(|code| {
+            CallError::new(code, format!("array format {:#x} with {} channels", d.format, d.channels))
+        })?;
+        let level_bytes =
+            |l: ArrayDesc| [l.width, l.height.max(1), l.depth.max(1)].into_iter().try_fold(elem, u64::checked_mul);
+        let bytes = (0..req.levels)
+            .try_fold(0u64, |sum, l| sum.checked_add(level_bytes(d.mip_level(l))?))
+            .ok_or_else(|| invalid("mipmapped array size overflows"))?;
+        self.charge_reclaiming(bytes)?;
+        let obj = self.backend.mipmap_create(ctx, d, req.levels)?;
+        let handle = self.tables.add(Kind::Mipmap, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
+        self.tables.set_footprint(handle, bytes);
+        Ok(MipmappedArrayCreate::Reply { mipmap: gpuplex_protocol::Mipmap(handle) })
+    }
+
+    /// A mipmapped array handle as `(backend context, backend object)`.
+    fn mipmap(&mut self, h: u64) -> R<(Obj, Obj)> {
+        let entry = self.tables.get(Kind::Mipmap, h)?;
+        Ok((self.ctx_of(&entry)?, entry.obj))
+    }
+
+    pub(super) fn mipmap_level(
+        &mut self,
+        req: cuMipmappedArrayGetLevel::Request,
+    ) -> R<cuMipmappedArrayGetLevel::Reply> {
+        let entry = self.tables.get(Kind::Mipmap, req.hMipmappedArray.0)?;
+        let ctx = self.ctx_of(&entry)?;
+        let level = self.backend.mipmap_level(ctx, entry.obj, req.level)?;
+        let owner = Owner::Mipmap(req.hMipmappedArray.0);
+        let array = self.tables.add(Kind::Array, Entry { obj: level, ctx: entry.ctx, owner });
+        Ok(cuMipmappedArrayGetLevel::Reply { pLevelArray: gpuplex_protocol::Array(array) })
+    }
+
+    pub(super) fn mipmap_destroy(
+        &mut self,
+        req: cuMipmappedArrayDestroy::Request,
+    ) -> R<cuMipmappedArrayDestroy::Reply> {
+        let (ctx, obj) = self.mipmap(req.hMipmappedArray.0)?;
+        self.backend.mipmap_destroy(ctx, obj)?;
+        // Its levels' handles go with it.
+        self.tables.remove(Kind::Mipmap, req.hMipmappedArray.0)?;
+        Ok(cuMipmappedArrayDestroy::Reply {})
+    }
+
     /// An array handle as `(backend context, backend array)`.
     fn array(&mut self, h: u64) -> R<(Obj, Obj)> {
         let entry = self.tables.get(Kind::Array, h)?;
@@ -105,6 +155,9 @@ impl Session {
     }
 
     pub(super) fn array_destroy(&mut self, req: cuArrayDestroy::Request) -> R<cuArrayDestroy::Reply> {
+        if let Owner::Mipmap(_) = self.tables.get(Kind::Array, req.hArray.0)?.owner {
+            return Err(invalid("a mipmapped array's level goes with the mipmapped array"));
+        }
         let (ctx, obj) = self.array(req.hArray.0)?;
         self.backend.array_destroy(ctx, obj)?;
         self.tables.remove(Kind::Array, req.hArray.0)?;
@@ -198,9 +251,7 @@ impl Session {
         let mut out = res.clone();
         match res.kind {
             RESOURCE_ARRAY => out.at = self.array(res.at)?.1 .0,
-            RESOURCE_MIPMAPPED_ARRAY => {
-                return Err(CallError::new(CuError::NOT_SUPPORTED, "mipmapped arrays are not served by gpuplex yet"))
-            }
+            RESOURCE_MIPMAPPED_ARRAY => out.at = self.mipmap(res.at)?.1 .0,
             RESOURCE_LINEAR => self.tables.check_range(res.at, res.size)?,
             RESOURCE_PITCH2D => {
                 let elem = element_bytes(res.format, res.channels).map_err(|code| CallError::new(code, "format"))?;

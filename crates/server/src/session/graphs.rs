@@ -200,6 +200,9 @@ impl Session {
 
     pub(super) fn graph_destroy(&mut self, req: cuGraphDestroy::Request) -> R<cuGraphDestroy::Reply> {
         let graph = self.tables.get(Kind::Graph, req.hGraph.0)?;
+        if let Owner::Node(_) = graph.owner {
+            return Err(invalid("a conditional node's body graph goes with its node"));
+        }
         self.backend.graph_destroy(graph.obj)?;
         // Its nodes go with it.
         self.tables.remove(Kind::Graph, req.hGraph.0)?;
@@ -259,7 +262,8 @@ impl Session {
                 warn!("teardown: graph exec destroy failed: {e}");
             }
         }
-        for (_, graph) in self.tables.all(Kind::Graph) {
+        // Body graphs go with their nodes.
+        for (_, graph) in self.tables.all(Kind::Graph).into_iter().filter(|(_, g)| !matches!(g.owner, Owner::Node(_))) {
             if let Err(e) = self.backend.graph_destroy(graph.obj) {
                 warn!("teardown: graph destroy failed: {e}");
             }

@@ -20,6 +20,7 @@ mod images;
 pub mod lanes;
 mod launcher;
 mod line;
+mod link;
 mod managed;
 mod nodes;
 mod passthrough;

@@ -182,6 +182,25 @@ impl Session {
         Ok(GraphAddChildGraphNode::Reply { node: self.add_node(req.graph, &req.deps, NodeWork::Child(child))? })
     }
 
+    /// A conditional node: its body graphs are the node's, named by handles
+    /// that go when the node (or its graph) goes, and that cuGraphDestroy
+    /// refuses.
+    pub(super) fn graph_add_conditional_node(
+        &mut self,
+        req: GraphAddConditionalNode::Request,
+    ) -> R<GraphAddConditionalNode::Reply> {
+        let g = self.tables.get(Kind::Graph, req.graph.0)?.obj;
+        let deps = self.nodes_of(req.graph.0, &req.deps.0)?;
+        let (_, ctx) = if req.ctx.0 == 0 { self.current_ctx()? } else { self.resolve_ctx(req.ctx.0)? };
+        let cond = backend::Conditional { handle: req.handle, kind: req.kind, size: req.size };
+        let (node, bodies) = self.backend.graph_add_conditional_node(ctx, g, &deps, &cond)?;
+        let node = self.node_handle(req.graph.0, node);
+        let body = |b| Entry { obj: b, ctx: 0, owner: Owner::Node(node) };
+        let bodies = bodies.into_iter().map(|b| self.tables.add(Kind::Graph, body(b))).collect();
+        self.made_graphs = true;
+        Ok(GraphAddConditionalNode::Reply { node: GraphNode(node), bodies: Seq(bodies) })
+    }
+
     pub(super) fn graph_add_event_node(&mut self, req: GraphAddEventNode::Request) -> R<GraphAddEventNode::Reply> {
         let event = self.tables.get(Kind::Event, req.event.0)?.obj;
         let node = self.add_node(req.graph, &req.deps, NodeWork::Event { event, wait: req.wait })?;

@@ -72,8 +72,12 @@ pub enum Owner {
     Mapping(u64),
     /// A node's graph.
     Graph(u64),
+    /// A conditional node's body graphs are the node's.
+    Node(u64),
     /// The pool a stream-ordered allocation came from (`pools.rs`).
     Pool(u64),
+    /// A mipmapped array's levels are its.
+    Mipmap(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +102,7 @@ pub enum Kind {
     GraphExec,
     GraphNode,
     Array,
+    Mipmap,
 }
 
 /// A device range the session may read and write.
@@ -216,9 +221,9 @@ impl Tables {
             Kind::Library => Owner::Library(h),
             Kind::Kernel => Owner::Kernel(h),
             Kind::Graph => Owner::Graph(h),
-            Kind::Func | Kind::Stream | Kind::Event | Kind::GraphExec | Kind::GraphNode | Kind::Array => {
-                return Ok(entry)
-            }
+            Kind::GraphNode => Owner::Node(h),
+            Kind::Mipmap => Owner::Mipmap(h),
+            Kind::Func | Kind::Stream | Kind::Event | Kind::GraphExec | Kind::Array => return Ok(entry),
         });
         Ok(entry)
     }

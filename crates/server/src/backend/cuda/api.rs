@@ -18,7 +18,7 @@ use cudarc::driver::sys::{
 use gpuplex_protocol::{CallError, CuError};
 
 use super::arrays::{Array3DDescriptor, Memcpy2D, Memcpy3D, Resource};
-use super::graph::{ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams};
+use super::graph::{ConditionalNodeParams, ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams};
 use super::tensor_maps::Raw as TensorMapRaw;
 use super::{BResult, LaunchConfig};
 
@@ -198,6 +198,9 @@ driver_api! {
     cuMemcpyAtoA_v2(dst: *mut c_void, dst_offset: usize, src: *mut c_void, src_offset: usize, size: usize);
     cuArray3DCreate_v2(array: *mut *mut c_void, desc: *const Array3DDescriptor);
     cuArrayDestroy(array: *mut c_void);
+    cuMipmappedArrayCreate(mipmap: *mut *mut c_void, desc: *const Array3DDescriptor, levels: c_uint);
+    cuMipmappedArrayGetLevel(array: *mut *mut c_void, mipmap: *mut c_void, level: c_uint);
+    cuMipmappedArrayDestroy(mipmap: *mut c_void);
     cuArray3DGetDescriptor_v2(desc: *mut Array3DDescriptor, array: *mut c_void);
     cuTexObjectCreate(object: *mut c_ulonglong, res: *const Resource, tex: *const c_void, view: *const c_void);
     cuTexObjectDestroy(object: c_ulonglong);
@@ -371,6 +374,27 @@ driver_api! {
     );
     cuGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const *mut c_void, count: usize, dptr: CUdeviceptr);
     cuGraphMemAllocNodeGetParams(node: *mut c_void, params: *mut MemAllocNodeParams);
+    cuLinkCreate_v2(count: c_uint, options: *mut c_int, values: *mut *mut c_void, state: *mut *mut c_void);
+    cuLinkAddData_v2(
+        state: *mut c_void,
+        kind: c_int,
+        data: *mut c_void,
+        size: usize,
+        name: *const c_char,
+        count: c_uint,
+        options: *mut c_int,
+        values: *mut *mut c_void,
+    );
+    cuLinkComplete(state: *mut c_void, image: *mut *mut c_void, size: *mut usize);
+    cuLinkDestroy(state: *mut c_void);
+    cuGraphAddNode_v2(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        data: *const u64,
+        count: usize,
+        params: *mut ConditionalNodeParams,
+    );
     cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut c_void);
     cuStreamBeginCaptureToGraph(
         stream: CUstream,

@@ -169,17 +169,37 @@ unsafe fn linear(c: &Copy3D, s: CUstream) -> BResult<()> {
     })
 }
 
-pub(super) fn create(desc: &ArrayDesc) -> BResult<Obj> {
-    let d = Array3DDescriptor {
+fn c_desc(desc: &ArrayDesc) -> BResult<Array3DDescriptor> {
+    Ok(Array3DDescriptor {
         width: size(desc.width)?,
         height: size(desc.height)?,
         depth: size(desc.depth)?,
         format: desc.format as c_int,
         channels: desc.channels,
         flags: desc.flags,
-    };
+    })
+}
+
+pub(super) fn create(desc: &ArrayDesc) -> BResult<Obj> {
+    let d = c_desc(desc)?;
     // SAFETY: out-pointer to a local; the descriptor lives across the call.
     super::handle(|a| unsafe { api::cuArray3DCreate_v2(a, &d) })
+}
+
+pub(super) fn mipmap_create(desc: &ArrayDesc, levels: u32) -> BResult<Obj> {
+    let d = c_desc(desc)?;
+    // SAFETY: as above.
+    super::handle(|m| unsafe { api::cuMipmappedArrayCreate(m, &d, levels) })
+}
+
+pub(super) fn mipmap_level(mipmap: Obj, level: u32) -> BResult<Obj> {
+    // SAFETY: out-pointer to a local; one of the session's mipmapped arrays.
+    super::handle(|a| unsafe { api::cuMipmappedArrayGetLevel(a, raw(mipmap), level) })
+}
+
+pub(super) fn mipmap_destroy(mipmap: Obj) -> BResult<()> {
+    // SAFETY: one of the session's mipmapped arrays, forgotten by it after this.
+    check(unsafe { api::cuMipmappedArrayDestroy(raw(mipmap)) })
 }
 
 pub(super) fn destroy(array: Obj) -> BResult<()> {

@@ -9,7 +9,7 @@ use gpuplex_protocol::{CallError, CuError};
 
 use super::api::{self, check};
 use super::{arrays, enter, handle, obj, raw, size, with_packed, BResult, CaptureInfo, Launch, Obj};
-use crate::backend::{ExecUpdate, HostFn, NodeWork};
+use crate::backend::{Conditional, ExecUpdate, HostFn, NodeWork};
 
 pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
     enter(ctx)?;
@@ -174,6 +174,27 @@ impl HostNodeParams {
     }
 }
 
+/// `CUgraphNodeParams` holding a conditional node's parameters
+/// (`CUDA_CONDITIONAL_NODE_PARAMS`), the one kind made through the generic
+/// `cuGraphAddNode`; the driver writes the node's body graphs' array into it.
+#[repr(C)]
+pub(super) struct ConditionalNodeParams {
+    node_type: c_int,
+    reserved0: [c_int; 3],
+    handle: u64,
+    kind: c_int,
+    size: c_uint,
+    bodies: *mut *mut c_void,
+    ctx: *mut c_void,
+    /// The rest of the union (29 words in all) and `reserved2`.
+    rest: [i64; 26],
+}
+
+const _: () = assert!(std::mem::size_of::<ConditionalNodeParams>() == 256);
+
+/// `CU_GRAPH_NODE_TYPE_CONDITIONAL`.
+const NODE_CONDITIONAL: c_int = 13;
+
 /// `CUgraphExecUpdateResultInfo`.
 #[repr(C)]
 pub(super) struct ExecUpdateResultInfo {
@@ -228,6 +249,33 @@ pub(super) unsafe fn add_node(ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWor
             NodeWork::MemFree(dptr) => api::cuGraphAddMemFreeNode(out, g, d, n, dptr),
         }
     })
+}
+
+pub(super) fn add_conditional_node(ctx: Obj, graph: Obj, deps: &[Obj], cond: &Conditional) -> BResult<(Obj, Vec<Obj>)> {
+    enter(ctx)?;
+    let deps = raw_nodes(deps);
+    let mut p = ConditionalNodeParams {
+        node_type: NODE_CONDITIONAL,
+        reserved0: [0; 3],
+        handle: cond.handle,
+        kind: cond.kind as c_int,
+        size: cond.size,
+        bodies: null_mut(),
+        ctx: raw(ctx),
+        rest: [0; 26],
+    };
+    // SAFETY: out-pointer to a local; a live graph and nodes of it; the
+    // parameters live across the call, which reads them and writes the
+    // bodies' array into them.
+    let node = handle(|out| unsafe {
+        api::cuGraphAddNode_v2(out, raw(graph), deps.as_ptr(), std::ptr::null(), deps.len(), &mut p)
+    })?;
+    if p.bodies.is_null() {
+        return Ok((node, Vec::new()));
+    }
+    // SAFETY: the driver's array of `size` graphs, valid while the node lives.
+    let bodies = unsafe { std::slice::from_raw_parts(p.bodies, cond.size as usize) };
+    Ok((node, bodies.iter().map(|&g| obj(g)).collect()))
 }
 
 pub(super) fn dependencies(graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {

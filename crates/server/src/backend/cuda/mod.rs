@@ -34,8 +34,8 @@ use gpuplex_protocol::{
 };
 
 use super::{
-    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, CopyEnd, ExecUpdate, GraphAlloc, HostCopy, HostFn,
-    Launch, Memset, NodeWork, Obj, ParamSlot, Place, TensorMap, TensorMapBytes, Way,
+    one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Conditional, Copy3D, CopyEnd, ExecUpdate, GraphAlloc,
+    HostCopy, HostFn, Launch, Linked, Memset, NodeWork, Obj, ParamSlot, Place, TensorMap, TensorMapBytes, Way,
 };
 
 mod api;
@@ -43,6 +43,7 @@ mod arrays;
 mod graph;
 mod graph_memory;
 mod image;
+mod link;
 mod passthrough;
 mod pools;
 mod tensor_maps;
@@ -597,6 +598,21 @@ impl Backend for Cuda {
     fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc> {
         enter(ctx)?;
         arrays::descriptor(array)
+    }
+
+    fn mipmap_create(&self, ctx: Obj, desc: &ArrayDesc, levels: u32) -> BResult<Obj> {
+        enter(ctx)?;
+        arrays::mipmap_create(desc, levels)
+    }
+
+    fn mipmap_level(&self, ctx: Obj, mipmap: Obj, level: u32) -> BResult<Obj> {
+        enter(ctx)?;
+        arrays::mipmap_level(mipmap, level)
+    }
+
+    fn mipmap_destroy(&self, ctx: Obj, mipmap: Obj) -> BResult<()> {
+        enter(ctx)?;
+        arrays::mipmap_destroy(mipmap)
     }
 
     unsafe fn memcpy_3d(&self, ctx: Obj, copy: &Copy3D, stream: Obj, sync: bool) -> BResult<()> {
@@ -1198,6 +1214,20 @@ impl Backend for Cuda {
 
     fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()> {
         graph_memory::set_attribute(dev, attr, value)
+    }
+
+    fn link(&self, ctx: Obj, options: &[(u32, u64)], inputs: &[(u32, &[u8])]) -> BResult<Linked> {
+        link::link(ctx, options, inputs)
+    }
+
+    fn graph_add_conditional_node(
+        &self,
+        ctx: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        cond: &Conditional,
+    ) -> BResult<(Obj, Vec<Obj>)> {
+        graph::add_conditional_node(ctx, graph, deps, cond)
     }
 
     fn passthrough(&self) -> &dyn gpuplex_protocol::Passthrough {

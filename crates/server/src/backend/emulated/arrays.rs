@@ -12,10 +12,11 @@
 use std::collections::HashMap;
 
 use gpuplex_protocol::{
-    element_bytes, ArrayDesc, CuError, ResourceDesc, COPY_ARRAY_LINEAR, RESOURCE_ARRAY, RESOURCE_LINEAR,
-    RESOURCE_PITCH2D, TEXTURE_DESC_BYTES,
+    element_bytes, ArrayDesc, CuError, ResourceDesc, ARRAY_CUBEMAP, ARRAY_LAYERED, COPY_ARRAY_LINEAR, RESOURCE_ARRAY,
+    RESOURCE_LINEAR, RESOURCE_PITCH2D, TEXTURE_DESC_BYTES,
 };
 
+use super::graph::Conditions;
 use super::kernels::DeviceMemory;
 use super::memory::{self, Memory};
 use super::{err, BResult, Obj};
@@ -30,6 +31,8 @@ pub struct Arrays {
     next: u64,
     arrays: HashMap<u64, Array>,
     objects: HashMap<u64, Object>,
+    /// Mipmapped arrays: each level's array.
+    mipmaps: HashMap<u64, Vec<Obj>>,
 }
 
 /// A texture or surface object: its context, what it reads, and for a
@@ -97,6 +100,49 @@ impl Arrays {
         Ok(())
     }
 
+    /// A mipmapped array: an array per level, each a halving of the last.
+    pub fn mipmap_create(&mut self, memory: &mut Memory, ctx: u64, desc: &ArrayDesc, levels: u32) -> BResult<Obj> {
+        let largest = desc.width.max(desc.height).max(if desc.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0 {
+            0
+        } else {
+            desc.depth
+        });
+        // As the driver, no more levels than halvings of the largest extent.
+        if levels == 0 || u64::from(levels) > 64 - u64::from(largest.leading_zeros()) {
+            return Err(err(CuError::INVALID_VALUE, format!("{levels} levels for a largest extent of {largest}")));
+        }
+        let mut made = Vec::with_capacity(levels as usize);
+        for level in 0..levels {
+            match self.create(memory, ctx, &desc.mip_level(level)) {
+                Ok(array) => made.push(array),
+                Err(e) => {
+                    for array in made {
+                        let _ = self.destroy(memory, array);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let id = self.next_id();
+        self.mipmaps.insert(id, made);
+        Ok(Obj(id))
+    }
+
+    pub fn mipmap_level(&self, mipmap: Obj, level: u32) -> BResult<Obj> {
+        let levels =
+            self.mipmaps.get(&mipmap.0).ok_or_else(|| err(CuError::INVALID_HANDLE, "no such mipmapped array"))?;
+        levels.get(level as usize).copied().ok_or_else(|| err(CuError::INVALID_VALUE, format!("no level {level}")))
+    }
+
+    pub fn mipmap_destroy(&mut self, memory: &mut Memory, mipmap: Obj) -> BResult<()> {
+        let levels =
+            self.mipmaps.remove(&mipmap.0).ok_or_else(|| err(CuError::INVALID_HANDLE, "no such mipmapped array"))?;
+        for array in levels {
+            self.destroy(memory, array)?;
+        }
+        Ok(())
+    }
+
     pub fn descriptor(&mut self, array: Obj) -> BResult<ArrayDesc> {
         Ok(self.array(array)?.desc.clone())
     }
@@ -110,6 +156,8 @@ impl Arrays {
             a.ctx != ctx
         });
         self.objects.retain(|_, o| o.ctx != ctx);
+        let arrays = &self.arrays;
+        self.mipmaps.retain(|_, levels| levels.iter().all(|a| arrays.contains_key(&a.0)));
     }
 
     /// Copies row by row, a bounded piece of a row at a time.
@@ -243,6 +291,7 @@ fn word(tex: &[u8; TEXTURE_DESC_BYTES], at: usize) -> u32 {
 pub struct Device<'a> {
     pub memory: &'a mut Memory,
     pub arrays: &'a mut Arrays,
+    pub conditions: &'a mut Conditions,
 }
 
 impl DeviceMemory for Device<'_> {
@@ -252,6 +301,10 @@ impl DeviceMemory for Device<'_> {
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), CuError> {
         self.memory.write(addr, data)
+    }
+
+    fn set_conditional(&mut self, handle: u64, value: u32) -> Result<(), CuError> {
+        self.conditions.set(handle, value)
     }
 
     fn texel(&self, tex: u64, x: i64, y: i64, out: &mut [u8]) -> Result<(), CuError> {

@@ -54,6 +54,67 @@ pub enum Work {
     /// Graph memory: placed when the node is made, so running it does nothing.
     MemAlloc(GraphAlloc),
     MemFree(u64),
+    Conditional(Box<ConditionalWork>),
+}
+
+/// A conditional node: its handle, kind, and body graphs; in an executable
+/// graph (or a child graph's copy) also each body's work, in order.
+#[derive(Clone, Debug)]
+pub struct ConditionalWork {
+    pub handle: u64,
+    pub kind: u32,
+    pub graphs: Vec<u64>,
+    pub bodies: Vec<Vec<(u64, Work)>>,
+}
+
+/// `CU_GRAPH_COND_TYPE_IF`, `_WHILE`, `_SWITCH`.
+pub const IF: u32 = 0;
+pub const WHILE: u32 = 1;
+pub const SWITCH: u32 = 2;
+/// `CU_GRAPH_COND_ASSIGN_DEFAULT`.
+const ASSIGN_DEFAULT: u32 = 1;
+
+/// A conditional handle's value, and the default each launch may start with.
+#[derive(Clone, Copy, Debug)]
+struct Condition {
+    value: u32,
+    default: u32,
+    assign_default: bool,
+}
+
+/// The conditional handles the device made: what kernels set with
+/// `cudaGraphSetConditional` and conditional nodes read.
+#[derive(Default)]
+pub struct Conditions(HashMap<u64, Condition>);
+
+impl Conditions {
+    pub fn set(&mut self, handle: u64, value: u32) -> Result<(), CuError> {
+        // A handle the device never made is a wild address to the kernel.
+        self.0.get_mut(&handle).map(|c| c.value = value).ok_or(CuError::ILLEGAL_ADDRESS)
+    }
+
+    pub fn value(&self, handle: u64) -> BResult<u32> {
+        self.0.get(&handle).map(|c| c.value).ok_or_else(|| err(CuError::INVALID_VALUE, "no such conditional handle"))
+    }
+
+    /// Gives the handles of `work`'s conditional nodes (their bodies' too)
+    /// their defaults, as a launch does where the handle asks for it.
+    pub fn assign_defaults(&mut self, work: &[(u64, Work)]) {
+        for (_, w) in work {
+            match w {
+                Work::Conditional(c) => {
+                    if let Some(h) = self.0.get_mut(&c.handle).filter(|h| h.assign_default) {
+                        h.value = h.default;
+                    }
+                    for body in &c.bodies {
+                        self.assign_defaults(body);
+                    }
+                }
+                Work::Child(child) => self.assign_defaults(child),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// The most work one graph may hold, its child graphs' counted in: the test device
@@ -65,6 +126,7 @@ impl Work {
     fn size(&self) -> usize {
         match self {
             Work::Child(work) => work.iter().map(|(_, w)| w.size()).sum(),
+            Work::Conditional(c) => 1 + c.bodies.iter().flatten().map(|(_, w)| w.size()).sum::<usize>(),
             _ => 1,
         }
     }
@@ -82,6 +144,7 @@ impl Work {
             Work::Event { wait: false, .. } => 7,
             Work::MemAlloc(_) => 10,
             Work::MemFree(_) => 11,
+            Work::Conditional(_) => 13,
         }
     }
 
@@ -132,6 +195,7 @@ pub struct Graphs {
     execs: HashMap<u64, (u64, Vec<(u64, Work)>)>,
     /// Capturing streams.
     captures: HashMap<u64, Capture>,
+    pub conditions: Conditions,
     /// Each clone's copy of a node: `(clone, original node)` to node.
     clones: HashMap<(u64, u64), u64>,
     /// Nodes turned off in an executable graph: `(exec, node)`.
@@ -320,7 +384,16 @@ impl Graphs {
         let mut ready: std::collections::BTreeSet<usize> = (0..nodes.len()).filter(|&i| waiting[i] == 0).collect();
         let mut out = Vec::with_capacity(nodes.len());
         while let Some(i) = ready.pop_first() {
-            out.push((nodes[i].id, nodes[i].work.clone()));
+            let work = match &nodes[i].work {
+                // Each body's work as it is now, as an instantiation or a
+                // child graph's copy takes it.
+                Work::Conditional(c) => {
+                    let bodies = c.graphs.iter().map(|&g| self.ordered(g)).collect::<BResult<_>>()?;
+                    Work::Conditional(Box::new(ConditionalWork { bodies, ..(**c).clone() }))
+                }
+                work => work.clone(),
+            };
+            out.push((nodes[i].id, work));
             for &j in &after[i] {
                 waiting[j] -= 1;
                 if waiting[j] == 0 {
@@ -342,6 +415,12 @@ impl Graphs {
 
     pub fn instantiate(&mut self, ctx: Obj, graph: Obj) -> BResult<Obj> {
         let work = self.ordered(graph.0)?;
+        if work.iter().map(|(_, w)| w.size()).sum::<usize>() > MAX_WORK {
+            return Err(err(
+                CuError::OUT_OF_MEMORY,
+                format!("more than {MAX_WORK} nodes, conditional bodies counted in"),
+            ));
+        }
         let id = self.id();
         self.execs.insert(id, (ctx.0, work));
         Ok(Obj(id))
@@ -379,6 +458,50 @@ impl Graphs {
         }
         nodes.push(Node { id, work, deps });
         Ok(Obj(id))
+    }
+
+    /// `cuGraphConditionalHandleCreate` for `graph`.
+    pub fn conditional_handle(&mut self, graph: Obj, default: u32, flags: u32) -> BResult<u64> {
+        if !self.graphs.contains_key(&graph.0) || flags & !ASSIGN_DEFAULT != 0 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let handle = self.id();
+        let assign_default = flags & ASSIGN_DEFAULT != 0;
+        self.conditions.0.insert(handle, Condition { value: default, default, assign_default });
+        Ok(handle)
+    }
+
+    /// A conditional node of `graph` and its new, empty body graphs. The
+    /// bodies stay until the device goes: a clone of the graph shares them.
+    pub fn add_conditional(
+        &mut self,
+        graph: Obj,
+        deps: &[Obj],
+        handle: u64,
+        kind: u32,
+        size: u32,
+    ) -> BResult<(Obj, Vec<Obj>)> {
+        let sizes = match kind {
+            IF => 1..=2,
+            WHILE => 1..=1,
+            SWITCH => 1..=MAX_WORK as u32,
+            _ => return Err(err(CuError::INVALID_VALUE, format!("conditional node type {kind}"))),
+        };
+        if !sizes.contains(&size) {
+            return Err(err(CuError::INVALID_VALUE, format!("{size} bodies for a conditional node of type {kind}")));
+        }
+        self.conditions.value(handle)?;
+        let graphs: Vec<u64> = (0..size).map(|_| self.create().0).collect();
+        let work = ConditionalWork { handle, kind, graphs: graphs.clone(), bodies: Vec::new() };
+        match self.add_work(graph, deps, Work::Conditional(Box::new(work))) {
+            Ok(node) => Ok((node, graphs.into_iter().map(Obj).collect())),
+            Err(e) => {
+                for g in graphs {
+                    self.graphs.remove(&g);
+                }
+                Err(e)
+            }
+        }
     }
 
     pub fn dependencies(&mut self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {
@@ -569,6 +692,13 @@ impl Graphs {
             *w = new;
         }
         Ok(ExecUpdate::default())
+    }
+
+    /// Starts a launch of `exec`: its conditional handles take their defaults.
+    pub fn launching(&mut self, exec: Obj) {
+        if let Some((_, work)) = self.execs.get(&exec.0) {
+            self.conditions.assign_defaults(work);
+        }
     }
 
     pub fn exec_destroy(&mut self, exec: Obj) -> BResult<()> {

@@ -49,6 +49,11 @@ pub trait DeviceMemory {
     fn surface_write(&mut self, _surf: u64, _x: i64, _y: i64, _data: &[u8]) -> Result<(), CuError> {
         Err(CuError::NOT_SUPPORTED)
     }
+
+    /// `cudaGraphSetConditional(handle, value)`.
+    fn set_conditional(&mut self, _handle: u64, _value: u32) -> Result<(), CuError> {
+        Err(CuError::NOT_SUPPORTED)
+    }
 }
 
 pub type ReferenceKernel = fn(&KernelLaunch<'_>, &mut dyn DeviceMemory) -> Result<(), CuError>;
@@ -91,6 +96,9 @@ pub fn lookup(name: &str) -> Option<ReferenceKernel> {
         "_Z8texShiftPfyiiii" => Some(tex_shift),
         "_Z10fetchTwicePiyi" => Some(fetch_twice),
         "_Z8surfFillyii" => Some(surf_fill),
+        "_Z12setConditionPKiy" => Some(set_condition),
+        "_Z5addToPii" => Some(add_to),
+        "_Z9countDownPiS_y" => Some(count_down),
         _ => None,
     }
 }
@@ -783,6 +791,50 @@ fn tex_shift(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuE
             row.push(f32::from_le_bytes(texel));
         }
         write_f32s(mem, element(out, y * w as u64, 4)?, &row)?;
+    }
+    Ok(())
+}
+
+/// Every thread of a launch, where the reference may run them in turn: the
+/// kernels of graph_conditional.cu are meant for one thread, and with more
+/// each does the same read-modify-write.
+fn each_thread(k: &KernelLaunch<'_>) -> Result<u64, CuError> {
+    Some(k.threads_x().saturating_mul(k.threads_per_x()))
+        .filter(|&n| n <= MAX_SERIAL_THREADS)
+        .ok_or(CuError::NOT_SUPPORTED)
+}
+
+/// `setCondition(const int *value, cudaGraphConditionalHandle h)`:
+/// `cudaGraphSetConditional(h, *value)`.
+fn set_condition(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let (value, handle) = (k.ptr_param(0)?, k.u64_param(1)?);
+    if each_thread(k)? == 0 {
+        return Ok(());
+    }
+    let v = read_i32s(mem, value, 1)?[0];
+    mem.set_conditional(handle, v as u32)
+}
+
+/// `addTo(int *p, int v)`: `*p += v`, by every thread.
+fn add_to(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let (p, v) = (k.ptr_param(0)?, k.i32_param(1)?);
+    for _ in 0..each_thread(k)? {
+        let sum = read_i32s(mem, p, 1)?[0].wrapping_add(v);
+        write_i32s(mem, p, &[sum])?;
+    }
+    Ok(())
+}
+
+/// `countDown(int *counter, int *rounds, cudaGraphConditionalHandle h)`:
+/// `*counter -= 1; *rounds += 1; cudaGraphSetConditional(h, *counter > 0)`.
+fn count_down(k: &KernelLaunch<'_>, mem: &mut dyn DeviceMemory) -> Result<(), CuError> {
+    let (counter, rounds, handle) = (k.ptr_param(0)?, k.ptr_param(1)?, k.u64_param(2)?);
+    for _ in 0..each_thread(k)? {
+        let left = read_i32s(mem, counter, 1)?[0].wrapping_sub(1);
+        write_i32s(mem, counter, &[left])?;
+        let done = read_i32s(mem, rounds, 1)?[0].wrapping_add(1);
+        write_i32s(mem, rounds, &[done])?;
+        mem.set_conditional(handle, u32::from(left > 0))?;
     }
     Ok(())
 }

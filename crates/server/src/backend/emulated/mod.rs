@@ -29,12 +29,12 @@ use gpuplex_protocol::{
 };
 
 use super::{
-    BResult, Backend, CaptureInfo, ClusterQuery, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork, Obj,
-    ParamSlot, TensorMap, TensorMapBytes, CU_EVENT_DISABLE_TIMING,
+    BResult, Backend, CaptureInfo, ClusterQuery, Conditional, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Linked,
+    Memset, NodeWork, Obj, ParamSlot, TensorMap, TensorMapBytes, CU_EVENT_DISABLE_TIMING,
 };
 use crate::image::{self, Image, KernelInfo};
 use arrays::{Arrays, Device};
-use graph::{Graphs, Work};
+use graph::{ConditionalWork, Graphs, Work};
 use kernels::KernelLaunch;
 use memory::{Memory, Owner};
 use pools::Pools;
@@ -400,7 +400,9 @@ impl State {
             params,
             layout: &layout,
         };
-        match run(&k, &mut Device { memory: &mut self.memory, arrays: &mut self.arrays }) {
+        let mut device =
+            Device { memory: &mut self.memory, arrays: &mut self.arrays, conditions: &mut self.graphs.conditions };
+        match run(&k, &mut device) {
             Ok(()) => Ok(()),
             Err(fault) if fault == CuError::ILLEGAL_ADDRESS || fault == CuError::ASSERT => {
                 self.ctx(ctx)?.sticky = Some(fault);
@@ -430,10 +432,39 @@ impl State {
                     // The child graph's work, in its own order.
                     self.run_graph(ctx, work.into_iter().map(|(_, w)| w).collect())?;
                 }
+                Work::Conditional(c) => self.run_conditional(ctx, &c)?,
             }
             self.ctx(ctx)?;
         }
         Ok(())
+    }
+
+    /// Runs the body a conditional node's value picks; a while node's again
+    /// for as long as its value stays true.
+    fn run_conditional(&mut self, ctx: Obj, c: &ConditionalWork) -> BResult<()> {
+        let body = |s: &mut Self, i: usize| match c.bodies.get(i) {
+            Some(work) => s.run_graph(ctx, work.iter().map(|(_, w)| w.clone()).collect()),
+            None => Ok(()),
+        };
+        let value = |s: &Self| s.graphs.conditions.value(c.handle);
+        match c.kind {
+            graph::IF => body(self, if value(self)? != 0 { 0 } else { 1 }),
+            graph::SWITCH => body(self, value(self)? as usize),
+            _ => {
+                // The device is locked while a graph runs: a loop that
+                // never ends is refused instead of hanging every guest.
+                for _ in 0..MAX_ROUNDS {
+                    if value(self)? == 0 {
+                        return Ok(());
+                    }
+                    body(self, 0)?;
+                }
+                Err(err(
+                    CuError::NOT_SUPPORTED,
+                    format!("a while node ran {MAX_ROUNDS} rounds, as many as the emulated device runs"),
+                ))
+            }
+        }
     }
 
     fn check_launch(&self, f: &Function, launch: &Launch) -> BResult<()> {
@@ -472,6 +503,9 @@ impl State {
 
 /// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`, the one flag occupancy queries take.
 const OCCUPANCY_FLAGS: u32 = 0x1;
+
+/// The most rounds one while node runs on the test device.
+const MAX_ROUNDS: u32 = 1 << 16;
 
 fn check_occupancy_flags(flags: u32) -> BResult<()> {
     if flags & !OCCUPANCY_FLAGS != 0 {
@@ -747,6 +781,24 @@ impl Backend for Emulated {
         let s = &mut *self.state();
         s.ctx(ctx)?;
         s.arrays.descriptor(array)
+    }
+
+    fn mipmap_create(&self, ctx: Obj, desc: &ArrayDesc, levels: u32) -> BResult<Obj> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.mipmap_create(&mut s.memory, ctx.0, desc, levels)
+    }
+
+    fn mipmap_level(&self, ctx: Obj, mipmap: Obj, level: u32) -> BResult<Obj> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.mipmap_level(mipmap, level)
+    }
+
+    fn mipmap_destroy(&self, ctx: Obj, mipmap: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.mipmap_destroy(&mut s.memory, mipmap)
     }
 
     unsafe fn memcpy_3d(&self, ctx: Obj, copy: &Copy3D, stream: Obj, _sync: bool) -> BResult<()> {
@@ -1418,6 +1470,7 @@ impl Backend for Emulated {
         s.stream(ctx, stream)?;
         s.graphs.refuse(stream, CuError::NOT_SUPPORTED, "the emulated device captures no graph launches")?;
         let work = s.graphs.exec(ctx, exec)?;
+        s.graphs.launching(exec);
         s.run_graph(ctx, work)
     }
 
@@ -1448,6 +1501,47 @@ impl Backend for Emulated {
 
     /// The memory is placed at once, in the context, and kept until the
     /// context ends: the test device reserves graph memory for good.
+    /// The test device cannot compile or link: a link of one image it
+    /// loads (cubin, fatbin or PTX) is that image, and anything else is
+    /// refused with a log that says so.
+    fn link(&self, ctx: Obj, _options: &[(u32, u64)], inputs: &[(u32, &[u8])]) -> BResult<Linked> {
+        self.state().ctx(ctx)?;
+        match inputs {
+            [(kind, image)] if *kind <= 2 => match image::parse(image) {
+                Ok(_) => {
+                    // Loaded back by address alone, PTX must end in its NUL.
+                    let mut image = image.to_vec();
+                    if *kind == 1 && image.last() != Some(&0) {
+                        image.push(0);
+                    }
+                    Ok(Linked { image, ..Linked::default() })
+                }
+                Err(e) => Ok(Linked {
+                    status: if *kind == 1 { CuError::INVALID_PTX.0 } else { CuError::INVALID_IMAGE.0 },
+                    error_log: format!("the input is no image the device loads: {e}").into_bytes(),
+                    ..Linked::default()
+                }),
+            },
+            _ => Ok(Linked {
+                status: CuError::NOT_SUPPORTED.0,
+                error_log: b"the emulated device links one cubin, fatbin or PTX input only".to_vec(),
+                ..Linked::default()
+            }),
+        }
+    }
+
+    fn graph_add_conditional_node(
+        &self,
+        ctx: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        cond: &Conditional,
+    ) -> BResult<(Obj, Vec<Obj>)> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.graphs.add_conditional(graph, deps, cond.handle, cond.kind, cond.size)
+    }
+
     fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)> {
         let mut s = self.state();
         s.ctx(ctx)?;

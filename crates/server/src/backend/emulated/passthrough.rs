@@ -4,6 +4,7 @@
 use gpuplex_protocol::{CuError, Passthrough};
 
 use super::graph::Work;
+use super::kernels::DeviceMemory;
 use super::{err, BResult, Emulated, Obj};
 
 #[allow(non_snake_case)]
@@ -27,6 +28,22 @@ impl Passthrough for Emulated {
         let mut s = self.state();
         s.stream(Obj(ctx), Obj(stream))?;
         Ok(s.streams.get(&stream).map_or(0, |st| st.flags))
+    }
+
+    fn cuStreamWriteValue32_v2(&self, ctx: u64, stream: u64, addr: u64, value: u32, _flags: u32) -> BResult<()> {
+        self.write_value(ctx, stream, addr, &value.to_le_bytes())
+    }
+
+    fn cuStreamWriteValue64_v2(&self, ctx: u64, stream: u64, addr: u64, value: u64, _flags: u32) -> BResult<()> {
+        self.write_value(ctx, stream, addr, &value.to_le_bytes())
+    }
+
+    fn cuStreamWaitValue32_v2(&self, ctx: u64, stream: u64, addr: u64, value: u32, flags: u32) -> BResult<()> {
+        self.wait_value(ctx, stream, addr, value.into(), flags, 4)
+    }
+
+    fn cuStreamWaitValue64_v2(&self, ctx: u64, stream: u64, addr: u64, value: u64, flags: u32) -> BResult<()> {
+        self.wait_value(ctx, stream, addr, value, flags, 8)
     }
 
     /// No profiler is ever attached: the call only needs a context.
@@ -70,8 +87,53 @@ impl Passthrough for Emulated {
         self.state().graphs.enabled(Obj(exec), Obj(node)).map(u32::from)
     }
 
+    fn cuGraphConditionalHandleCreate(&self, _: u64, graph: u64, ctx: u64, default: u32, flags: u32) -> BResult<u64> {
+        let mut s = self.state();
+        s.ctx(Obj(ctx))?;
+        s.graphs.conditional_handle(Obj(graph), default, flags)
+    }
+
     /// The test device instantiates with no flags only.
     fn cuGraphExecGetFlags(&self, _ctx: u64, exec: u64) -> BResult<u64> {
         self.state().graphs.exec_work(Obj(exec)).map(|_| 0)
+    }
+}
+
+/// `CU_STREAM_WAIT_VALUE_GEQ`, `_EQ`, `_AND`, `_NOR`; `_FLUSH` may be added.
+const WAIT_GEQ: u32 = 0;
+const WAIT_EQ: u32 = 1;
+const WAIT_AND: u32 = 2;
+const WAIT_NOR: u32 = 3;
+const WAIT_FLUSH: u32 = 1 << 30;
+
+impl Emulated {
+    fn write_value(&self, ctx: u64, stream: u64, addr: u64, bytes: &[u8]) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(Obj(ctx), Obj(stream))?;
+        s.graphs.refuse(Obj(stream), CuError::NOT_SUPPORTED, "the emulated device captures no memory operations")?;
+        s.memory.write(addr, bytes).map_err(|e| err(e, format!("{addr:#x} is no memory of the device")))
+    }
+
+    /// The device runs every stream's work as it comes, so a wait is met
+    /// now or never: one that is not is refused rather than hanging.
+    fn wait_value(&self, ctx: u64, stream: u64, addr: u64, value: u64, flags: u32, size: usize) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(Obj(ctx), Obj(stream))?;
+        s.graphs.refuse(Obj(stream), CuError::NOT_SUPPORTED, "the emulated device captures no memory operations")?;
+        let mut bytes = [0u8; 8];
+        s.memory.read(addr, &mut bytes[..size]).map_err(|e| err(e, format!("{addr:#x} is no memory of the device")))?;
+        let now = u64::from_le_bytes(bytes);
+        let met = match flags & !WAIT_FLUSH {
+            WAIT_GEQ if size == 4 => (now as u32).wrapping_sub(value as u32) as i32 >= 0,
+            WAIT_GEQ => now.wrapping_sub(value) as i64 >= 0,
+            WAIT_EQ => now == value,
+            WAIT_AND => now & value != 0,
+            WAIT_NOR => !(now | value) & (u64::MAX >> (64 - 8 * size)) != 0,
+            _ => return Err(err(CuError::INVALID_VALUE, format!("wait flags {flags:#x}"))),
+        };
+        if !met {
+            return Err(err(CuError::NOT_SUPPORTED, "a wait the emulated device's memory does not meet yet"));
+        }
+        Ok(())
     }
 }
