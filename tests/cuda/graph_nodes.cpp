@@ -164,6 +164,19 @@ int main() {
     bool zeroed = true;
     for (float v : after) zeroed = zeroed && v == 0.0f;
     printf("a child graph ran, then the memset after it: %s %s\n", yes_no(sums(out, in, 3.0f, N)), yes_no(zeroed));
+    // What the nodes hold, read back: the child node's own graph (a copy of
+    // the clone, of as many nodes), the event node's event, the memset's
+    // parameters.
+    CUgraph childs_own;
+    CHECK(cuGraphChildGraphNodeGetGraph(child, &childs_own));
+    CUevent recorded;
+    CHECK(cuGraphEventRecordNodeGetEvent(record, &recorded));
+    CUDA_MEMSET_NODE_PARAMS memset_back;
+    CHECK(cuGraphMemsetNodeGetParams(zero, &memset_back));
+    printf("the child node's graph: its own, of %zu nodes; the record node's event: %s; the memset's: %s\n",
+           count_nodes(childs_own), yes_no(recorded == done),
+           yes_no(memset_back.dst == sum && memset_back.value == 0 && memset_back.elementSize == 4 && memset_back.width == N &&
+                  memset_back.height == 1));
     // The executable graph's child replaced by a graph of the same shape
     // whose memset sets 6.0f.
     CUgraph reshaped;

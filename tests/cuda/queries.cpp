@@ -77,6 +77,10 @@ int main() {
     CHECK(cuCtxDestroy(own));
     CHECK(cuCtxSetCurrent(ctx));
 
+    size_t linear_width = 0;
+    CHECK(cuDeviceGetTexture1DLinearMaxWidth(&linear_width, CU_AD_FORMAT_FLOAT, 4, dev));
+    printf("a 1D linear texture of float4 may be wide: %s\n", yes_no(linear_width >= (1u << 20)));
+
     CUmodule mod;
     CUfunction fn;
     CHECK(cuModuleLoadData(&mod, queries_fatbin));

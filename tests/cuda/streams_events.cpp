@@ -139,6 +139,15 @@ int main() {
     printf("a wait orders another stream after the write: %s\n", yes_no(first == spin_value(21, 0)));
     CHECK(cuMemFree(flag));
 
+    // Attributes copied from one stream to another.
+    CUstreamAttrValue policy = {};
+    policy.syncPolicy = CU_SYNC_POLICY_YIELD;
+    CHECK(cuStreamSetAttribute(s[1], CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, &policy));
+    CHECK(cuStreamCopyAttributes(s[3], s[1]));
+    CUstreamAttrValue copied = {};
+    CHECK(cuStreamGetAttribute(s[3], CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, &copied));
+    printf("a stream's attributes copied to another: %s\n", yes_no(copied.syncPolicy == CU_SYNC_POLICY_YIELD));
+
     // Nothing captures here: every stream says so, and a thread's capture
     // mode is exchanged as given.
     CUstreamCaptureStatus capturing;

@@ -833,7 +833,10 @@ handwritten cuInit
         assert_eq!(t.rows[4].memo, Some(MemoUse::Keeps("things".into())));
         assert_eq!(t.rows[5].memo, Some(MemoUse::Changes("things".into())));
         assert_eq!(t.rows[1].params[0].dir, Dir::Out);
-        assert_eq!(t.rows[2].exports(), ["cuStreamQuery", "cuStreamQuery_ptsz", "cuStreamQueryAlias"]);
+        assert_eq!(
+            t.rows[2].exports(),
+            ["cuStreamQuery", "cuStreamQueryAlias", "cuStreamQuery_ptsz", "cuStreamQueryAlias_ptsz"]
+        );
         assert_eq!(t.rows[3].params[2].dir, Dir::Out);
         assert!(t.implemented().contains("cuInit"));
     }
@@ -886,6 +889,7 @@ handwritten cuInit
             "cuStreamQuery",
             "cuStreamQuery_ptsz",
             "cuStreamQueryAlias",
+            "cuStreamQueryAlias_ptsz",
             "cuThingGetFunction",
             "cuThingSet",
             "cuThingUnload",

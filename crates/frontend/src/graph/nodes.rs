@@ -322,6 +322,22 @@ fn set_memset(node: *mut c_void, exec: u64, p: *const MemsetNodeParams) -> Resul
     client::call(req).map(drop)
 }
 
+fn get_memset(node: *mut c_void, p: *mut MemsetNodeParams) -> Result<(), CuError> {
+    check_out(p)?;
+    let r = client::call(calls::GraphMemsetNodeParams::Request { node: GraphNode(node as u64) })?;
+    let params = MemsetNodeParams {
+        dst: r.dst.0,
+        pitch: r.pitch as usize,
+        value: r.value,
+        element_size: r.elementSize,
+        width: r.width as usize,
+        height: r.height as usize,
+    };
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(p, params) };
+    Ok(())
+}
+
 fn set_child(node: *mut c_void, exec: u64, child: *mut c_void) -> Result<(), CuError> {
     let req = calls::GraphChildNodeSetParams::Request {
         node: GraphNode(node as u64),
@@ -606,6 +622,30 @@ unsafe fn exec_update(exec: *mut c_void, graph: *mut c_void, info: *mut ExecUpda
     CuError::check(reply.status)
 }
 
+/// `cuGraphExecUpdate` of CUDA 11, which names only the node that failed.
+///
+/// # Safety
+/// `error_node` and `result` are valid for a write.
+unsafe fn exec_update_v1(
+    exec: *mut c_void,
+    graph: *mut c_void,
+    error_node: Out,
+    result: *mut u32,
+) -> Result<(), CuError> {
+    check_out(error_node)?;
+    check_out(result)?;
+    let mut info =
+        ExecUpdateResultInfo { result: 0, error_node: std::ptr::null_mut(), error_from: std::ptr::null_mut() };
+    // SAFETY: a local to write to.
+    let outcome = unsafe { exec_update(exec, graph, &mut info) };
+    // SAFETY: checked non-NULL; the caller vouches for them.
+    unsafe {
+        write_out(error_node, info.error_node);
+        write_out(result, info.result);
+    }
+    outcome
+}
+
 type Deps = *const *mut c_void;
 type Out = *mut *mut c_void;
 type HostFn = crate::host_calls::HostFn;
@@ -720,4 +760,8 @@ exports! {
     cuGraphExecUpdate_v2(e: *mut c_void, g: *mut c_void, info: *mut ExecUpdateResultInfo) =>
         // SAFETY: per the export's contract.
         unsafe { exec_update(e, g, info) };
+    cuGraphExecUpdate(e: *mut c_void, g: *mut c_void, error_node: Out, result: *mut u32) =>
+        // SAFETY: per the export's contract.
+        unsafe { exec_update_v1(e, g, error_node, result) };
+    cuGraphMemsetNodeGetParams(node: *mut c_void, p: *mut MemsetNodeParams) => get_memset(node, p);
 }

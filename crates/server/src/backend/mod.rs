@@ -479,6 +479,12 @@ pub trait Backend: Send + Sync {
     fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)>;
     /// An allocation node's parameters, its address included.
     fn graph_mem_alloc_node_params(&self, node: Obj) -> BResult<GraphAlloc>;
+    /// A child graph node's graph, which belongs to the node.
+    fn graph_child_graph(&self, node: Obj) -> BResult<Obj>;
+    /// An event record (or, with `wait`, event wait) node's event.
+    fn graph_node_event(&self, node: Obj, wait: bool) -> BResult<Obj>;
+    /// A memset node's parameters.
+    fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset>;
     /// Sets a `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).
     fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()>;
 

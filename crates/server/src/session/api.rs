@@ -400,6 +400,31 @@ impl Api for Session {
         self.graph_add_memset_node(req)
     }
 
+    fn cuGraphChildGraphNodeGetGraph(
+        &mut self,
+        req: cuGraphChildGraphNodeGetGraph::Request,
+    ) -> R<cuGraphChildGraphNodeGetGraph::Reply> {
+        self.child_graph(req)
+    }
+
+    fn cuGraphEventRecordNodeGetEvent(
+        &mut self,
+        req: cuGraphEventRecordNodeGetEvent::Request,
+    ) -> R<cuGraphEventRecordNodeGetEvent::Reply> {
+        Ok(cuGraphEventRecordNodeGetEvent::Reply { event_out: self.node_event(req.hNode, false)? })
+    }
+
+    fn cuGraphEventWaitNodeGetEvent(
+        &mut self,
+        req: cuGraphEventWaitNodeGetEvent::Request,
+    ) -> R<cuGraphEventWaitNodeGetEvent::Reply> {
+        Ok(cuGraphEventWaitNodeGetEvent::Reply { event_out: self.node_event(req.hNode, true)? })
+    }
+
+    fn GraphMemsetNodeParams(&mut self, req: GraphMemsetNodeParams::Request) -> R<GraphMemsetNodeParams::Reply> {
+        self.memset_node_params(req)
+    }
+
     fn GraphAddConditionalNode(&mut self, req: GraphAddConditionalNode::Request) -> R<GraphAddConditionalNode::Reply> {
         self.graph_add_conditional_node(req)
     }

@@ -241,6 +241,42 @@ impl Session {
         }
     }
 
+    pub(super) fn child_graph(
+        &mut self,
+        req: cuGraphChildGraphNodeGetGraph::Request,
+    ) -> R<cuGraphChildGraphNodeGetGraph::Reply> {
+        let (_, node) = self.node(req.hNode)?;
+        let graph = self.backend.graph_child_graph(node)?;
+        let entry = Entry { obj: graph, ctx: 0, owner: Owner::Node(req.hNode.0) };
+        Ok(cuGraphChildGraphNodeGetGraph::Reply { phGraph: Graph(self.tables.add(Kind::Graph, entry)) })
+    }
+
+    /// An event node's event, which is one of the session's: the node was
+    /// made with it, or set to it, through the session.
+    pub(super) fn node_event(&mut self, node: GraphNode, wait: bool) -> R<gpuplex_protocol::Event> {
+        let (_, node) = self.node(node)?;
+        let event = self.backend.graph_node_event(node, wait)?;
+        let found = self.tables.all(Kind::Event).into_iter().find(|(_, e)| e.obj == event);
+        let (h, _) = found.ok_or_else(|| invalid("the node's event is not one of the session's"))?;
+        Ok(gpuplex_protocol::Event(h))
+    }
+
+    pub(super) fn memset_node_params(
+        &mut self,
+        req: GraphMemsetNodeParams::Request,
+    ) -> R<GraphMemsetNodeParams::Reply> {
+        let (_, node) = self.node(req.node)?;
+        let m = self.backend.graph_memset_node_params(node)?;
+        Ok(GraphMemsetNodeParams::Reply {
+            dst: gpuplex_protocol::DevPtr(m.dst),
+            pitch: m.pitch,
+            value: m.value,
+            elementSize: m.element_size,
+            width: m.width,
+            height: m.height,
+        })
+    }
+
     pub(super) fn graph_node_edges(&mut self, req: GraphNodeEdges::Request) -> R<GraphNodeEdges::Reply> {
         let (graph, node) = self.node(req.node)?;
         let edges = self.backend.graph_node_edges(node, req.dependents)?;

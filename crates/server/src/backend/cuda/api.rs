@@ -387,6 +387,10 @@ driver_api! {
     );
     cuLinkComplete(state: *mut c_void, image: *mut *mut c_void, size: *mut usize);
     cuLinkDestroy(state: *mut c_void);
+    cuGraphChildGraphNodeGetGraph(node: *mut c_void, graph: *mut *mut c_void);
+    cuGraphEventRecordNodeGetEvent(node: *mut c_void, event: *mut *mut c_void);
+    cuGraphEventWaitNodeGetEvent(node: *mut c_void, event: *mut *mut c_void);
+    cuGraphMemsetNodeGetParams(node: *mut c_void, params: *mut MemsetNodeParams);
     cuGraphAddNode_v2(
         node: *mut *mut c_void,
         graph: *mut c_void,

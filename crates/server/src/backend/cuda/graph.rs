@@ -9,7 +9,7 @@ use gpuplex_protocol::{CallError, CuError};
 
 use super::api::{self, check};
 use super::{arrays, enter, handle, obj, raw, size, with_packed, BResult, CaptureInfo, Launch, Obj};
-use crate::backend::{Conditional, ExecUpdate, HostFn, NodeWork};
+use crate::backend::{Conditional, ExecUpdate, HostFn, Memset, NodeWork};
 
 pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
     enter(ctx)?;
@@ -276,6 +276,36 @@ pub(super) fn add_conditional_node(ctx: Obj, graph: Obj, deps: &[Obj], cond: &Co
     // SAFETY: the driver's array of `size` graphs, valid while the node lives.
     let bodies = unsafe { std::slice::from_raw_parts(p.bodies, cond.size as usize) };
     Ok((node, bodies.iter().map(|&g| obj(g)).collect()))
+}
+
+pub(super) fn child_graph(node: Obj) -> BResult<Obj> {
+    // SAFETY: a live node of the session's; out-pointer to a local.
+    handle(|g: *mut *mut c_void| unsafe { api::cuGraphChildGraphNodeGetGraph(raw(node), g) })
+}
+
+pub(super) fn node_event(node: Obj, wait: bool) -> BResult<Obj> {
+    // SAFETY: as above.
+    handle(|e: *mut *mut c_void| unsafe {
+        if wait {
+            api::cuGraphEventWaitNodeGetEvent(raw(node), e)
+        } else {
+            api::cuGraphEventRecordNodeGetEvent(raw(node), e)
+        }
+    })
+}
+
+pub(super) fn memset_params(node: Obj) -> BResult<Memset> {
+    let mut p = MemsetNodeParams { dst: 0, pitch: 0, value: 0, element_size: 0, width: 0, height: 0 };
+    // SAFETY: as above.
+    check(unsafe { api::cuGraphMemsetNodeGetParams(raw(node), &mut p) })?;
+    Ok(Memset {
+        dst: p.dst,
+        pitch: p.pitch as u64,
+        value: p.value,
+        element_size: p.element_size,
+        width: p.width as u64,
+        height: p.height as u64,
+    })
 }
 
 pub(super) fn dependencies(graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {

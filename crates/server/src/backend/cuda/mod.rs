@@ -1216,6 +1216,18 @@ impl Backend for Cuda {
         graph_memory::set_attribute(dev, attr, value)
     }
 
+    fn graph_child_graph(&self, node: Obj) -> BResult<Obj> {
+        graph::child_graph(node)
+    }
+
+    fn graph_node_event(&self, node: Obj, wait: bool) -> BResult<Obj> {
+        graph::node_event(node, wait)
+    }
+
+    fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset> {
+        graph::memset_params(node)
+    }
+
     fn link(&self, ctx: Obj, options: &[(u32, u64)], inputs: &[(u32, &[u8])]) -> BResult<Linked> {
         link::link(ctx, options, inputs)
     }

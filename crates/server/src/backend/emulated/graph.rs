@@ -202,6 +202,9 @@ pub struct Graphs {
     disabled: HashSet<(u64, u64)>,
     /// The data of edges `(from, to)` other than the default.
     edge_data: HashMap<(u64, u64), u64>,
+    /// Each child graph node's own clone of its graph, as the program may
+    /// ask for it.
+    child_graphs: HashMap<u64, u64>,
 }
 
 /// Whether two child graphs' work has the same kinds of node in the same
@@ -435,12 +438,26 @@ impl Graphs {
     }
 
     pub fn add_node(&mut self, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
-        let work = match *node {
-            NodeWork::Child(child) if child != graph => Work::Child(self.ordered(child.0)?),
+        let (work, child) = match *node {
+            NodeWork::Child(child) if child != graph => (Work::Child(self.ordered(child.0)?), Some(child)),
             NodeWork::Child(_) => return Err(CuError::INVALID_VALUE.into()),
-            ref node => Work::of(node),
+            ref node => (Work::of(node), None),
         };
-        self.add_work(graph, deps, work)
+        let made = self.add_work(graph, deps, work)?;
+        if let Some(child) = child {
+            // The node's own graph, a clone as the driver makes it.
+            let clone = self.clone_graph(child)?;
+            self.child_graphs.insert(made.0, clone.0);
+        }
+        Ok(made)
+    }
+
+    /// A child graph node's own graph.
+    pub fn child_graph(&self, node: Obj) -> BResult<Obj> {
+        self.child_graphs
+            .get(&node.0)
+            .map(|&g| Obj(g))
+            .ok_or_else(|| err(CuError::INVALID_VALUE, "not a child graph node"))
     }
 
     pub fn add_work(&mut self, graph: Obj, deps: &[Obj], work: Work) -> BResult<Obj> {
@@ -672,6 +689,9 @@ impl Graphs {
             n.deps.retain(|d| *d != node.0);
         }
         self.edge_data.retain(|&(from, to), _| from != node.0 && to != node.0);
+        if let Some(child) = self.child_graphs.remove(&node.0) {
+            self.graphs.remove(&child);
+        }
         for c in self.captures.values_mut() {
             c.tail.retain(|d| *d != node.0);
         }

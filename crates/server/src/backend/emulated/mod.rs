@@ -1501,6 +1501,24 @@ impl Backend for Emulated {
 
     /// The memory is placed at once, in the context, and kept until the
     /// context ends: the test device reserves graph memory for good.
+    fn graph_child_graph(&self, node: Obj) -> BResult<Obj> {
+        self.state().graphs.child_graph(node)
+    }
+
+    fn graph_node_event(&self, node: Obj, wait: bool) -> BResult<Obj> {
+        match self.state().graphs.node_work(node)? {
+            Work::Event { event, wait: w } if *w == wait => Ok(Obj(*event)),
+            _ => Err(err(CuError::INVALID_VALUE, "not an event node of that kind")),
+        }
+    }
+
+    fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset> {
+        match self.state().graphs.node_work(node)? {
+            Work::Memset(m) => Ok(*m),
+            _ => Err(err(CuError::INVALID_VALUE, "not a memset node")),
+        }
+    }
+
     /// The test device cannot compile or link: a link of one image it
     /// loads (cubin, fatbin or PTX) is that image, and anything else is
     /// refused with a log that says so.

@@ -46,6 +46,22 @@ impl Passthrough for Emulated {
         self.wait_value(ctx, stream, addr, value, flags, 8)
     }
 
+    fn cuStreamCopyAttributes(&self, ctx: u64, dst: u64, src: u64) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(Obj(ctx), Obj(dst))?;
+        let default = || err(CuError::INVALID_VALUE, "the emulated device keeps no attributes of default streams");
+        let attributes = s.streams.get(&src).ok_or_else(default)?.attributes.clone();
+        s.streams.get_mut(&dst).ok_or_else(default)?.attributes = attributes;
+        Ok(())
+    }
+
+    /// The widest 1D texture over linear memory, in elements: the test
+    /// device takes 2^27, whatever the format.
+    fn cuDeviceGetTexture1DLinearMaxWidth(&self, _: u64, format: i32, channels: u32, _dev: i32) -> BResult<u64> {
+        gpuplex_protocol::element_bytes(format as u32, channels)?;
+        Ok(1 << 27)
+    }
+
     /// No profiler is ever attached: the call only needs a context.
     fn cuProfilerStart(&self, ctx: u64) -> BResult<()> {
         self.state().ctx(Obj(ctx)).map(drop)
