@@ -327,7 +327,7 @@ fn a_link_s_options_and_inputs_are_checked() {
     assert_eq!(c.call(cuModuleGetFunctionCount::Request { hmod }).unwrap().count, 3);
 
     let refused = c.call(link(vec![], vec![], vec![1], vec![4], b"junk")).unwrap();
-    assert_eq!((refused.status, refused.errorLog.is_empty()), (CuError::INVALID_PTX.0, false));
+    assert_eq!((refused.status, refused.errorLog.is_empty()), (CuError::INVALID_IMAGE.0, false));
     let invalid = CuError::INVALID_VALUE;
     assert_eq!(err(c.call(link(vec![3], vec![0], vec![1], vec![n], &ptx))), invalid, "a log buffer is the server's");
     assert_eq!(err(c.call(link(vec![7], vec![], vec![1], vec![n], &ptx))), invalid, "an option without its value");

@@ -1535,7 +1535,8 @@ impl Backend for Emulated {
                     Ok(Linked { image, ..Linked::default() })
                 }
                 Err(e) => Ok(Linked {
-                    status: if *kind == 1 { CuError::INVALID_PTX.0 } else { CuError::INVALID_IMAGE.0 },
+                    // As the driver answers an input it cannot read, PTX or not.
+                    status: CuError::INVALID_IMAGE.0,
                     error_log: format!("the input is no image the device loads: {e}").into_bytes(),
                     ..Linked::default()
                 }),
