@@ -138,10 +138,10 @@ fn device_query() {
 /// emulated device yet, and why. They are built and run all the same, and
 /// must fail cleanly: a CHECK line on stderr and exit status 1, no hang, no
 /// crash. Everything else there runs in `rt` below, static and shared.
-const RUNTIME_UNSUPPORTED: &[(&str, &str)] = &[(
-    "managed_kernels",
-    "its kernels reach __managed__ variables by name; the emulated device runs reference kernels",
-)];
+const RUNTIME_UNSUPPORTED: &[(&str, &str)] = &[
+    ("managed_kernels", "its kernels reach __managed__ variables by name; the emulated device runs reference kernels"),
+    ("ipc", "its child process maps the parent's memory, which one worker's emulated device cannot reach in another's"),
+];
 
 /// Runs `runtime/NAME.LINKAGE` (LINKAGE: `static` or `shared` cudart) on an
 /// embedded emulated server and checks its stdout against

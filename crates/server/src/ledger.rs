@@ -16,6 +16,11 @@
 //! bytes at least one sees the other's reservation, so the tenant never
 //! holds more than its limit; both may back off, and each then retries once.
 //!
+//! It also records the interprocess (IPC) handles the tenant's sessions
+//! gave out, so that a session opens only its own tenant's: natively any
+//! process that learns a handle may open it, but a handle of another
+//! tenant's must not reach across the isolation between tenants.
+//!
 //! A ledger is shared only among one tenant's workers: a worker can at
 //! worst misstate its own tenant's usage, never another tenant's.
 
@@ -57,10 +62,26 @@ struct Header {
     high_water: AtomicU32,
 }
 
+/// The IPC handles a tenant gave out, the latest this many: an older one
+/// is forgotten and no longer opens (programs open a handle soon after it
+/// is made, and keep the mapping).
+pub const IPC_HANDLES: usize = 1024;
+
+/// A `CUipcMemHandle` or `CUipcEventHandle`.
+pub type IpcHandle = [u8; 64];
+
+#[repr(C)]
+struct IpcRecord {
+    /// How many handles were recorded, the next one's place modulo the ring.
+    count: AtomicU64,
+    handles: [[AtomicU64; 8]; IPC_HANDLES],
+}
+
 #[repr(C)]
 struct Page {
     header: Header,
     slots: [Slot; SLOTS],
+    ipc: IpcRecord,
 }
 
 /// A tenant's ledger, mapped.
@@ -135,6 +156,31 @@ impl Ledger {
     pub fn shrink(&self, in_use: impl Iterator<Item = usize>) {
         let top = in_use.max().map_or(0, |i| i + 1);
         self.page().header.high_water.store(top as u32, SeqCst);
+    }
+
+    /// Records an IPC handle a session of the tenant gave out.
+    pub fn record_ipc(&self, handle: &IpcHandle) {
+        if self.gave_ipc(handle) {
+            return;
+        }
+        let ipc = &self.page().ipc;
+        let at = (ipc.count.fetch_add(1, SeqCst) % IPC_HANDLES as u64) as usize;
+        for (word, bytes) in ipc.handles[at].iter().zip(handle.chunks_exact(8)) {
+            word.store(u64::from_le_bytes(bytes.try_into().expect("8 bytes")), SeqCst);
+        }
+    }
+
+    /// Whether a session of the tenant gave out `handle` (among the latest
+    /// [`IPC_HANDLES`]). An all-zero handle is never one.
+    pub fn gave_ipc(&self, handle: &IpcHandle) -> bool {
+        if handle.iter().all(|&b| b == 0) {
+            return false;
+        }
+        let words: Vec<u64> =
+            handle.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+        let ipc = &self.page().ipc;
+        let n = (ipc.count.load(SeqCst) as usize).min(IPC_HANDLES);
+        ipc.handles[..n].iter().any(|h| h.iter().zip(&words).all(|(a, &b)| a.load(SeqCst) == b))
     }
 
     /// Device memory the tenant's sessions hold together.
@@ -311,6 +357,30 @@ mod tests {
         assert!(granted <= LIMIT, "granted {granted} of {LIMIT}");
         assert_eq!(granted, sessions[0].tenant_usage().1);
         assert!(granted >= LIMIT - 8 * 4096, "only {granted} of {LIMIT} granted: backed off for good");
+    }
+
+    #[test]
+    fn a_tenant_opens_only_the_ipc_handles_it_gave_out_lately() {
+        let (ours, theirs) = (tenant(0, 1), tenant(0, 1));
+        let handle = |n: u64| {
+            let mut h = [0u8; 64];
+            h[..8].copy_from_slice(&n.to_le_bytes());
+            h[63] = 1;
+            h
+        };
+        ours[0].ledger().record_ipc(&handle(1));
+        assert!(ours[0].ledger().gave_ipc(&handle(1)));
+        assert!(!theirs[0].ledger().gave_ipc(&handle(1)), "another tenant's");
+        assert!(!ours[0].ledger().gave_ipc(&handle(2)));
+        assert!(!ours[0].ledger().gave_ipc(&[0; 64]), "an empty handle");
+        ours[0].ledger().record_ipc(&handle(1));
+        for n in 2..=IPC_HANDLES as u64 {
+            ours[0].ledger().record_ipc(&handle(n));
+        }
+        assert!(ours[0].ledger().gave_ipc(&handle(1)), "recorded once, still among the latest");
+        ours[0].ledger().record_ipc(&handle(IPC_HANDLES as u64 + 1));
+        assert!(!ours[0].ledger().gave_ipc(&handle(1)), "the oldest forgotten");
+        assert!(ours[0].ledger().gave_ipc(&handle(2)));
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod arrays;
 mod copy;
 pub(crate) mod copy3d;
 mod host;
+mod ipc;
 pub mod lanes;
 pub mod managed;
 pub mod mirrors;

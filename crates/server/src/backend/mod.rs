@@ -18,6 +18,8 @@ use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, DeviceInfo, 
 
 pub type BResult<T> = Result<T, CallError>;
 
+pub use crate::ledger::IpcHandle;
+
 /// `cuEventCreate`'s flag for an event that only orders and waits: cheaper to record.
 pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 
@@ -487,6 +489,15 @@ pub trait Backend: Send + Sync {
     fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset>;
     /// Sets a `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).
     fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()>;
+
+    /// The IPC handle of the allocation at `dptr` (its base).
+    fn ipc_get_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<IpcHandle>;
+    /// Maps the memory an IPC handle names into `ctx`: `(address, size)`.
+    fn ipc_open_mem_handle(&self, ctx: Obj, handle: &IpcHandle, flags: u32) -> BResult<(u64, u64)>;
+    fn ipc_close_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<()>;
+    /// The IPC handle of an event made for sharing.
+    fn ipc_get_event_handle(&self, ctx: Obj, event: Obj) -> BResult<IpcHandle>;
+    fn ipc_open_event_handle(&self, ctx: Obj, handle: &IpcHandle) -> BResult<Obj>;
 
     /// A conditional node of `graph` after `deps`, run in `ctx`: the node
     /// and the body graphs the driver made for it, which belong to the node.

@@ -121,7 +121,12 @@ impl Session {
 
     /// The backend context an object lives in.
     pub(super) fn ctx_of(&self, entry: &Entry) -> R<Obj> {
-        self.tables.ctx(entry.ctx)?.obj.ok_or_else(|| CallError::new(CuError::INVALID_CONTEXT, "context is not active"))
+        self.ctx_obj(entry.ctx)
+    }
+
+    /// The backend context of a context handle, if active.
+    pub(super) fn ctx_obj(&self, h: u64) -> R<Obj> {
+        self.tables.ctx(h)?.obj.ok_or_else(|| CallError::new(CuError::INVALID_CONTEXT, "context is not active"))
     }
 
     /// A stream as `(backend context, backend stream)`. Default streams
@@ -543,6 +548,26 @@ impl Api for Session {
 
     fn ArrayDescriptor(&mut self, req: ArrayDescriptor::Request) -> R<ArrayDescriptor::Reply> {
         self.array_descriptor(req)
+    }
+
+    fn IpcGetMemHandle(&mut self, req: IpcGetMemHandle::Request) -> R<IpcGetMemHandle::Reply> {
+        self.ipc_get_mem_handle(req)
+    }
+
+    fn IpcOpenMemHandle(&mut self, req: IpcOpenMemHandle::Request) -> R<IpcOpenMemHandle::Reply> {
+        self.ipc_open_mem_handle(req)
+    }
+
+    fn cuIpcCloseMemHandle(&mut self, req: cuIpcCloseMemHandle::Request) -> R<cuIpcCloseMemHandle::Reply> {
+        self.ipc_close_mem_handle(req)
+    }
+
+    fn IpcGetEventHandle(&mut self, req: IpcGetEventHandle::Request) -> R<IpcGetEventHandle::Reply> {
+        self.ipc_get_event_handle(req)
+    }
+
+    fn IpcOpenEventHandle(&mut self, req: IpcOpenEventHandle::Request) -> R<IpcOpenEventHandle::Reply> {
+        self.ipc_open_event_handle(req)
     }
 
     fn MipmappedArrayCreate(&mut self, req: MipmappedArrayCreate::Request) -> R<MipmappedArrayCreate::Reply> {

@@ -17,6 +17,7 @@ mod graph_memory;
 mod graphs;
 mod host_calls;
 mod images;
+mod ipc;
 pub mod lanes;
 mod launcher;
 mod line;
@@ -482,6 +483,7 @@ impl Drop for Session {
         self.launcher.stop();
         self.seat.stop();
         self.end_captures();
+        self.close_ipc();
         self.shared.teardown(&*self.backend);
         self.scratch.teardown(&*self.backend);
         if let Some(lanes) = &mut self.lanes {

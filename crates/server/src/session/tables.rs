@@ -78,6 +78,9 @@ pub enum Owner {
     Pool(u64),
     /// A mipmapped array's levels are its.
     Mipmap(u64),
+    /// Memory another session of the tenant shared, opened from its IPC
+    /// handle (a region's owner only).
+    Ipc,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,6 +277,11 @@ impl Tables {
     pub fn remove_region(&mut self, base: u64) {
         let removed = self.regions.remove(&base);
         self.allocated -= allocation_bytes(removed);
+    }
+
+    /// The regions `owner` holds, as `(base, region)`.
+    pub fn regions_owned_by(&self, owner: Owner) -> Vec<(u64, Region)> {
+        self.regions.iter().filter(|(_, r)| r.owner == Some(owner)).map(|(&b, &r)| (b, r)).collect()
     }
 
     /// The region holding `ptr`, as `(base, region)`.

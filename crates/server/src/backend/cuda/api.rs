@@ -19,6 +19,7 @@ use gpuplex_protocol::{CallError, CuError};
 
 use super::arrays::{Array3DDescriptor, Memcpy2D, Memcpy3D, Resource};
 use super::graph::{ConditionalNodeParams, ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams};
+use super::ipc::IpcBytes;
 use super::tensor_maps::Raw as TensorMapRaw;
 use super::{BResult, LaunchConfig};
 
@@ -387,6 +388,12 @@ driver_api! {
     );
     cuLinkComplete(state: *mut c_void, image: *mut *mut c_void, size: *mut usize);
     cuLinkDestroy(state: *mut c_void);
+    cuIpcGetMemHandle(handle: *mut IpcBytes, dptr: CUdeviceptr);
+    cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: IpcBytes, flags: c_uint);
+    cuIpcCloseMemHandle(dptr: CUdeviceptr);
+    cuIpcGetEventHandle(handle: *mut IpcBytes, event: *mut c_void);
+    cuIpcOpenEventHandle(event: *mut *mut c_void, handle: IpcBytes);
+    cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr);
     cuGraphChildGraphNodeGetGraph(node: *mut c_void, graph: *mut *mut c_void);
     cuGraphEventRecordNodeGetEvent(node: *mut c_void, event: *mut *mut c_void);
     cuGraphEventWaitNodeGetEvent(node: *mut c_void, event: *mut *mut c_void);

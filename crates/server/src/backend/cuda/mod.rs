@@ -35,7 +35,8 @@ use gpuplex_protocol::{
 
 use super::{
     one_by_one, BResult, Backend, CaptureInfo, ClusterQuery, Conditional, Copy3D, CopyEnd, ExecUpdate, GraphAlloc,
-    HostCopy, HostFn, Launch, Linked, Memset, NodeWork, Obj, ParamSlot, Place, TensorMap, TensorMapBytes, Way,
+    HostCopy, HostFn, IpcHandle, Launch, Linked, Memset, NodeWork, Obj, ParamSlot, Place, TensorMap, TensorMapBytes,
+    Way,
 };
 
 mod api;
@@ -43,6 +44,7 @@ mod arrays;
 mod graph;
 mod graph_memory;
 mod image;
+mod ipc;
 mod link;
 mod passthrough;
 mod pools;
@@ -1226,6 +1228,31 @@ impl Backend for Cuda {
 
     fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset> {
         graph::memset_params(node)
+    }
+
+    fn ipc_get_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<IpcHandle> {
+        enter(ctx)?;
+        ipc::get_mem_handle(dptr)
+    }
+
+    fn ipc_open_mem_handle(&self, ctx: Obj, handle: &IpcHandle, flags: u32) -> BResult<(u64, u64)> {
+        enter(ctx)?;
+        ipc::open_mem_handle(handle, flags)
+    }
+
+    fn ipc_close_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<()> {
+        enter(ctx)?;
+        ipc::close_mem_handle(dptr)
+    }
+
+    fn ipc_get_event_handle(&self, ctx: Obj, event: Obj) -> BResult<IpcHandle> {
+        enter(ctx)?;
+        ipc::get_event_handle(event)
+    }
+
+    fn ipc_open_event_handle(&self, ctx: Obj, handle: &IpcHandle) -> BResult<Obj> {
+        enter(ctx)?;
+        ipc::open_event_handle(handle)
     }
 
     fn link(&self, ctx: Obj, options: &[(u32, u64)], inputs: &[(u32, &[u8])]) -> BResult<Linked> {

@@ -29,8 +29,8 @@ use gpuplex_protocol::{
 };
 
 use super::{
-    BResult, Backend, CaptureInfo, ClusterQuery, Conditional, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Linked,
-    Memset, NodeWork, Obj, ParamSlot, TensorMap, TensorMapBytes, CU_EVENT_DISABLE_TIMING,
+    BResult, Backend, CaptureInfo, ClusterQuery, Conditional, Copy3D, ExecUpdate, GraphAlloc, HostFn, IpcHandle,
+    Launch, Linked, Memset, NodeWork, Obj, ParamSlot, TensorMap, TensorMapBytes, CU_EVENT_DISABLE_TIMING,
 };
 use crate::image::{self, Image, KernelInfo};
 use arrays::{Arrays, Device};
@@ -503,6 +503,19 @@ impl State {
 
 /// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`, the one flag occupancy queries take.
 const OCCUPANCY_FLAGS: u32 = 0x1;
+
+/// `CU_EVENT_INTERPROCESS`.
+const CU_EVENT_INTERPROCESS: u32 = 0x4;
+
+/// The test device's IPC handle of an object of `kind` (1 memory, 2 event).
+fn ipc_handle(kind: u8, object: u64) -> IpcHandle {
+    let mut h = [0u8; 64];
+    h[..16].copy_from_slice(b"gpuplex emulated");
+    h[16] = kind;
+    h[24..32].copy_from_slice(&object.to_le_bytes());
+    h[32..36].copy_from_slice(&std::process::id().to_le_bytes());
+    h
+}
 
 /// The most rounds one while node runs on the test device.
 const MAX_ROUNDS: u32 = 1 << 16;
@@ -1501,6 +1514,38 @@ impl Backend for Emulated {
 
     /// The memory is placed at once, in the context, and kept until the
     /// context ends: the test device reserves graph memory for good.
+    /// An allocation's handle names it by address; opening one is another
+    /// worker's business, which the test device of one worker cannot do.
+    fn ipc_get_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<IpcHandle> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        if !matches!(s.memory.owner(dptr), Some(Owner::Alloc { .. })) {
+            return Err(err(CuError::INVALID_VALUE, "not the base of an allocation"));
+        }
+        Ok(ipc_handle(1, dptr))
+    }
+
+    fn ipc_open_mem_handle(&self, _ctx: Obj, _handle: &IpcHandle, _flags: u32) -> BResult<(u64, u64)> {
+        Err(err(CuError::NOT_SUPPORTED, "the emulated device of one worker cannot map another's memory"))
+    }
+
+    fn ipc_close_mem_handle(&self, _ctx: Obj, _dptr: u64) -> BResult<()> {
+        Err(err(CuError::NOT_SUPPORTED, "the emulated device opens no IPC memory"))
+    }
+
+    fn ipc_get_event_handle(&self, ctx: Obj, event: Obj) -> BResult<IpcHandle> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        match s.events.get(&event.0) {
+            Some(e) if e.flags & CU_EVENT_INTERPROCESS != 0 => Ok(ipc_handle(2, event.0)),
+            _ => Err(err(CuError::INVALID_VALUE, "not an event made for interprocess use")),
+        }
+    }
+
+    fn ipc_open_event_handle(&self, _ctx: Obj, _handle: &IpcHandle) -> BResult<Obj> {
+        Err(err(CuError::NOT_SUPPORTED, "the emulated device of one worker cannot reach another's events"))
+    }
+
     fn graph_child_graph(&self, node: Obj) -> BResult<Obj> {
         self.state().graphs.child_graph(node)
     }
