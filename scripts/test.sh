@@ -14,8 +14,11 @@ export GPUPLEX_REQUIRE_NVCC=1
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The end-to-end tests run target/debug/gpuplex with target/debug/libcuda.so.
-cargo build --workspace --locked
+# The production build, without the emulated test device, lints clean too.
+cargo clippy --workspace --locked -- -D warnings
+# The end-to-end tests run target/debug/gpuplex (with the emulated device,
+# as the tests build it) with target/debug/libcuda.so.
+cargo build --workspace --locked --features gpuplex/emulated
 cargo test --workspace --locked
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 # A minute of coverage-guided fuzzing per decoder of guest input (fuzz/).

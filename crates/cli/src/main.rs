@@ -70,6 +70,7 @@ const EXAMPLES: &str = "Examples:
   gpuplex run --server tcp:gpu-host:7070 --token-file token -- ./app
 
   gpuplex run --backend emulated -- ./test   no GPU here: the host-memory test device
+                                     (in a build with --features emulated)
   gpuplex bench --json bench.json    microbenchmarks natively and through each carrier, side by side
   gpuplex bench --backend emulated --quick --carriers socket   a quick check without a GPU
   gpuplex bench --tenants 8 --high   8 tenants and a high-priority one sharing the GPU, natively
@@ -90,7 +91,8 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         token_file: Option<PathBuf>,
         /// cuda drives the machine's GPUs; emulated is a host-memory test
-        /// device for machines without one (it runs only registered test kernels).
+        /// device for machines without one (it runs only registered test
+        /// kernels; in builds with --features emulated).
         #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
         backend: BackendKind,
         /// Tenants and server settings (TOML; see docs/configuration.md).

@@ -59,7 +59,12 @@ impl std::str::FromStr for BackendKind {
 pub fn open_backend(kind: BackendKind) -> Result<Arc<dyn Backend>, Box<dyn std::error::Error + Send + Sync>> {
     Ok(match kind {
         BackendKind::Cuda => Arc::new(backend::cuda::Cuda::open()?),
+        #[cfg(feature = "emulated")]
         BackendKind::Emulated => Arc::new(backend::emulated::Emulated::new()),
+        #[cfg(not(feature = "emulated"))]
+        BackendKind::Emulated => {
+            return Err("this gpuplex was built without the emulated test device (build it with --features emulated)".into())
+        }
     })
 }
 

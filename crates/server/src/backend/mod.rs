@@ -5,13 +5,15 @@
 //! has already looked every client handle up in its own tables and checked
 //! every device range before a backend method runs. Two implementations:
 //! [`cuda`] drives real GPUs through the CUDA driver loaded at run time;
-//! [`emulated`] is a host-memory test device for machines without a GPU.
+//! `emulated` (with the cargo feature of that name) is a host-memory test
+//! device for tests and machines without a GPU.
 //!
 //! Methods that take a `ctx` run with that context current on the calling
 //! thread. Streams are passed as [`Obj`]s too, with the special values of
 //! [`gpuplex_protocol::Stream`] (0 NULL, 1 legacy, 2 per-thread) kept as is.
 
 pub mod cuda;
+#[cfg(feature = "emulated")]
 pub mod emulated;
 
 use gpuplex_protocol::{AccessDesc, AllocProp, ArrayDesc, CallError, DeviceInfo, Passthrough, PoolProps, ResourceDesc};
