@@ -9,14 +9,12 @@ use std::collections::HashSet;
 use std::ffi::{c_char, c_void};
 use std::sync::{Mutex, PoisonError};
 
+use gpuplex_image::{ELF_MAGIC, FATBIN_MAGIC, FATBIN_WRAPPER_MAGIC};
 use gpuplex_protocol::{calls, image_digest, CuError, DevPtr, Library, Module, MAX_PAYLOAD};
 
 use crate::client;
 use crate::ffi::{c_name, check_out, entry, write_out, CUresult};
 
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-/// The wrapper nvcc emits around a fatbin (`__fatBinC_Wrapper_t`).
-const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
 /// The largest image sent (it must fit one frame with room to spare).
 const MAX_IMAGE: usize = MAX_PAYLOAD - 4096;
 
@@ -51,66 +49,24 @@ pub unsafe fn image_bytes<'a>(image: *const c_void) -> Result<&'a [u8], CuError>
             // SAFETY: the wrapper points at its fatbin.
             return unsafe { image_bytes(data as *const c_void) };
         }
-        FATBIN_MAGIC => {
-            // { u32 magic, u16 version, u16 header_size, u64 fat_size }
-            // SAFETY: a fatbin header is 16 bytes.
-            let header = u16::from_le_bytes(unsafe { read(p, 6) }) as usize;
-            // SAFETY: as above.
-            let body = u64::from_le_bytes(unsafe { read(p, 8) });
-            header.saturating_add(usize::try_from(body).unwrap_or(usize::MAX))
+        // SAFETY: a fatbin begins with its header.
+        FATBIN_MAGIC => gpuplex_image::fatbin_len(&unsafe { read(p, 0) }).ok_or(CuError::INVALID_IMAGE)?,
+        m if m.to_le_bytes() == ELF_MAGIC => {
+            // SAFETY: an ELF image begins with its header, and its section
+            // headers lie where it says.
+            unsafe { gpuplex_image::elf_len(&read(p, 0), |at| Some(read(p, usize::try_from(at).ok()?))) }
+                .map_err(|_| CuError::INVALID_IMAGE)?
         }
-        // SAFETY: an ELF file begins with its 64-byte header.
-        0x464C_457F => unsafe { elf_len(p)? },
         // SAFETY: anything else must be NUL-terminated PTX text.
-        _ => unsafe { std::ffi::CStr::from_ptr(p.cast::<c_char>()) }.to_bytes().len() + 1,
+        _ => (unsafe { std::ffi::CStr::from_ptr(p.cast::<c_char>()) }.to_bytes().len() + 1) as u64,
     };
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
     if len > MAX_IMAGE {
         crate::log::warn(&format!("a {len}-byte module image exceeds gpuplex's {MAX_IMAGE}-byte limit"));
         return Err(CuError::INVALID_IMAGE);
     }
     // SAFETY: the image's own headers say it spans `len` bytes.
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
-}
-
-/// The extent of a 64-bit ELF image: the furthest of its section header
-/// table, program header table and section contents.
-///
-/// # Safety
-/// `p` points at a complete ELF image.
-unsafe fn elf_len(p: *const u8) -> Result<usize, CuError> {
-    const ELFCLASS64: u8 = 2;
-    const SHT_NOBITS: u32 = 8;
-    // SAFETY: within the 64-byte ELF header.
-    let (class, phoff, shoff, phentsize, phnum, shentsize, shnum) = unsafe {
-        (
-            read::<1>(p, 4)[0],
-            u64::from_le_bytes(read(p, 0x20)),
-            u64::from_le_bytes(read(p, 0x28)),
-            u16::from_le_bytes(read(p, 0x36)) as u64,
-            u16::from_le_bytes(read(p, 0x38)) as u64,
-            u16::from_le_bytes(read(p, 0x3A)) as u64,
-            u16::from_le_bytes(read(p, 0x3C)) as u64,
-        )
-    };
-    if class != ELFCLASS64 || (shnum > 0 && shentsize < 64) {
-        return Err(CuError::INVALID_IMAGE);
-    }
-    let mut end = (shoff + shnum * shentsize).max(phoff + phnum * phentsize).max(64);
-    for i in 0..shnum {
-        let sh = shoff + i * shentsize;
-        // SAFETY: section headers lie within the image.
-        let (kind, offset, size) = unsafe {
-            (
-                u32::from_le_bytes(read(p, sh as usize + 4)),
-                u64::from_le_bytes(read(p, sh as usize + 0x18)),
-                u64::from_le_bytes(read(p, sh as usize + 0x20)),
-            )
-        };
-        if kind != SHT_NOBITS {
-            end = end.max(offset.saturating_add(size));
-        }
-    }
-    usize::try_from(end).map_err(|_| CuError::INVALID_IMAGE)
 }
 
 /// Digests of the images this process has sent to its session.

@@ -28,6 +28,10 @@ use object::elf::{EM_CUDA, SHT_NOBITS, STT_FUNC, STT_OBJECT};
 use object::read::elf::{ElfFile64, FileHeader, SectionHeader, Sym};
 use object::{LittleEndian, Object, ObjectSection, ObjectSymbol};
 
+use gpuplex_image::{
+    COMPRESSED_LZ4, COMPRESSED_OLD, COMPRESSED_ZSTD, ENTRY_ELF, ENTRY_PTX, FATBIN_MAGIC, FATBIN_WRAPPER_MAGIC,
+};
+
 use crate::backend::ParamSlot;
 
 /// A module image's contents.
@@ -96,7 +100,7 @@ pub fn parse(image: &[u8]) -> Result<Image, ImageError> {
                 EntryKind::Ptx => parse_ptx(&data)?,
             }
         }
-        Some(WRAPPER_MAGIC) => return Err(ImageError::Wrapper),
+        Some(FATBIN_WRAPPER_MAGIC) => return Err(ImageError::Wrapper),
         _ if image.starts_with(b"\x7fELF") => parse_cubin(image)?,
         _ if looks_like_ptx(image) => parse_ptx(image)?,
         _ => return Err(ImageError::UnknownFormat),
@@ -126,16 +130,6 @@ fn charge(total: &mut u64, n: u64) -> Result<usize, ImageError> {
 
 // ---- fatbin ----
 
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-const WRAPPER_MAGIC: u32 = 0x4662_43B1;
-const FATBIN_OLD_COMPRESS: u64 = 0x1000;
-const FATBIN_LZ4: u64 = 0x2000;
-const FATBIN_ZSTD: u64 = 0x8000;
-/// Entry header, as nvcc 13.0 writes it: u16 kind @0, u32 header size @4,
-/// u64 padded payload size @8, u32 compressed size @0x10, u32 arch @0x1c,
-/// u64 flags @0x28, u64 decompressed size @0x38.
-const ENTRY_HEADER: usize = 0x40;
-
 /// Ordered so that the preferred kind compares greater.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum EntryKind {
@@ -145,70 +139,45 @@ enum EntryKind {
 
 struct Entry<'a> {
     kind: EntryKind,
-    arch: u32,
-    /// The first [`ENTRY_HEADER`] bytes of the entry.
-    header: &'a [u8],
-    payload: &'a [u8],
+    framed: gpuplex_image::Entry<'a>,
 }
 
 /// Picks the entry to read: ELF over PTX, then the highest arch.
 fn select_entry(data: &[u8]) -> Result<Entry<'_>, ImageError> {
-    entries(data)?.into_iter().max_by_key(|e| (e.kind, e.arch)).ok_or(ImageError::NoEntry)
+    entries(data)?.into_iter().max_by_key(|e| (e.kind, e.framed.arch)).ok_or(ImageError::NoEntry)
 }
 
 /// Every entry of a fatbin that holds code, in order.
 fn entries(data: &[u8]) -> Result<Vec<Entry<'_>>, ImageError> {
-    let bad = ImageError::Fatbin;
-    let (hs, size) = (le(data, 6, 2), le(data, 8, 8));
-    let (Some(hs), Some(size)) = (hs, size) else {
-        return Err(bad("truncated header"));
+    let framed = gpuplex_image::fatbin_entries(data).map_err(ImageError::Fatbin)?;
+    // Other kinds (none seen so far) carry no code.
+    let kind = |e: &gpuplex_image::Entry<'_>| match e.kind {
+        ENTRY_PTX => Some(EntryKind::Ptx),
+        ENTRY_ELF => Some(EntryKind::Elf),
+        _ => None,
     };
-    let end = hs.checked_add(size).filter(|&e| hs >= 16 && e <= data.len() as u64);
-    let end = end.ok_or(bad("size exceeds the image"))? as usize;
-    let (mut off, mut found) = (hs as usize, Vec::new());
-    while off < end {
-        let e = data.get(off..end).unwrap_or_default();
-        let header = e.get(..ENTRY_HEADER).ok_or(bad("truncated entry header"))?;
-        // `header` holds ENTRY_HEADER bytes: these reads cannot miss.
-        let field = |at, n| le(header, at, n).unwrap_or(0);
-        let (start, len) = (field(4, 4), field(8, 8));
-        let stop = start.checked_add(len).filter(|&s| s <= e.len() as u64);
-        let stop = stop.filter(|_| start >= ENTRY_HEADER as u64);
-        let stop = stop.ok_or(bad("entry exceeds the fatbin"))? as usize;
-        let payload = e.get(start as usize..stop).unwrap_or_default();
-        let arch = field(0x1c, 4) as u32;
-        // Other kinds (none seen so far) carry no code.
-        let kind = match field(0, 2) {
-            1 => Some(EntryKind::Ptx),
-            2 => Some(EntryKind::Elf),
-            _ => None,
-        };
-        if let Some(kind) = kind {
-            found.push(Entry { kind, arch, header, payload });
-        }
-        off += stop;
-    }
-    Ok(found)
+    Ok(framed.into_iter().filter_map(|framed| Some(Entry { kind: kind(&framed)?, framed })).collect())
 }
 
 /// The entry's image, decompressed if need be.
 fn entry_payload<'a>(e: &Entry<'a>) -> Result<Cow<'a, [u8]>, ImageError> {
-    let field = |at, n| le(e.header, at, n).unwrap_or(0);
-    let flags = field(0x28, 8);
-    let method = flags & (FATBIN_LZ4 | FATBIN_ZSTD);
-    if flags & FATBIN_OLD_COMPRESS != 0 || method == FATBIN_LZ4 | FATBIN_ZSTD {
-        return Err(ImageError::Compression(flags));
+    let (method, e) = (e.framed.compression(), &e.framed);
+    if method & COMPRESSED_OLD != 0 || method == COMPRESSED_LZ4 | COMPRESSED_ZSTD {
+        return Err(ImageError::Compression(e.flags));
     } else if method == 0 {
         return Ok(Cow::Borrowed(e.payload));
     }
-    let (compressed, size) = (field(0x10, 4) as usize, field(0x38, 8));
-    let input = e.payload.get(..compressed).filter(|i| !i.is_empty());
-    let input = input.ok_or(ImageError::Fatbin("compressed size exceeds the entry"))?;
+    // The framing checked that the compressed bytes lie inside the payload.
+    let input = &e.payload[..e.compressed as usize];
+    let size = e.decompressed;
+    if input.is_empty() {
+        return Err(ImageError::Fatbin("an empty compressed entry"));
+    }
     if size > MAX_BYTES {
         return Err(ImageError::TooLarge);
     }
     let out = match method {
-        FATBIN_LZ4 => {
+        COMPRESSED_LZ4 => {
             // The output is preallocated, so its size must be one LZ4 can reach: a block expands
             // at most about 255 times.
             if size > (input.len() as u64).saturating_mul(255).saturating_add(64) {
@@ -219,14 +188,14 @@ fn entry_payload<'a>(e: &Entry<'a>) -> Result<Cow<'a, [u8]>, ImageError> {
             out.truncate(n.map_err(|_| ImageError::Decompress)?);
             out
         }
-        FATBIN_ZSTD => {
+        COMPRESSED_ZSTD => {
             // Grows as it is decoded, never sized from the header (ruzstd caps its window at 100 MiB).
             let dec = ruzstd::decoding::StreamingDecoder::new(input).map_err(|_| ImageError::Decompress)?;
             let mut out = Vec::new();
             dec.take(size + 1).read_to_end(&mut out).map_err(|_| ImageError::Decompress)?;
             out
         }
-        _ => return Err(ImageError::Compression(flags)),
+        _ => return Err(ImageError::Compression(e.flags)),
     };
     if out.len() as u64 != size {
         return Err(ImageError::Decompress);
@@ -254,7 +223,7 @@ pub fn footprint(image: &[u8]) -> Result<u64, ImageError> {
             }
             Ok(most)
         }
-        Some(WRAPPER_MAGIC) => Err(ImageError::Wrapper),
+        Some(FATBIN_WRAPPER_MAGIC) => Err(ImageError::Wrapper),
         _ if image.starts_with(b"\x7fELF") => cubin_footprint(image),
         _ if looks_like_ptx(image) => ptx_footprint(image),
         _ => Err(ImageError::UnknownFormat),
@@ -882,12 +851,12 @@ mod tests {
     fn fixtures_are_the_kinds_they_claim() {
         let pick = |b| {
             let e = select_entry(b).expect("an entry");
-            (e.kind, e.arch, le(e.header, 0x28, 8).unwrap_or(0) & (FATBIN_LZ4 | FATBIN_ZSTD))
+            (e.kind, e.framed.arch, e.framed.compression())
         };
         assert_eq!(pick(PLAIN), (EntryKind::Elf, 90, 0));
-        assert_eq!(pick(ZSTD), (EntryKind::Elf, 90, FATBIN_ZSTD));
-        assert_eq!(pick(LZ4), (EntryKind::Elf, 90, FATBIN_LZ4));
-        assert_eq!(pick(PTX_ONLY), (EntryKind::Ptx, 90, FATBIN_ZSTD));
+        assert_eq!(pick(ZSTD), (EntryKind::Elf, 90, COMPRESSED_ZSTD));
+        assert_eq!(pick(LZ4), (EntryKind::Elf, 90, COMPRESSED_LZ4));
+        assert_eq!(pick(PTX_ONLY), (EntryKind::Ptx, 90, COMPRESSED_ZSTD));
     }
 
     #[test]

@@ -63,7 +63,9 @@ pub fn open_backend(kind: BackendKind) -> Result<Arc<dyn Backend>, Box<dyn std::
         BackendKind::Emulated => Arc::new(backend::emulated::Emulated::new()),
         #[cfg(not(feature = "emulated"))]
         BackendKind::Emulated => {
-            return Err("this gpuplex was built without the emulated test device (build it with --features emulated)".into())
+            return Err(
+                "this gpuplex was built without the emulated test device (build it with --features emulated)".into()
+            )
         }
     })
 }
