@@ -62,6 +62,28 @@ int main() {
     CHECK(cudaStreamSynchronize(s));
     printf("after hints and a kernel on a stream: a[0]=%d a[%d]=%d\n", a[0], N - 1, a[N - 1]);
 
+    // The hints, read back as the range's attributes.
+    CHECK(cudaMemAdvise(a, N * sizeof(int), cudaMemAdviseSetAccessedBy, here));
+    int preferred = -9, last = -9, read_mostly = -9, accessed[2] = {-9, -9};
+    size_t bytes = N * sizeof(int);
+    CHECK(cudaMemRangeGetAttribute(&preferred, 4, cudaMemRangeAttributePreferredLocation, a, bytes));
+    CHECK(cudaMemRangeGetAttribute(&last, 4, cudaMemRangeAttributeLastPrefetchLocation, a, bytes));
+    CHECK(cudaMemRangeGetAttribute(&read_mostly, 4, cudaMemRangeAttributeReadMostly, a, bytes));
+    CHECK(cudaMemRangeGetAttribute(accessed, sizeof accessed, cudaMemRangeAttributeAccessedBy, a, bytes));
+    printf("range attributes: preferred the device: %s, last prefetched to the host: %s, read-mostly %d, "
+           "accessed by the device alone: %s\n",
+           yes_no(preferred == dev), yes_no(last == cudaCpuDeviceId), read_mostly,
+           yes_no(accessed[0] == dev && accessed[1] == cudaInvalidDeviceId));
+    CHECK(cudaMemAdvise(a, bytes / 2, cudaMemAdviseSetReadMostly, here));
+    int halves[2] = {-9, -9}, kind = -9;
+    void *values[] = {&halves[0], &kind};
+    size_t sizes[] = {4, 4};
+    cudaMemRangeAttribute which[] = {cudaMemRangeAttributeReadMostly, cudaMemRangeAttributePreferredLocationType};
+    CHECK(cudaMemRangeGetAttributes(values, sizes, which, 2, a, bytes / 2));
+    CHECK(cudaMemRangeGetAttribute(&halves[1], 4, cudaMemRangeAttributeReadMostly, a, bytes));
+    printf("read-mostly: the half advised %d, the whole %d; preferred location a device: %s\n", halves[0], halves[1],
+           yes_no(kind == cudaMemLocationTypeDevice));
+
     cudaPointerAttributes attrs;
     CHECK(cudaPointerGetAttributes(&attrs, a + 10));
     printf("attributes: managed: %s, host and device pointers the pointer itself: %s\n",

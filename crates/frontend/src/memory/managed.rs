@@ -25,7 +25,7 @@ use std::sync::{Mutex, PoisonError};
 use gpuplex_protocol::{calls, CuError, DevPtr, Library};
 use gpuplex_transport::shm::Region;
 
-use super::host;
+use super::{hints, host};
 use crate::client;
 use crate::ffi::{check_out, entry, write_out, CUresult};
 
@@ -97,6 +97,7 @@ fn alloc(dptr: *mut u64, size: usize, flags: u32) -> Result<(), CuError> {
         crate::log::warn("managed memory needs a local server (shared memory); returning CUDA_ERROR_NOT_SUPPORTED");
         return Err(CuError::NOT_SUPPORTED);
     };
+    hints::forget(p, size as u64);
     // SAFETY: checked non-NULL; the caller vouches for it.
     unsafe { write_out(dptr, p) };
     Ok(())
@@ -146,15 +147,80 @@ fn advice(advice: u32) -> Result<(), CuError> {
     }
 }
 
-// Hints check their arguments and change nothing: the memory is where
-// both sides reach it already.
+/// A legacy device number as a location: `CU_DEVICE_CPU` is the host.
+fn at_device(device: i32) -> hints::Location {
+    if device == DEVICE_CPU {
+        (hints::HOST, 0)
+    } else {
+        (hints::DEVICE, device)
+    }
+}
+
+fn prefetch(p: u64, n: usize, to: hints::Location) -> Result<(), CuError> {
+    hinted(p, n)?;
+    location(MemLocation { kind: to.0, id: to.1 })?;
+    hints::prefetched(p, n as u64, to);
+    Ok(())
+}
+
+fn advise(p: u64, n: usize, a: u32, at: hints::Location) -> Result<(), CuError> {
+    hinted(p, n)?;
+    advice(a)?;
+    location(MemLocation { kind: at.0, id: at.1 })?;
+    hints::advise(p, n as u64, a, at);
+    Ok(())
+}
+
+/// `cuMemRangeGetAttribute`: one attribute into `data` (`size` bytes).
+///
+/// # Safety
+/// `data` is valid for `size` bytes of writes.
+unsafe fn range_attribute(data: *mut c_void, size: usize, attr: u32, p: u64, n: usize) -> Result<(), CuError> {
+    check_out(data)?;
+    hinted(p, n)?;
+    let values = hints::attribute(p, n as u64, attr, size)?;
+    // SAFETY: `size` bytes, as many as the values take; per the contract.
+    unsafe { std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), data.cast::<u8>(), values.len() * 4) };
+    Ok(())
+}
+
+/// `cuMemRangeGetAttributes`: `count` attributes, each into its buffer.
+///
+/// # Safety
+/// Each array holds `count` entries, each buffer its size's bytes.
+unsafe fn range_attributes(
+    data: *const *mut c_void,
+    sizes: *const usize,
+    attrs: *const u32,
+    count: usize,
+    p: u64,
+    n: usize,
+) -> Result<(), CuError> {
+    if count == 0 || data.is_null() || sizes.is_null() || attrs.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    for i in 0..count {
+        // SAFETY: `count` entries each, per the contract.
+        unsafe { range_attribute(*data.add(i), *sizes.add(i), *attrs.add(i), p, n)? };
+    }
+    Ok(())
+}
+
+// Hints are checked, and kept for the range attributes; they move nothing:
+// the memory is where both sides reach it already.
 exports! {
-    cuMemPrefetchAsync(p: u64, n: usize, dev: i32, _s: *mut c_void) => hinted(p, n).and_then(|()| place(dev));
-    cuMemPrefetchAsync_ptsz(p: u64, n: usize, dev: i32, _s: *mut c_void) => hinted(p, n).and_then(|()| place(dev));
-    cuMemPrefetchAsync_v2(p: u64, n: usize, l: MemLocation, _f: u32, _s: *mut c_void) => hinted(p, n).and_then(|()| location(l));
-    cuMemPrefetchAsync_v2_ptsz(p: u64, n: usize, l: MemLocation, _f: u32, _s: *mut c_void) => hinted(p, n).and_then(|()| location(l));
-    cuMemAdvise(p: u64, n: usize, a: u32, dev: i32) => hinted(p, n).and_then(|()| advice(a)).and_then(|()| place(dev));
-    cuMemAdvise_v2(p: u64, n: usize, a: u32, l: MemLocation) => hinted(p, n).and_then(|()| advice(a)).and_then(|()| location(l));
+    cuMemPrefetchAsync(p: u64, n: usize, dev: i32, _s: *mut c_void) => place(dev).and_then(|()| prefetch(p, n, at_device(dev)));
+    cuMemPrefetchAsync_ptsz(p: u64, n: usize, dev: i32, _s: *mut c_void) => place(dev).and_then(|()| prefetch(p, n, at_device(dev)));
+    cuMemPrefetchAsync_v2(p: u64, n: usize, l: MemLocation, _f: u32, _s: *mut c_void) => prefetch(p, n, (l.kind, l.id));
+    cuMemPrefetchAsync_v2_ptsz(p: u64, n: usize, l: MemLocation, _f: u32, _s: *mut c_void) => prefetch(p, n, (l.kind, l.id));
+    cuMemAdvise(p: u64, n: usize, a: u32, dev: i32) => place(dev).and_then(|()| advise(p, n, a, at_device(dev)));
+    cuMemAdvise_v2(p: u64, n: usize, a: u32, l: MemLocation) => advise(p, n, a, (l.kind, l.id));
+    cuMemRangeGetAttribute(data: *mut c_void, size: usize, attr: u32, p: u64, n: usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { range_attribute(data, size, attr, p, n) };
+    cuMemRangeGetAttributes(data: *const *mut c_void, sizes: *const usize, attrs: *const u32, count: usize, p: u64, n: usize) =>
+        // SAFETY: per the export's contract.
+        unsafe { range_attributes(data, sizes, attrs, count, p, n) };
 }
 
 fn attach(ptr: u64, length: usize, flags: u32) -> Result<(), CuError> {

@@ -9,6 +9,7 @@
 mod arrays;
 mod copy;
 pub(crate) mod copy3d;
+mod hints;
 mod host;
 mod ipc;
 pub mod lanes;

@@ -26,6 +26,7 @@ mod managed;
 mod nodes;
 mod passthrough;
 mod pools;
+mod resolve;
 mod scratch;
 mod shared;
 pub mod tables;
