@@ -137,6 +137,19 @@ int main() {
     CHECK(cuMemcpyDtoHAsync(&first, out, sizeof first, s[3]));
     CHECK(cuStreamSynchronize(s[3]));
     printf("a wait orders another stream after the write: %s\n", yes_no(first == spin_value(21, 0)));
+    CUstreamBatchMemOpParams ops[2] = {};
+    ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    ops[0].writeValue.address = flag;
+    ops[0].writeValue.value = 9;
+    ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    ops[1].waitValue.address = flag;
+    ops[1].waitValue.value = 9;
+    ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    CHECK(cuStreamBatchMemOp(s[1], 2, ops, 0));
+    CHECK(cuStreamSynchronize(s[1]));
+    unsigned batched = 0;
+    CHECK(cuMemcpyDtoH(&batched, flag, sizeof batched));
+    printf("a batch of a write and a wait: %u\n", batched);
     CHECK(cuMemFree(flag));
 
     // Attributes copied from one stream to another.

@@ -14,6 +14,7 @@ mod host;
 mod ipc;
 pub mod lanes;
 pub mod managed;
+mod mem_ops;
 pub mod mirrors;
 mod parallel;
 pub(crate) mod pools;
