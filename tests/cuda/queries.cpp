@@ -85,6 +85,10 @@ int main() {
     CUfunction fn;
     CHECK(cuModuleLoadData(&mod, queries_fatbin));
     CHECK(cuModuleGetFunction(&fn, mod, "shared_reverse"));
+    const char *name = nullptr, *again_name = nullptr;
+    CHECK(cuFuncGetName(&name, fn));
+    CHECK(cuFuncGetName(&again_name, fn));
+    printf("the function's name: %s, the same string asked again: %s\n", name, yes_no(again_name == name));
     int threads = attribute(fn, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
     int dynamic = attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
     int blocks = -1;

@@ -381,6 +381,34 @@ pub fn refused_launch(func: u64) -> Option<CuError> {
     (!libraries.is_empty() && libraries.contains(&crate::memo::group_of(func))).then_some(CuError::NOT_SUPPORTED)
 }
 
+/// Each function's name as this process was given it, kept (and its
+/// address with it) for as long as the process runs, as the driver keeps
+/// its own for as long as the module.
+static NAMES: Mutex<Option<std::collections::HashMap<u64, std::ffi::CString>>> = Mutex::new(None);
+
+/// `cuFuncGetName` and `cuKernelGetName`: a kernel handle names its function.
+fn func_name(name: *mut *const c_char, func: *mut c_void) -> Result<(), CuError> {
+    check_out(name)?;
+    if func.is_null() {
+        return Err(CuError::INVALID_HANDLE);
+    }
+    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    let names = names.get_or_insert_with(std::collections::HashMap::new);
+    if !names.contains_key(&(func as u64)) {
+        let reply = client::call(calls::FuncName::Request { func: gpuplex_protocol::Func(func as u64) })?;
+        let text = std::ffi::CString::new(reply.name).map_err(|_| CuError::UNKNOWN)?;
+        names.insert(func as u64, text);
+    }
+    // SAFETY: checked non-NULL; the caller vouches for it. The string stays.
+    unsafe { write_out(name, names[&(func as u64)].as_ptr()) };
+    Ok(())
+}
+
+exports! {
+    cuFuncGetName(name: *mut *const c_char, func: *mut c_void) => func_name(name, func);
+    cuKernelGetName(name: *mut *const c_char, kernel: *mut c_void) => func_name(name, kernel);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

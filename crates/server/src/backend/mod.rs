@@ -370,6 +370,8 @@ pub trait Backend: Send + Sync {
     /// The kernel's function in `ctx`.
     fn kernel_get_function(&self, ctx: Obj, kernel: Obj) -> BResult<Obj>;
     fn param_layout(&self, ctx: Obj, func: Obj) -> BResult<Vec<ParamSlot>>;
+    /// The function's name, as its image has it (mangled).
+    fn func_name(&self, ctx: Obj, func: Obj) -> BResult<String>;
     fn func_get_attribute(&self, ctx: Obj, func: Obj, attr: i32) -> BResult<i32>;
     fn func_set_attribute(&self, ctx: Obj, func: Obj, attr: i32, value: i32) -> BResult<()>;
     fn func_set_cache_config(&self, ctx: Obj, func: Obj, config: i32) -> BResult<()>;

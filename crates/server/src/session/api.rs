@@ -864,6 +864,11 @@ impl Api for Session {
         self.link(req)
     }
 
+    fn FuncName(&mut self, req: FuncName::Request) -> R<FuncName::Reply> {
+        let (ctx, func) = self.func(req.func)?;
+        Ok(FuncName::Reply { name: self.backend.func_name(ctx, func)? })
+    }
+
     fn ModuleFunctions(&mut self, req: ModuleFunctions::Request) -> R<ModuleFunctions::Reply> {
         let (ctx, entry) = self.module(req.hmod.0)?;
         let funcs = self.backend.module_functions(ctx, entry.obj)?;

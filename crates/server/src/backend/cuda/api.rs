@@ -388,6 +388,7 @@ driver_api! {
     );
     cuLinkComplete(state: *mut c_void, image: *mut *mut c_void, size: *mut usize);
     cuLinkDestroy(state: *mut c_void);
+    cuFuncGetName(name: *mut *const c_char, func: *mut c_void);
     cuIpcGetMemHandle(handle: *mut IpcBytes, dptr: CUdeviceptr);
     cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: IpcBytes, flags: c_uint);
     cuIpcCloseMemHandle(dptr: CUdeviceptr);

@@ -871,6 +871,19 @@ impl Backend for Cuda {
         handle(|f| unsafe { api::cuKernelGetFunction(f, raw(kernel)) })
     }
 
+    fn func_name(&self, ctx: Obj, func: Obj) -> BResult<String> {
+        enter(ctx)?;
+        let mut name = std::ptr::null();
+        // SAFETY: a live function; out-pointer to a local. The driver's
+        // string lives as long as the module, and is copied at once.
+        check(unsafe { api::cuFuncGetName(&mut name, raw(func)) })?;
+        if name.is_null() {
+            return Err(CuError::NOT_FOUND.into());
+        }
+        // SAFETY: a NUL-terminated string of the driver's, per its contract.
+        Ok(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+    }
+
     fn param_layout(&self, ctx: Obj, func: Obj) -> BResult<Vec<ParamSlot>> {
         enter(ctx)?;
         let mut slots = Vec::new();

@@ -1106,6 +1106,10 @@ impl Backend for Emulated {
         Ok(self.state().function(func)?.kernel.params.clone())
     }
 
+    fn func_name(&self, _ctx: Obj, func: Obj) -> BResult<String> {
+        Ok(self.state().function(func)?.kernel.name.clone())
+    }
+
     fn func_get_attribute(&self, _ctx: Obj, func: Obj, attr: i32) -> BResult<i32> {
         self.state().function(func)?.attribute(attr)
     }
