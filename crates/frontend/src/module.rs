@@ -394,13 +394,15 @@ fn func_name(name: *mut *const c_char, func: *mut c_void) -> Result<(), CuError>
     }
     let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
     let names = names.get_or_insert_with(std::collections::HashMap::new);
-    if !names.contains_key(&(func as u64)) {
-        let reply = client::call(calls::FuncName::Request { func: gpuplex_protocol::Func(func as u64) })?;
-        let text = std::ffi::CString::new(reply.name).map_err(|_| CuError::UNKNOWN)?;
-        names.insert(func as u64, text);
-    }
+    let text = match names.entry(func as u64) {
+        std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+        std::collections::hash_map::Entry::Vacant(slot) => {
+            let reply = client::call(calls::FuncName::Request { func: gpuplex_protocol::Func(func as u64) })?;
+            slot.insert(std::ffi::CString::new(reply.name).map_err(|_| CuError::UNKNOWN)?)
+        }
+    };
     // SAFETY: checked non-NULL; the caller vouches for it. The string stays.
-    unsafe { write_out(name, names[&(func as u64)].as_ptr()) };
+    unsafe { write_out(name, text.as_ptr()) };
     Ok(())
 }
 
