@@ -150,6 +150,13 @@ if python3 -c "import torch" 2>/dev/null; then
     printf '#!/bin/sh\nexec python3 %s\n' "$root/tests/python/torch_smoke.py" >"$torch_smoke"
     chmod +x "$torch_smoke"
     compare "py/torch_smoke" "$torch_smoke" ""
+    # CUDA graphs (captured and through torch.compile) under each allocator.
+    for alloc in native async expandable; do
+        torch_graphs=$work/torch_graphs.$alloc
+        printf '#!/bin/sh\nexec python3 %s %s\n' "$root/tests/python/torch_graphs.py" "$alloc" >"$torch_graphs"
+        chmod +x "$torch_graphs"
+        compare "py/torch_graphs.$alloc" "$torch_graphs" ""
+    done
 else
     say "py/torch_smoke: skipped: python3 cannot import torch"
 fi

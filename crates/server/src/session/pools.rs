@@ -172,7 +172,11 @@ impl Session {
         if p.destroyed {
             return;
         }
-        match self.backend.mem_pool_get_attribute(p.obj, RESERVED_MEM_CURRENT) {
+        // The server's own reading: a capture of the guest's must neither
+        // refuse it nor be invalidated by it (in global mode the driver
+        // counts it as unsafe).
+        let obj = p.obj;
+        match self.relaxed(|s| s.backend.mem_pool_get_attribute(obj, RESERVED_MEM_CURRENT)) {
             Ok(bytes) => self.tables.pools.set_reserved(h, bytes),
             Err(e) => warn!("pool {h:#x}: its reserve could not be read: {e}"),
         }
@@ -193,7 +197,7 @@ impl Session {
         let live: Vec<(u64, Obj)> =
             self.tables.pools.pools.iter().filter(|(_, p)| !p.destroyed).map(|(&h, p)| (h, p.obj)).collect();
         for (h, obj) in live {
-            if let Err(e) = self.backend.mem_pool_trim(obj, 0) {
+            if let Err(e) = self.relaxed(|s| s.backend.mem_pool_trim(obj, 0)) {
                 warn!("pool {h:#x}: trim failed: {e}");
             }
             self.reread(h);
@@ -205,15 +209,18 @@ impl Session {
     /// past the free.
     fn hold_until_done(&mut self, ctx: Obj, stream: Obj, bytes: u64) {
         let capturing = self.capturing.contains(&(ctx, stream));
+        // The server's own event, relaxed as in `reread` while another stream captures.
         let marked = (!capturing).then(|| {
-            let event = self.backend.event_create(ctx, CU_EVENT_DISABLE_TIMING).ok()?;
-            match self.backend.event_record(ctx, event, stream, 0) {
-                Ok(()) => Some(event),
-                Err(_) => {
-                    let _ = self.backend.event_destroy(ctx, event);
-                    None
+            self.relaxed(|s| {
+                let event = s.backend.event_create(ctx, CU_EVENT_DISABLE_TIMING).ok()?;
+                match s.backend.event_record(ctx, event, stream, 0) {
+                    Ok(()) => Some(event),
+                    Err(_) => {
+                        let _ = s.backend.event_destroy(ctx, event);
+                        None
+                    }
                 }
-            }
+            })
         });
         let pools = &mut self.tables.pools;
         pools.pending.push(Pending { bytes, ctx, event: marked.flatten() });
@@ -222,19 +229,22 @@ impl Session {
 
     /// Stops charging the frees the driver has carried out.
     pub(super) fn release_pending(&mut self) {
-        let backend = &self.backend;
-        let pools = &mut self.tables.pools;
-        pools.pending.retain(|p| {
-            let Some(event) = p.event else { return true };
-            if let Err(e) = backend.event_query(p.ctx, event) {
-                if e.code == CuError::NOT_READY {
-                    return true;
+        // The server's own queries, relaxed as in `reread`.
+        self.relaxed(|s| {
+            let backend = &s.backend;
+            let pools = &mut s.tables.pools;
+            pools.pending.retain(|p| {
+                let Some(event) = p.event else { return true };
+                if let Err(e) = backend.event_query(p.ctx, event) {
+                    if e.code == CuError::NOT_READY {
+                        return true;
+                    }
                 }
-            }
-            let _ = backend.event_destroy(p.ctx, event);
-            pools.pending_bytes -= p.bytes;
-            false
-        });
+                let _ = backend.event_destroy(p.ctx, event);
+                pools.pending_bytes -= p.bytes;
+                false
+            });
+        })
     }
 
     /// Charges `bytes` to the tenant; if that is refused while the session's
