@@ -72,6 +72,12 @@ entry_points! {
     stream_create = "cuStreamCreate" fn(*mut Handle, u32);
     stream_destroy = "cuStreamDestroy_v2" fn(Handle);
     stream_synchronize = "cuStreamSynchronize" fn(Handle);
+    stream_begin_capture = "cuStreamBeginCapture_v2" fn(Handle, u32);
+    stream_end_capture = "cuStreamEndCapture" fn(Handle, *mut Handle);
+    graph_instantiate = "cuGraphInstantiateWithFlags" fn(*mut Handle, Handle, u64);
+    graph_launch = "cuGraphLaunch" fn(Handle, Handle);
+    graph_exec_destroy = "cuGraphExecDestroy" fn(Handle);
+    graph_destroy = "cuGraphDestroy" fn(Handle);
     mem_alloc = "cuMemAlloc_v2" fn(*mut DevPtr, usize);
     mem_free = "cuMemFree_v2" fn(DevPtr);
     memcpy_htod = "cuMemcpyHtoD_v2" fn(DevPtr, *const c_void, usize);
@@ -188,6 +194,34 @@ impl Driver {
         // SAFETY: the function takes no parameters, so no parameter array is needed; both handles are live.
         let code = unsafe { (self.e.launch_kernel)(f.handle, 1, 1, 1, 1, 1, 1, 0, stream.handle, null, null) };
         self.check("cuLaunchKernel", code)
+    }
+
+    /// A graph of `kernels` launches of `f` one after another, captured from
+    /// `stream` and instantiated.
+    pub fn capture_graph(&self, f: &Function<'_>, stream: &Stream<'_>, kernels: usize) -> Result<GraphExec<'_>> {
+        /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: other threads' calls go on as they are.
+        const THREAD_LOCAL: u32 = 1;
+        // SAFETY: a live stream.
+        self.check("cuStreamBeginCapture", unsafe { (self.e.stream_begin_capture)(stream.handle, THREAD_LOCAL) })?;
+        let launched = (0..kernels).try_for_each(|_| self.launch_empty(f, stream));
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the stream captures; `graph` is a valid out-pointer.
+        let ended = self.check("cuStreamEndCapture", unsafe { (self.e.stream_end_capture)(stream.handle, &mut graph) });
+        launched?;
+        ended?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: the graph just captured; `exec` is a valid out-pointer.
+        let made =
+            self.check("cuGraphInstantiateWithFlags", unsafe { (self.e.graph_instantiate)(&mut exec, graph, 0) });
+        // SAFETY: the graph, not needed once instantiated (or not).
+        unsafe { (self.e.graph_destroy)(graph) };
+        made?;
+        Ok(GraphExec { driver: self, handle: exec })
+    }
+
+    pub fn launch_graph(&self, exec: &GraphExec<'_>, stream: &Stream<'_>) -> Result<()> {
+        // SAFETY: both handles are live.
+        self.check("cuGraphLaunch", unsafe { (self.e.graph_launch)(exec.handle, stream.handle) })
     }
 
     /// Launches a kernel whose one parameter is a `u64` as `<<<grid, block>>>`
@@ -309,6 +343,19 @@ impl Drop for Stream<'_> {
     fn drop(&mut self) {
         // SAFETY: the stream is live and destroyed once.
         unsafe { (self.driver.e.stream_destroy)(self.handle) };
+    }
+}
+
+/// An executable graph, destroyed on drop.
+pub struct GraphExec<'d> {
+    driver: &'d Driver,
+    handle: Handle,
+}
+
+impl Drop for GraphExec<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the executable graph is live and destroyed once.
+        unsafe { (self.driver.e.graph_exec_destroy)(self.handle) };
     }
 }
 

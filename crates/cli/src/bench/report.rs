@@ -71,14 +71,15 @@ pub enum HostMemory {
 
 pub const LAUNCH_ASYNC: &str = "launch_async";
 pub const LAUNCH_SYNC: &str = "launch_sync";
+pub const GRAPH_100: &str = "graph_100_kernels";
 pub const COPY_HTOD_4B: &str = "memcpy_htod_4B";
 pub const COPY_DTOH_4B: &str = "memcpy_dtoh_4B";
 pub const ALLOC_FREE_1MIB: &str = "alloc_free_1MiB";
 pub const ALLOC_FREE_1MIB_BESIDE: &str = "alloc_free_1MiB_beside";
 
 /// The latency rows, in the order measured and printed.
-pub const LATENCY_METRICS: [&str; 6] =
-    [LAUNCH_ASYNC, LAUNCH_SYNC, COPY_HTOD_4B, COPY_DTOH_4B, ALLOC_FREE_1MIB, ALLOC_FREE_1MIB_BESIDE];
+pub const LATENCY_METRICS: [&str; 7] =
+    [LAUNCH_ASYNC, LAUNCH_SYNC, GRAPH_100, COPY_HTOD_4B, COPY_DTOH_4B, ALLOC_FREE_1MIB, ALLOC_FREE_1MIB_BESIDE];
 
 /// `4 KiB`, `64 MiB`.
 pub fn size_label(bytes: usize) -> String {
@@ -119,6 +120,7 @@ pub fn catalog(quick: bool) -> Vec<Metric> {
     let mut rows = vec![
         time(LAUNCH_ASYNC, "empty-kernel launch, async, per launch"),
         time(LAUNCH_SYNC, "empty-kernel launch + stream sync"),
+        time(GRAPH_100, "graph of 100 empty kernels: launch + sync"),
         time(COPY_HTOD_4B, "4 B copy host->device"),
         time(COPY_DTOH_4B, "4 B copy device->host"),
         time(ALLOC_FREE_1MIB, "1 MiB cuMemAlloc + cuMemFree"),

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use super::driver::{self, DeviceBuffer, Driver, Function, Stream};
 use super::report::{
     bandwidth_metric, bandwidth_sizes, size_label, Checks, Direction, HostMemory, Outcome, Summary, WorkerReport,
-    ALLOC_FREE_1MIB, ALLOC_FREE_1MIB_BESIDE, COPY_DTOH_4B, COPY_HTOD_4B, LATENCY_METRICS, LAUNCH_ASYNC, LAUNCH_SYNC,
-    MIB,
+    ALLOC_FREE_1MIB, ALLOC_FREE_1MIB_BESIDE, COPY_DTOH_4B, COPY_HTOD_4B, GRAPH_100, LATENCY_METRICS, LAUNCH_ASYNC,
+    LAUNCH_SYNC, MIB,
 };
 use crate::Error;
 
@@ -226,6 +226,12 @@ impl<'a> Rig<'a> {
         outcome(match metric {
             LAUNCH_ASYNC => launch_async(d, &self.kernel, &self.stream, k, plan.async_launches),
             LAUNCH_SYNC => launch_sync(d, &self.kernel, &self.stream, k, plan.sync_launches),
+            GRAPH_100 => d.capture_graph(&self.kernel, &self.stream, 100).and_then(|graph| {
+                latency_us(k, plan.sync_launches, || {
+                    d.launch_graph(&graph, &self.stream)?;
+                    self.stream.synchronize()
+                })
+            }),
             COPY_HTOD_4B => return self.small_copy(|dev| latency_us(k, n, || d.htod(dev, &SMALL))),
             COPY_DTOH_4B => return self.small_copy(|dev| latency_us(k, n, || d.dtoh(&mut [0; 4], dev))),
             ALLOC_FREE_1MIB => alloc_free(d, k, plan.allocations),
