@@ -10,7 +10,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use gpuplex_protocol::{calls, CuError, Seq, MAX_PAYLOAD};
+use gpuplex_protocol::{calls, CuError, Seq, LINK_OPTIONS, MAX_PAYLOAD};
 
 use crate::client;
 use crate::ffi::{c_name, check_out, entry, write_out, CUresult};
@@ -21,11 +21,6 @@ const INFO_LOG: i32 = 3;
 const INFO_LOG_SIZE: i32 = 4;
 const ERROR_LOG: i32 = 5;
 const ERROR_LOG_SIZE: i32 = 6;
-/// `CUjit_option`s passed on to the server's driver: each an unsigned value
-/// (limits, optimization, target, debug and line information, logging,
-/// caching, directives). The rest name the caller's memory or are ignored
-/// by the driver, and stay here.
-const NUMERIC: [i32; 15] = [0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 30, 31, 32, 33, 34];
 /// `CU_JIT_INPUT_NVVM`, the last `CUjitInputType`.
 const LAST_INPUT_TYPE: u32 = 5;
 
@@ -92,7 +87,7 @@ unsafe fn read_options(n: u32, options: *const i32, values: *mut *mut c_void) ->
         // SAFETY: as above.
         let value = unsafe { *slot };
         match option {
-            o if NUMERIC.contains(&o) => {
+            o if u32::try_from(o).is_ok_and(|o| LINK_OPTIONS.contains(&o)) => {
                 state.options.push(o as u32);
                 state.values.push(value as u64);
             }

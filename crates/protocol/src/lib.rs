@@ -87,6 +87,14 @@ pub trait Call: Wire {
 /// `CU_DEVICE_ATTRIBUTE_MAX` in CUDA 13.0: attributes are `0..DEVICE_ATTRIBUTE_COUNT`.
 pub const DEVICE_ATTRIBUTE_COUNT: u32 = 148;
 
+/// The `CUjit_option`s a link (`calls::Link`) carries, each an unsigned
+/// value: register and thread limits, optimization level, target and
+/// fallback, debug and line information, verbose logs, cache mode,
+/// position-independent code, the directives' overrides, split compilation.
+/// Log buffers are the server's own, and options that name the guest's
+/// memory (symbol lists) do not travel.
+pub const LINK_OPTIONS: [u32; 15] = [0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 30, 31, 32, 33, 34];
+
 include!(concat!(env!("OUT_DIR"), "/calls.rs"));
 
 #[cfg(test)]

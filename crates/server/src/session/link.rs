@@ -3,19 +3,12 @@
 //! linked image goes back to the guest, which loads it as any other.
 
 use gpuplex_protocol::calls::Link;
-use gpuplex_protocol::CallError;
+use gpuplex_protocol::{CallError, LINK_OPTIONS};
 
 use super::{invalid, Session};
 
 /// The most inputs one link takes: far more than programs link.
 const MAX_INPUTS: usize = 4096;
-
-/// `CUjit_option`s a link passes on, each an unsigned value: register and
-/// thread limits, optimization level, target and fallback, debug and line
-/// information, verbose logs, cache mode, position-independent code, the
-/// directives' overrides, split compilation. Log buffers are the server's
-/// own; options that name the guest's memory (symbol lists) are not sent.
-const NUMERIC_OPTIONS: [u32; 15] = [0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 30, 31, 32, 33, 34];
 
 /// `CU_JIT_INPUT_NVVM`, the last input type.
 const LAST_INPUT_TYPE: u32 = 5;
@@ -26,7 +19,7 @@ impl Session {
         if req.options.0.len() != req.values.0.len() || req.kinds.0.len() != req.sizes.0.len() {
             return Err(invalid("a value for every option and a size for every input"));
         }
-        if let Some(o) = req.options.0.iter().find(|o| !NUMERIC_OPTIONS.contains(o)) {
+        if let Some(o) = req.options.0.iter().find(|o| !LINK_OPTIONS.contains(o)) {
             return Err(invalid(format!("JIT option {o} is not one a link passes on")));
         }
         if req.kinds.0.is_empty() || req.kinds.0.len() > MAX_INPUTS || req.kinds.0.iter().any(|&k| k > LAST_INPUT_TYPE)
