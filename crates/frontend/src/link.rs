@@ -10,10 +10,10 @@ use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use gpuplex_protocol::{calls, CuError, Seq, LINK_OPTIONS, MAX_PAYLOAD};
+use gpuplex_protocol::{calls, CuError, Seq, LINK_INPUT_TYPES, LINK_OPTIONS, MAX_PAYLOAD};
 
 use crate::client;
-use crate::ffi::{c_name, check_out, entry, write_out, CUresult};
+use crate::ffi::{check_out, entry, write_out, CUresult};
 
 /// `CUjit_option`s whose values come back to the caller.
 const WALL_TIME: i32 = 2;
@@ -21,8 +21,6 @@ const INFO_LOG: i32 = 3;
 const INFO_LOG_SIZE: i32 = 4;
 const ERROR_LOG: i32 = 5;
 const ERROR_LOG_SIZE: i32 = 6;
-/// `CU_JIT_INPUT_NVVM`, the last `CUjitInputType`.
-const LAST_INPUT_TYPE: u32 = 5;
 
 /// A log the caller asked for: its buffer, and the option value that holds
 /// its size, where the filled size goes back.
@@ -128,7 +126,7 @@ impl Log {
 }
 
 fn add(h: *mut c_void, kind: u32, data: Vec<u8>) -> Result<(), CuError> {
-    if kind > LAST_INPUT_TYPE || data.is_empty() {
+    if kind >= LINK_INPUT_TYPES || data.is_empty() {
         return Err(CuError::INVALID_VALUE);
     }
     with_state(h, |state| {
@@ -270,14 +268,7 @@ pub unsafe extern "C" fn cuLinkAddFile_v2(
     _options: *const i32,
     _values: *mut *mut c_void,
 ) -> CUresult {
-    entry("cuLinkAddFile_v2", || {
-        let path = c_name(path)?;
-        let data = std::fs::read(&path).map_err(|e| {
-            crate::log::debug(&format!("cuLinkAddFile: cannot read {path}: {e}"));
-            CuError::FILE_NOT_FOUND
-        })?;
-        add(state, kind, data)
-    })
+    entry("cuLinkAddFile_v2", || add(state, kind, crate::module::read_file(path)?))
 }
 
 /// # Safety

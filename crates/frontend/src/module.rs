@@ -105,10 +105,11 @@ fn load_library(library: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> 
     Ok(())
 }
 
-fn read_file(name: *const c_char) -> Result<Vec<u8>, CuError> {
+/// The bytes of the file named by a C string: a module image or a link input.
+pub(crate) fn read_file(name: *const c_char) -> Result<Vec<u8>, CuError> {
     let path = c_name(name)?;
     std::fs::read(&path).map_err(|e| {
-        crate::log::debug(&format!("cannot read module file {path}: {e}"));
+        crate::log::debug(&format!("cannot read {path}: {e}"));
         CuError::FILE_NOT_FOUND
     })
 }

@@ -95,6 +95,13 @@ pub const DEVICE_ATTRIBUTE_COUNT: u32 = 148;
 /// memory (symbol lists) do not travel.
 pub const LINK_OPTIONS: [u32; 15] = [0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 30, 31, 32, 33, 34];
 
+/// `CU_JIT_INPUT_CUBIN`, `_PTX` and `_FATBINARY`, the inputs that are
+/// images of their own; `CU_JIT_NUM_INPUT_TYPES`, one past the last type.
+pub const LINK_INPUT_CUBIN: u32 = 0;
+pub const LINK_INPUT_PTX: u32 = 1;
+pub const LINK_INPUT_FATBIN: u32 = 2;
+pub const LINK_INPUT_TYPES: u32 = 6;
+
 include!(concat!(env!("OUT_DIR"), "/calls.rs"));
 
 #[cfg(test)]

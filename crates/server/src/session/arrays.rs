@@ -43,6 +43,16 @@ impl Samplers {
     }
 }
 
+/// The bytes of an array's elements, what it is charged.
+fn array_bytes(d: &ArrayDesc) -> R<u64> {
+    let elem = element_bytes(d.format, d.channels)
+        .map_err(|code| CallError::new(code, format!("array format {:#x} with {} channels", d.format, d.channels)))?;
+    [d.width, d.height.max(1), d.depth.max(1)]
+        .into_iter()
+        .try_fold(elem, u64::checked_mul)
+        .ok_or_else(|| invalid("array size overflows"))
+}
+
 /// Where a linear end's first byte is from its base, and how many bytes
 /// from there the copy touches: `depth` slices `side.height` rows apart, of
 /// `height` rows `side.pitch` bytes apart.
@@ -84,13 +94,7 @@ impl Session {
     pub(super) fn array_create(&mut self, req: ArrayCreate::Request) -> R<ArrayCreate::Reply> {
         let (h, ctx) = self.current_ctx()?;
         let d = &req.desc;
-        let elem = element_bytes(d.format, d.channels).map_err(|code| {
-            CallError::new(code, format!("array format {:#x} with {} channels", d.format, d.channels))
-        })?;
-        let bytes = [d.width, d.height.max(1), d.depth.max(1)]
-            .into_iter()
-            .try_fold(elem, u64::checked_mul)
-            .ok_or_else(|| invalid("array size overflows"))?;
+        let bytes = array_bytes(d)?;
         self.charge_reclaiming(bytes)?;
         let obj = self.backend.array_create(ctx, d)?;
         let handle = self.tables.add(Kind::Array, Entry { obj, ctx: h, owner: Owner::Ctx(h) });
@@ -104,14 +108,9 @@ impl Session {
         if !(1..=MAX_MIP_LEVELS).contains(&req.levels) {
             return Err(invalid(format!("{} levels", req.levels)));
         }
-        let elem = element_bytes(d.format, d.channels).map_err(|code| {
-            CallError::new(code, format!("array format {:#x} with {} channels", d.format, d.channels))
+        let bytes = (0..req.levels).try_fold(0u64, |sum, l| {
+            sum.checked_add(array_bytes(&d.mip_level(l))?).ok_or_else(|| invalid("mipmapped array size overflows"))
         })?;
-        let level_bytes =
-            |l: ArrayDesc| [l.width, l.height.max(1), l.depth.max(1)].into_iter().try_fold(elem, u64::checked_mul);
-        let bytes = (0..req.levels)
-            .try_fold(0u64, |sum, l| sum.checked_add(level_bytes(d.mip_level(l))?))
-            .ok_or_else(|| invalid("mipmapped array size overflows"))?;
         self.charge_reclaiming(bytes)?;
         let obj = self.backend.mipmap_create(ctx, d, req.levels)?;
         let handle = self.tables.add(Kind::Mipmap, Entry { obj, ctx: h, owner: Owner::Ctx(h) });

@@ -3,15 +3,12 @@
 //! linked image goes back to the guest, which loads it as any other.
 
 use gpuplex_protocol::calls::Link;
-use gpuplex_protocol::{CallError, LINK_OPTIONS};
+use gpuplex_protocol::{CallError, LINK_INPUT_TYPES, LINK_OPTIONS};
 
 use super::{invalid, Session};
 
 /// The most inputs one link takes: far more than programs link.
 const MAX_INPUTS: usize = 4096;
-
-/// `CU_JIT_INPUT_NVVM`, the last input type.
-const LAST_INPUT_TYPE: u32 = 5;
 
 impl Session {
     pub(super) fn link(&mut self, req: Link::Request) -> Result<Link::Reply, CallError> {
@@ -22,7 +19,9 @@ impl Session {
         if let Some(o) = req.options.0.iter().find(|o| !LINK_OPTIONS.contains(o)) {
             return Err(invalid(format!("JIT option {o} is not one a link passes on")));
         }
-        if req.kinds.0.is_empty() || req.kinds.0.len() > MAX_INPUTS || req.kinds.0.iter().any(|&k| k > LAST_INPUT_TYPE)
+        if req.kinds.0.is_empty()
+            || req.kinds.0.len() > MAX_INPUTS
+            || req.kinds.0.iter().any(|&k| k >= LINK_INPUT_TYPES)
         {
             return Err(invalid(format!("{} inputs of types {:?}", req.kinds.0.len(), req.kinds.0)));
         }

@@ -4,6 +4,8 @@
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
+use gpuplex_protocol::LINK_INPUT_PTX;
+
 use super::api::{self, check};
 use super::{enter, BResult, Obj};
 use crate::backend::Linked;
@@ -11,12 +13,11 @@ use crate::backend::Linked;
 /// Each log's buffer: the driver cuts a longer log there.
 const LOG_BYTES: usize = 64 << 10;
 
-/// `CU_JIT_INFO_LOG_BUFFER` and its size, the error log's, `CU_JIT_INPUT_PTX`.
+/// `CU_JIT_INFO_LOG_BUFFER` and its size, the error log's.
 const INFO_LOG: c_int = 3;
 const INFO_LOG_SIZE: c_int = 4;
 const ERROR_LOG: c_int = 5;
 const ERROR_LOG_SIZE: c_int = 6;
-const INPUT_PTX: u32 = 1;
 
 pub(super) fn link(ctx: Obj, options: &[(u32, u64)], inputs: &[(u32, &[u8])]) -> BResult<Linked> {
     enter(ctx)?;
@@ -39,7 +40,7 @@ pub(super) fn link(ctx: Obj, options: &[(u32, u64)], inputs: &[(u32, &[u8])]) ->
         for &(kind, data) in inputs {
             // PTX is text the driver reads to its NUL.
             let mut text;
-            let data = if kind == INPUT_PTX && data.last() != Some(&0) {
+            let data = if kind == LINK_INPUT_PTX && data.last() != Some(&0) {
                 text = data.to_vec();
                 text.push(0);
                 &text[..]

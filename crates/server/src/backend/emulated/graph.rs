@@ -635,7 +635,7 @@ impl Graphs {
         Ok(!self.disabled.contains(&(exec.0, node.0)))
     }
 
-    /// A graph memory node's work, as made.
+    /// A node's work, as made.
     pub fn node_work(&self, node: Obj) -> BResult<&Work> {
         let (graph, i) = self.locate(node.0)?;
         Ok(&self.graphs[&graph][i].work)
@@ -745,12 +745,7 @@ impl Graphs {
     }
 
     pub fn node_type(&self, node: Obj) -> BResult<u32> {
-        self.graphs
-            .values()
-            .flatten()
-            .find(|n| n.id == node.0)
-            .map(|n| n.work.node_type())
-            .ok_or_else(|| CuError::INVALID_VALUE.into())
+        self.node_work(node).map(Work::node_type)
     }
 
     /// Forgets what belonged to a context that was destroyed.

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use gpuplex_protocol::{
     AccessDesc, AllocProp, ArrayDesc, CallError, CuError, DeviceInfo, Passthrough, PoolProps, ResourceDesc,
+    LINK_INPUT_CUBIN, LINK_INPUT_FATBIN, LINK_INPUT_PTX,
 };
 
 use super::{
@@ -1574,22 +1575,24 @@ impl Backend for Emulated {
     fn link(&self, ctx: Obj, _options: &[(u32, u64)], inputs: &[(u32, &[u8])]) -> BResult<Linked> {
         self.state().ctx(ctx)?;
         match inputs {
-            [(kind, image)] if *kind <= 2 => match image::parse(image) {
-                Ok(_) => {
-                    // Loaded back by address alone, PTX must end in its NUL.
-                    let mut image = image.to_vec();
-                    if *kind == 1 && image.last() != Some(&0) {
-                        image.push(0);
+            [(kind, image)] if [LINK_INPUT_CUBIN, LINK_INPUT_PTX, LINK_INPUT_FATBIN].contains(kind) => {
+                match image::parse(image) {
+                    Ok(_) => {
+                        // Loaded back by address alone, PTX must end in its NUL.
+                        let mut image = image.to_vec();
+                        if *kind == LINK_INPUT_PTX && image.last() != Some(&0) {
+                            image.push(0);
+                        }
+                        Ok(Linked { image, ..Linked::default() })
                     }
-                    Ok(Linked { image, ..Linked::default() })
+                    Err(e) => Ok(Linked {
+                        // As the driver answers an input it cannot read, PTX or not.
+                        status: CuError::INVALID_IMAGE.0,
+                        error_log: format!("the input is no image the device loads: {e}").into_bytes(),
+                        ..Linked::default()
+                    }),
                 }
-                Err(e) => Ok(Linked {
-                    // As the driver answers an input it cannot read, PTX or not.
-                    status: CuError::INVALID_IMAGE.0,
-                    error_log: format!("the input is no image the device loads: {e}").into_bytes(),
-                    ..Linked::default()
-                }),
-            },
+            }
             _ => Ok(Linked {
                 status: CuError::NOT_SUPPORTED.0,
                 error_log: b"the emulated device links one cubin, fatbin or PTX input only".to_vec(),
