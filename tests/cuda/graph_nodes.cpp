@@ -143,6 +143,20 @@ int main() {
     printf("clone: %zu nodes, its copy of the kernel node is a kernel node: %s\n", count_nodes(clone),
            yes_no(type == CU_GRAPH_NODE_TYPE_KERNEL && kernel_in_clone != kernel));
 
+    // A kernel node's launch attributes: a priority set, read back and copied to the clone's node.
+    int least, greatest;
+    CHECK(cuCtxGetStreamPriorityRange(&least, &greatest));
+    CUlaunchAttributeValue prio = {};
+    prio.priority = greatest;
+    CHECK(cuGraphKernelNodeSetAttribute(kernel, CU_LAUNCH_ATTRIBUTE_PRIORITY, &prio));
+    CUlaunchAttributeValue read = {};
+    CHECK(cuGraphKernelNodeGetAttribute(kernel, CU_LAUNCH_ATTRIBUTE_PRIORITY, &read));
+    CUlaunchAttributeValue in_clone = {};
+    CHECK(cuGraphKernelNodeCopyAttributes(kernel_in_clone, kernel));
+    CHECK(cuGraphKernelNodeGetAttribute(kernel_in_clone, CU_LAUNCH_ATTRIBUTE_PRIORITY, &in_clone));
+    printf("kernel node priority: set and read back: %s; copied to the clone's node: %s\n",
+           yes_no(read.priority == greatest), yes_no(in_clone.priority == greatest));
+
     // A child graph: the clone without its event record, then a memset of
     // the sum, in a graph of its own.
     CUgraphNode record_in_clone;

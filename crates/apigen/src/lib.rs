@@ -342,6 +342,8 @@ const TYPES: &[Type] = &[
     Type { name: "Array", wire: "Array", c: "*mut c_void", from_c: "Array({} as u64)", to_c: "{}.0 as *mut c_void" },
     Type { name: "Mipmap", wire: "Mipmap", c: "*mut c_void", from_c: "Mipmap({} as u64)", to_c: "{}.0 as *mut c_void" },
     Type { name: "Name", wire: "String", c: "*const c_char", from_c: "crate::ffi::c_name({})?", to_c: "" },
+    Type { name: "LaunchAttr", wire: "u32", c: "u32", from_c: "{}", to_c: "{}" },
+    Type { name: "AttrValue", wire: "[u8; 64]", c: "[u8; 64]", from_c: "crate::ffi::read_in({})?", to_c: "{}" },
     Type { name: "Bytes", wire: "Vec<u8>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u32>", wire: "Seq<u32>", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<u64>", wire: "Seq<u64>", c: "", from_c: "", to_c: "" },
@@ -352,6 +354,13 @@ const TYPES: &[Type] = &[
     Type { name: "Copy3D", wire: "Copy3D", c: "", from_c: "", to_c: "" },
     Type { name: "ResourceDesc", wire: "ResourceDesc", c: "", from_c: "", to_c: "" },
 ];
+
+/// Types the C caller passes by pointer even as inputs (unions it fills in).
+const BY_POINTER: &[&str] = &["AttrValue"];
+
+fn by_pointer(ty: &str) -> bool {
+    BY_POINTER.contains(&ty)
+}
 
 fn ty(name: &str) -> &'static Type {
     TYPES.iter().find(|t| t.name == name).expect("types are checked at parse time")
@@ -478,12 +487,15 @@ enum Resolve {
     Device,
     /// A device address inside one of the session's regions.
     Pointer,
-    /// A handle of this kind in the session's tables.
+    /// A handle of this kind in the session's tables; as a result, the
+    /// object must be one the session already holds.
     Handle(&'static str),
+    /// A launch (or stream, or kernel node) attribute id, checked to carry
+    /// only plain values.
+    LaunchAttr,
 }
 
-/// The types a `pass` row may have; results only `Value` ones and device
-/// addresses.
+/// The types a `pass` row may have.
 const PASS_TYPES: &[PassType] = &[
     PassType { name: "u32", rust: "u32", c: "c_uint", resolve: Resolve::Value },
     PassType { name: "i32", rust: "i32", c: "c_int", resolve: Resolve::Value },
@@ -504,12 +516,14 @@ const PASS_TYPES: &[PassType] = &[
     PassType { name: "GraphNode", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("GraphNode") },
     PassType { name: "MemPool", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("MemPool") },
     PassType { name: "Array", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Array") },
+    PassType { name: "LaunchAttr", rust: "u32", c: "c_uint", resolve: Resolve::LaunchAttr },
+    PassType { name: "AttrValue", rust: "[u8; 64]", c: "[u8; 64]", resolve: Resolve::Value },
 ];
 
 /// A parameter's pass type, where it may pass through.
 fn pass_type(p: &Param) -> Option<&'static PassType> {
     let t = PASS_TYPES.iter().find(|t| t.name == p.ty)?;
-    let result_ok = matches!(t.resolve, Resolve::Value | Resolve::Pointer);
+    let result_ok = matches!(t.resolve, Resolve::Value | Resolve::Pointer | Resolve::Handle(_));
     (p.dir == Dir::In || (p.dir == Dir::Out && result_ok)).then_some(t)
 }
 
@@ -567,6 +581,8 @@ fn passthrough_code(table: &Table) -> String {
     s += "    /// The backend object a guest's handle names; where `ctx` is still 0,\n    /// it becomes the object's context (the first such handle's is the call's).\n    fn resolve(&mut self, kind: Handle, handle: u64, ctx: &mut u64) -> Result<u64, CallError>;\n";
     s += "    /// The backend's number for a guest's device.\n    fn resolve_device(&mut self, device: i32) -> Result<i32, CallError>;\n";
     s += "    /// A device address, checked to lie in memory the session holds.\n    fn resolve_pointer(&mut self, ptr: u64) -> Result<u64, CallError>;\n";
+    s += "    /// A launch attribute id, checked to carry only plain values.\n    fn resolve_launch_attr(&mut self, attr: u32) -> Result<u32, CallError>;\n";
+    s += "    /// The guest's handle for an object the backend answered with, which\n    /// must be one the session already holds.\n    fn known(&mut self, kind: Handle, obj: u64) -> Result<u64, CallError>;\n";
     s += "    fn passthrough(&self) -> &dyn Passthrough;\n}\n\n";
     s += "/// The server side of every `pass` row, for any [`Resolver`].\n#[allow(non_snake_case, unused_variables)]\npub mod pass {\n    use crate::*;\n";
     for row in pass_rows(table) {
@@ -587,6 +603,7 @@ fn passthrough_code(table: &Table) -> String {
                 Resolve::Device => format!("r.resolve_device(req.{})?", p.name),
                 Resolve::Pointer => format!("r.resolve_pointer(req.{}.0)?", p.name),
                 Resolve::Handle(k) => format!("r.resolve(Handle::{k}, req.{}.0, &mut call_ctx)?", p.name),
+                Resolve::LaunchAttr => format!("r.resolve_launch_attr(req.{})?", p.name),
             };
             writeln!(s, "        let {} = {value};", p.name).unwrap();
         }
@@ -604,15 +621,11 @@ fn passthrough_code(table: &Table) -> String {
         writeln!(s, "        let {bound} = r.passthrough().{}(call_ctx, {})?;", row.name, names.join(", ")).unwrap();
         let fields: Vec<String> = outs
             .iter()
-            .map(
-                |(p, t)| {
-                    if t.resolve == Resolve::Pointer {
-                        format!("{0}: DevPtr({0})", p.name)
-                    } else {
-                        p.name.clone()
-                    }
-                },
-            )
+            .map(|(p, t)| match t.resolve {
+                Resolve::Pointer => format!("{0}: DevPtr({0})", p.name),
+                Resolve::Handle(k) => format!("{0}: {k}(r.known(Handle::{k}, {0})?)", p.name),
+                _ => p.name.clone(),
+            })
             .collect();
         writeln!(s, "        Ok(calls::{}::Reply {{ {} }})\n    }}", row.name, fields.join(", ")).unwrap();
     }
@@ -622,11 +635,7 @@ fn passthrough_code(table: &Table) -> String {
 
 /// A C type named from anywhere (`c_uint` as `std::ffi::c_uint`).
 fn qualified(c: &str) -> String {
-    if c.starts_with("c_") {
-        format!("std::ffi::{c}")
-    } else {
-        c.to_owned()
-    }
+    c.replace("c_", "std::ffi::c_")
 }
 
 /// For the server's CUDA backend: the driver entry point of every `pass`
@@ -642,7 +651,10 @@ pub fn cuda_passthrough_code(table: &Table) -> (String, String) {
         let mut prelude = String::new();
         for p in &row.params {
             let t = pass_type(p).expect("checked at parse time");
-            if p.dir == Dir::In {
+            if p.dir == Dir::In && by_pointer(&p.ty) {
+                c_params.push(format!("{}: *const {}", p.name, t.c));
+                args.push(format!("&{}", p.name));
+            } else if p.dir == Dir::In {
                 c_params.push(format!("{}: {}", p.name, t.c));
                 args.push(match t.c {
                     "*mut c_void" => format!("{} as usize as *mut std::ffi::c_void", p.name),
@@ -651,7 +663,12 @@ pub fn cuda_passthrough_code(table: &Table) -> (String, String) {
                 });
             } else {
                 c_params.push(format!("{}: *mut {}", p.name, t.c));
-                writeln!(prelude, "        let mut {}: {} = Default::default();", p.name, qualified(t.c)).unwrap();
+                let init = match t.c {
+                    "*mut c_void" => "std::ptr::null_mut()".to_owned(),
+                    array if array.starts_with("[u8; ") => array.replacen("u8", "0", 1),
+                    _ => "Default::default()".to_owned(),
+                };
+                writeln!(prelude, "        let mut {}: {} = {init};", p.name, qualified(t.c)).unwrap();
                 args.push(format!("&mut {}", p.name));
             }
         }
@@ -676,7 +693,10 @@ pub fn cuda_passthrough_code(table: &Table) -> (String, String) {
         .unwrap();
         let results: Vec<String> = outs
             .iter()
-            .map(|(p, t)| if t.c == "usize" { format!("{} as u64", p.name) } else { p.name.clone() })
+            .map(|(p, t)| match t.c {
+                "usize" | "*mut c_void" => format!("{} as u64", p.name),
+                _ => p.name.clone(),
+            })
             .collect();
         match results.as_slice() {
             [] => imp += "        Ok(())\n",
@@ -725,6 +745,7 @@ fn export_fn(s: &mut String, row: &Row, export: &str, ptsz: bool) {
         .map(|p| {
             let c = ty(&p.ty).c;
             match p.dir {
+                Dir::In if by_pointer(&p.ty) => format!("{}: *const {c}", p.name),
                 Dir::In => format!("{}: {c}", p.name),
                 Dir::Out | Dir::OptOut => format!("{}: *mut {c}", p.name),
             }
@@ -822,12 +843,13 @@ handwritten cuInit
 0x0115 export forgets(things) cuThingUnload(lib: Library)
 0x0116 wire device Run(stream: Stream) -> ()
 0x0117 export pass cuThingQuery(node: GraphNode, dev: Device, p: DevPtr, out value: u64, out at: DevPtr)
+0x0118 export pass cuThingAttr(node: GraphNode, attr: LaunchAttr, value: AttrValue, out event: Event, out old: AttrValue)
 ";
 
     #[test]
     fn parses_rows() {
         let t = parse(SAMPLE).unwrap();
-        assert_eq!(t.rows.len(), 9);
+        assert_eq!(t.rows.len(), 10);
         assert!(t.rows[7].device && !t.rows[6].device);
         assert!(protocol_code(&t).contains("matches!(self, Opcode::Run)"));
         assert_eq!(t.rows[4].memo, Some(MemoUse::Keeps("things".into())));
@@ -856,7 +878,7 @@ handwritten cuInit
         assert!(parse("0x0001 export device memo(x) a(v: u32)").unwrap_err().contains("reach a device"));
         assert!(parse("0x0001 wire pass a(v: u32) -> ()").unwrap_err().contains("only export and ptsz"));
         assert!(parse("0x0001 export pass a(v: Name)").unwrap_err().contains("passes through"));
-        assert!(parse("0x0001 export pass a(out g: Graph)").unwrap_err().contains("passes through"));
+        assert!(parse("0x0001 export pass a(out m: Mipmap)").unwrap_err().contains("passes through"));
     }
 
     #[test]
@@ -881,6 +903,27 @@ handwritten cuInit
     }
 
     #[test]
+    fn pass_rows_take_attributes_by_pointer_and_return_held_handles() {
+        let t = parse(SAMPLE).unwrap();
+        let protocol = protocol_code(&t);
+        assert!(protocol.contains("let attr = r.resolve_launch_attr(req.attr)?;"));
+        assert!(
+            protocol.contains("Ok(calls::cuThingAttr::Reply { event: Event(r.known(Handle::Event, event)?), old })")
+        );
+        let (bindings, imp) = cuda_passthrough_code(&t);
+        assert!(bindings.contains(
+            "cuThingAttr(node: *mut c_void, attr: c_uint, value: *const [u8; 64], event: *mut *mut c_void, old: *mut [u8; 64]);"
+        ));
+        assert!(imp.contains("let mut event: *mut std::ffi::c_void = std::ptr::null_mut();"));
+        assert!(imp.contains("let mut old: [u8; 64] = [0; 64];"));
+        assert!(imp.contains("Ok((event as u64, old))"));
+        let all: Vec<String> = t.implemented().into_iter().collect();
+        let code = frontend_code(&t, &all).unwrap();
+        assert!(code.contains("value: *const [u8; 64], event: *mut *mut c_void, old: *mut [u8; 64]"));
+        assert!(code.contains("value: crate::ffi::read_in(value)?,"));
+    }
+
+    #[test]
     fn frontend_stubs_everything_else() {
         let t = parse(SAMPLE).unwrap();
         let all: Vec<String> = [
@@ -894,6 +937,7 @@ handwritten cuInit
             "cuThingSet",
             "cuThingUnload",
             "cuThingQuery",
+            "cuThingAttr",
             "cuOther",
         ]
         .map(String::from)

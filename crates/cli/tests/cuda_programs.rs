@@ -198,6 +198,7 @@ runtime_tests!(
     graph_conditional,
     stream_ordered,
     textures,
+    batch_copies,
 );
 
 /// No program of tests/cuda/runtime is forgotten: each is tested, or listed

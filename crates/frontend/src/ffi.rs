@@ -50,6 +50,17 @@ pub unsafe fn write_out<T>(ptr: *mut T, value: T) {
     }
 }
 
+/// An input the caller passes by pointer (a union it filled in); NULL is
+/// CUDA_ERROR_INVALID_VALUE, as the driver answers.
+pub fn read_in<T: Copy>(ptr: *const T) -> Result<T, CuError> {
+    if ptr.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, and valid for a read of `T` as the CUDA API requires
+    // of the caller.
+    Ok(unsafe { ptr.read_unaligned() })
+}
+
 /// A C string argument (a kernel or global name).
 pub fn c_name(ptr: *const c_char) -> Result<String, CuError> {
     if ptr.is_null() {

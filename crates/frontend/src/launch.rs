@@ -448,44 +448,6 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     entry("cuLaunchKernelEx_ptsz", || unsafe { launch_ex(config, f, params, extra, true) })
 }
 
-/// Stream attributes share launch attributes' ids and their 64-byte values
-/// (`CUstreamAttrValue` is `CUlaunchAttributeValue`).
-fn set_stream_attribute(s: Stream, attr: u32, value: *const [u8; 64]) -> Result<(), CuError> {
-    // SAFETY: NULL or valid for a read, per the CUDA API.
-    let value = unsafe { value.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
-    client::call(calls::StreamSetAttribute::Request { hStream: s, attr, value: value.to_vec() }).map(drop)
-}
-
-fn get_stream_attribute(s: Stream, attr: u32, out: *mut [u8; 64]) -> Result<(), CuError> {
-    check_out(out)?;
-    let reply = client::call(calls::StreamGetAttribute::Request { hStream: s, attr })?;
-    let value: [u8; 64] = reply.value.try_into().map_err(|_| CuError::UNKNOWN)?;
-    // SAFETY: checked non-NULL; the caller vouches for it.
-    unsafe { write_out(out, value) };
-    Ok(())
-}
-
-macro_rules! stream_attribute {
-    ($set:ident, $get:ident, $stream:path) => {
-        /// # Safety
-        /// `value` is valid for a read of a `CUstreamAttrValue`.
-        #[no_mangle]
-        pub unsafe extern "C" fn $set(s: *mut c_void, attr: u32, value: *const [u8; 64]) -> CUresult {
-            entry(stringify!($set), || set_stream_attribute($stream(s), attr, value))
-        }
-
-        /// # Safety
-        /// `out` is valid for a write of a `CUstreamAttrValue`.
-        #[no_mangle]
-        pub unsafe extern "C" fn $get(s: *mut c_void, attr: u32, out: *mut [u8; 64]) -> CUresult {
-            entry(stringify!($get), || get_stream_attribute($stream(s), attr, out))
-        }
-    };
-}
-
-stream_attribute!(cuStreamSetAttribute, cuStreamGetAttribute, stream);
-stream_attribute!(cuStreamSetAttribute_ptsz, cuStreamGetAttribute_ptsz, ptsz_stream);
-
 fn param_info(func: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) -> Result<(), CuError> {
     if func.is_null() {
         return Err(CuError::INVALID_HANDLE);

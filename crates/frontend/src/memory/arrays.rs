@@ -133,7 +133,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     })
 }
 
-fn descriptor(array: *mut c_void) -> Result<ArrayDesc, CuError> {
+pub(super) fn descriptor(array: *mut c_void) -> Result<ArrayDesc, CuError> {
     Ok(client::call(calls::ArrayDescriptor::Request { array: Array(array as u64) })?.desc)
 }
 

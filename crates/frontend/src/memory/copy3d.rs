@@ -30,16 +30,16 @@ const INLINE_CHUNK: u64 = 16 << 20;
 
 /// One end of a copy, as the C structures give it.
 #[derive(Clone, Copy)]
-struct End {
+pub(super) struct End {
     memory: u32,
     host: *mut u8,
     device: u64,
     array: u64,
-    x: u64,
-    y: u64,
-    z: u64,
-    pitch: u64,
-    height: u64,
+    pub(super) x: u64,
+    pub(super) y: u64,
+    pub(super) z: u64,
+    pub(super) pitch: u64,
+    pub(super) height: u64,
 }
 
 impl End {
@@ -55,6 +55,16 @@ impl End {
             }
         }
         Ok(self)
+    }
+
+    /// Whether this end is pinned host memory, which the GPU reaches
+    /// directly, and so reads after the copy call returns.
+    pub(super) fn is_host_pinned(&self) -> bool {
+        match self.memory {
+            UNIFIED => host::contains(self.device),
+            HOST => host::contains(self.host as u64),
+            _ => false,
+        }
     }
 
     /// The first byte this end touches from its base, and how many bytes
@@ -413,7 +423,23 @@ fn device_at(d: u64, n: usize) -> End {
     End { memory: DEVICE, device: d, ..host_at(std::ptr::null(), n) }
 }
 
-fn array_at(a: *mut c_void, offset: usize) -> End {
+/// An address in unified addressing: host or device memory, found out
+/// when the copy is made.
+pub(super) fn unified_at(ptr: u64) -> End {
+    End { memory: UNIFIED, device: ptr, ..host_at(std::ptr::null(), 0) }
+}
+
+/// An asynchronous 3D copy of `[width in bytes, height, depth]`.
+pub(super) fn copy_3d_async(
+    src: End,
+    dst: End,
+    [width, height, depth]: [u64; 3],
+    stream: Stream,
+) -> Result<(), CuError> {
+    copy(Copy { shape: COPY_3D, src, dst, width, height, depth }, stream, false)
+}
+
+pub(super) fn array_at(a: *mut c_void, offset: usize) -> End {
     End { memory: ARRAY, array: a as u64, x: offset as u64, pitch: 0, ..host_at(std::ptr::null(), 0) }
 }
 

@@ -7,6 +7,7 @@
 //! bytes is in [`copy`]; pinned host memory in [`host`].
 
 mod arrays;
+mod batch;
 mod copy;
 pub(crate) mod copy3d;
 mod hints;

@@ -401,9 +401,6 @@ pub trait Backend: Send + Sync {
     fn stream_synchronize(&self, ctx: Obj, stream: Obj) -> BResult<()>;
     fn stream_query(&self, ctx: Obj, stream: Obj) -> BResult<()>;
     fn stream_wait_event(&self, ctx: Obj, stream: Obj, event: Obj, flags: u32) -> BResult<()>;
-    /// A stream attribute's value, `CUstreamAttrValue`'s 64 bytes.
-    fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()>;
-    fn stream_get_attribute(&self, ctx: Obj, stream: Obj, attr: u32) -> BResult<[u8; 64]>;
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64>;
     /// A tensor map, as the driver encodes it for the device.
     fn tensor_map_encode(&self, map: &TensorMap) -> BResult<TensorMapBytes>;
@@ -487,8 +484,6 @@ pub trait Backend: Send + Sync {
     fn graph_mem_alloc_node_params(&self, node: Obj) -> BResult<GraphAlloc>;
     /// A child graph node's graph, which belongs to the node.
     fn graph_child_graph(&self, node: Obj) -> BResult<Obj>;
-    /// An event record (or, with `wait`, event wait) node's event.
-    fn graph_node_event(&self, node: Obj, wait: bool) -> BResult<Obj>;
     /// A memset node's parameters.
     fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset>;
     /// Sets a `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).

@@ -7,7 +7,7 @@ use gpuplex_protocol::calls::*;
 use gpuplex_protocol::{Api, CallError, Ctx, CuError, DevPtr, Event, Func, Seq, Stream, MAX_PAYLOAD};
 
 use super::launcher::ReadyLaunch;
-use super::resolve::{packed_size, plain_attribute};
+use super::resolve::packed_size;
 use super::tables::{CtxEntry, Entry, Kind, Owner, Region};
 use super::{invalid, Session};
 use crate::backend::{self, Obj};
@@ -138,20 +138,6 @@ impl Api for Session {
         req: cuGraphChildGraphNodeGetGraph::Request,
     ) -> R<cuGraphChildGraphNodeGetGraph::Reply> {
         self.child_graph(req)
-    }
-
-    fn cuGraphEventRecordNodeGetEvent(
-        &mut self,
-        req: cuGraphEventRecordNodeGetEvent::Request,
-    ) -> R<cuGraphEventRecordNodeGetEvent::Reply> {
-        Ok(cuGraphEventRecordNodeGetEvent::Reply { event_out: self.node_event(req.hNode, false)? })
-    }
-
-    fn cuGraphEventWaitNodeGetEvent(
-        &mut self,
-        req: cuGraphEventWaitNodeGetEvent::Request,
-    ) -> R<cuGraphEventWaitNodeGetEvent::Reply> {
-        Ok(cuGraphEventWaitNodeGetEvent::Reply { event_out: self.node_event(req.hNode, true)? })
     }
 
     fn GraphMemsetNodeParams(&mut self, req: GraphMemsetNodeParams::Request) -> R<GraphMemsetNodeParams::Reply> {
@@ -1121,21 +1107,6 @@ impl Api for Session {
     fn cuStreamIsCapturing(&mut self, req: cuStreamIsCapturing::Request) -> R<cuStreamIsCapturing::Reply> {
         let (ctx, stream) = self.stream(req.hStream)?;
         Ok(cuStreamIsCapturing::Reply { captureStatus: self.backend.stream_capture_status(ctx, stream)? })
-    }
-
-    fn StreamSetAttribute(&mut self, req: StreamSetAttribute::Request) -> R<StreamSetAttribute::Reply> {
-        let attr = plain_attribute(req.attr)?;
-        let value: &[u8; 64] =
-            req.value.as_slice().try_into().map_err(|_| invalid("a stream attribute is 64 bytes"))?;
-        let (ctx, stream) = self.stream(req.hStream)?;
-        self.backend.stream_set_attribute(ctx, stream, attr, value)?;
-        Ok(StreamSetAttribute::Reply {})
-    }
-
-    fn StreamGetAttribute(&mut self, req: StreamGetAttribute::Request) -> R<StreamGetAttribute::Reply> {
-        let attr = plain_attribute(req.attr)?;
-        let (ctx, stream) = self.stream(req.hStream)?;
-        Ok(StreamGetAttribute::Reply { value: self.backend.stream_get_attribute(ctx, stream, attr)?.to_vec() })
     }
 
     fn cuStreamGetId(&mut self, req: cuStreamGetId::Request) -> R<cuStreamGetId::Reply> {

@@ -251,16 +251,6 @@ impl Session {
         Ok(cuGraphChildGraphNodeGetGraph::Reply { phGraph: Graph(self.tables.add(Kind::Graph, entry)) })
     }
 
-    /// An event node's event, which is one of the session's: the node was
-    /// made with it, or set to it, through the session.
-    pub(super) fn node_event(&mut self, node: GraphNode, wait: bool) -> R<gpuplex_protocol::Event> {
-        let (_, node) = self.node(node)?;
-        let event = self.backend.graph_node_event(node, wait)?;
-        let found = self.tables.all(Kind::Event).into_iter().find(|(_, e)| e.obj == event);
-        let (h, _) = found.ok_or_else(|| invalid("the node's event is not one of the session's"))?;
-        Ok(gpuplex_protocol::Event(h))
-    }
-
     pub(super) fn memset_node_params(
         &mut self,
         req: GraphMemsetNodeParams::Request,

@@ -8,8 +8,18 @@ use gpuplex_protocol::{CallError, CuError, Event, Func, Handle, MemPool, Passthr
 
 use crate::backend::Obj;
 
+use super::resolve::plain_attribute;
 use super::tables::Kind;
 use super::Session;
+
+/// A result naming an object the session does not hold: one made behind its
+/// back cannot be given to the guest, which could not be held to account for it.
+fn not_held(what: &str) -> CallError {
+    CallError::new(
+        CuError::NOT_SUPPORTED,
+        format!("the driver answered with a handle ({what}) the session does not hold"),
+    )
+}
 
 impl Resolver for Session {
     fn pass_context(&mut self) -> Result<u64, CallError> {
@@ -57,6 +67,31 @@ impl Resolver for Session {
             Some(_) => Ok(ptr),
             None => Err(CallError::new(CuError::INVALID_VALUE, format!("{ptr:#x} is no memory of the session's"))),
         }
+    }
+
+    fn resolve_launch_attr(&mut self, attr: u32) -> Result<u32, CallError> {
+        plain_attribute(attr)
+    }
+
+    fn known(&mut self, kind: Handle, obj: u64) -> Result<u64, CallError> {
+        let kind = match kind {
+            Handle::Ctx => {
+                let found = self.tables.contexts.iter().find(|(_, c)| c.obj == Some(Obj(obj)));
+                return found.map(|(h, _)| *h).ok_or_else(|| not_held("Ctx"));
+            }
+            Handle::MemPool => return Err(not_held("MemPool")),
+            Handle::Stream => Kind::Stream,
+            Handle::Event => Kind::Event,
+            Handle::Func => Kind::Func,
+            Handle::Module => Kind::Module,
+            Handle::Library => Kind::Library,
+            Handle::Kernel => Kind::Kernel,
+            Handle::Graph => Kind::Graph,
+            Handle::GraphExec => Kind::GraphExec,
+            Handle::GraphNode => Kind::GraphNode,
+            Handle::Array => Kind::Array,
+        };
+        self.tables.handle_of(kind, Obj(obj)).ok_or_else(|| not_held(&format!("{kind:?}")))
     }
 
     fn passthrough(&self) -> &dyn Passthrough {

@@ -200,6 +200,12 @@ impl Tables {
         self.issued.get(&(kind as u8, ctx, obj.0)).copied().filter(|h| self.objects.contains_key(h))
     }
 
+    /// The live handle of a backend object, in whichever context it was
+    /// issued.
+    pub fn handle_of(&self, kind: Kind, obj: Obj) -> Option<u64> {
+        self.objects.iter().find(|(_, (k, e))| *k == kind && e.obj == obj).map(|(h, _)| *h)
+    }
+
     pub fn get(&self, kind: Kind, h: u64) -> Result<Entry, CallError> {
         match self.objects.get(&h) {
             Some((k, e)) if *k == kind => Ok(*e),

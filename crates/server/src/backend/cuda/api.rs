@@ -299,8 +299,6 @@ driver_api! {
     cuStreamSynchronize(stream: CUstream);
     cuStreamQuery(stream: CUstream);
     cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
-    cuStreamSetAttribute(stream: CUstream, attr: c_int, value: *const c_void);
-    cuStreamGetAttribute(stream: CUstream, attr: c_int, value: *mut c_void);
     cuStreamBeginCapture_v2(stream: CUstream, mode: c_int);
     cuStreamEndCapture(stream: CUstream, graph: *mut *mut c_void);
     cuStreamGetCaptureInfo_v3(
@@ -396,8 +394,6 @@ driver_api! {
     cuIpcOpenEventHandle(event: *mut *mut c_void, handle: IpcBytes);
     cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr);
     cuGraphChildGraphNodeGetGraph(node: *mut c_void, graph: *mut *mut c_void);
-    cuGraphEventRecordNodeGetEvent(node: *mut c_void, event: *mut *mut c_void);
-    cuGraphEventWaitNodeGetEvent(node: *mut c_void, event: *mut *mut c_void);
     cuGraphMemsetNodeGetParams(node: *mut c_void, params: *mut MemsetNodeParams);
     cuGraphAddNode_v2(
         node: *mut *mut c_void,

@@ -283,17 +283,6 @@ pub(super) fn child_graph(node: Obj) -> BResult<Obj> {
     handle(|g: *mut *mut c_void| unsafe { api::cuGraphChildGraphNodeGetGraph(raw(node), g) })
 }
 
-pub(super) fn node_event(node: Obj, wait: bool) -> BResult<Obj> {
-    // SAFETY: as above.
-    handle(|e: *mut *mut c_void| unsafe {
-        if wait {
-            api::cuGraphEventWaitNodeGetEvent(raw(node), e)
-        } else {
-            api::cuGraphEventRecordNodeGetEvent(raw(node), e)
-        }
-    })
-}
-
 pub(super) fn memset_params(node: Obj) -> BResult<Memset> {
     let mut p = MemsetNodeParams { dst: 0, pitch: 0, value: 0, element_size: 0, width: 0, height: 0 };
     // SAFETY: as above.

@@ -1086,20 +1086,6 @@ impl Backend for Cuda {
         }
     }
 
-    fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()> {
-        enter(ctx)?;
-        // SAFETY: the stream is live or special; the value is the 64-byte union the driver reads.
-        check(unsafe { api::cuStreamSetAttribute(raw(stream), attr as c_int, value.as_ptr().cast()) })
-    }
-
-    fn stream_get_attribute(&self, ctx: Obj, stream: Obj, attr: u32) -> BResult<[u8; 64]> {
-        enter(ctx)?;
-        let mut value = [0u8; 64];
-        // SAFETY: the stream is live or special; the driver writes at most the 64-byte union.
-        check(unsafe { api::cuStreamGetAttribute(raw(stream), attr as c_int, value.as_mut_ptr().cast()) })?;
-        Ok(value)
-    }
-
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64> {
         enter(ctx)?;
         // SAFETY: the stream is live or special; out-pointer to a local.
@@ -1233,10 +1219,6 @@ impl Backend for Cuda {
 
     fn graph_child_graph(&self, node: Obj) -> BResult<Obj> {
         graph::child_graph(node)
-    }
-
-    fn graph_node_event(&self, node: Obj, wait: bool) -> BResult<Obj> {
-        graph::node_event(node, wait)
     }
 
     fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset> {

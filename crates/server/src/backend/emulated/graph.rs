@@ -641,6 +641,15 @@ impl Graphs {
         Ok(&self.graphs[&graph][i].work)
     }
 
+    /// A kernel node's launch attributes, to read or change.
+    pub fn kernel_attributes(&mut self, node: Obj) -> BResult<&mut Vec<(u32, [u8; 64])>> {
+        let (graph, i) = self.locate(node.0)?;
+        match &mut self.graphs.get_mut(&graph).expect("located").get_mut(i).expect("located").work {
+            Work::Kernel { launch, .. } => Ok(&mut launch.attrs),
+            _ => Err(err(CuError::INVALID_VALUE, "not a kernel node")),
+        }
+    }
+
     /// The bytes every allocation node holds, which the emulated device
     /// places once and keeps (its graph memory, used and reserved alike).
     pub fn memory(&self) -> u64 {

@@ -170,8 +170,8 @@ const DEFAULT_LIMITS: [u64; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0];
 
 /// Stream attributes (`CUstreamAttrID`): an access policy window, a
 /// synchronization policy, a priority, memory synchronization domains.
-const STREAM_ATTRIBUTES: [u32; 5] = [1, 3, STREAM_PRIORITY, 9, 10];
-const STREAM_PRIORITY: u32 = 8;
+pub(super) const STREAM_ATTRIBUTES: [u32; 5] = [1, 3, STREAM_PRIORITY, 9, 10];
+pub(super) const STREAM_PRIORITY: u32 = 8;
 
 /// What the driver refuses of a memset before it sets anything.
 fn check_memset(op: &Memset) -> BResult<()> {
@@ -1303,35 +1303,6 @@ impl Backend for Emulated {
 
     /// The stream attributes a device takes: an access policy window, a
     /// synchronization policy, a priority and memory synchronization domains.
-    fn stream_set_attribute(&self, ctx: Obj, stream: Obj, attr: u32, value: &[u8; 64]) -> BResult<()> {
-        let mut s = self.state();
-        s.stream(ctx, stream)?;
-        if !STREAM_ATTRIBUTES.contains(&attr) {
-            return Err(CuError::INVALID_VALUE.into());
-        }
-        match s.streams.get_mut(&stream.0) {
-            Some(st) => st.attributes.insert(attr, *value),
-            None => {
-                return Err(err(CuError::INVALID_VALUE, "the emulated device keeps no attributes of default streams"))
-            }
-        };
-        Ok(())
-    }
-
-    fn stream_get_attribute(&self, ctx: Obj, stream: Obj, attr: u32) -> BResult<[u8; 64]> {
-        let mut s = self.state();
-        s.stream(ctx, stream)?;
-        if !STREAM_ATTRIBUTES.contains(&attr) {
-            return Err(CuError::INVALID_VALUE.into());
-        }
-        let st = s.streams.get(&stream.0);
-        let mut value = st.and_then(|st| st.attributes.get(&attr).copied()).unwrap_or([0; 64]);
-        if attr == STREAM_PRIORITY && st.is_some_and(|st| !st.attributes.contains_key(&attr)) {
-            value[..4].copy_from_slice(&st.map_or(0, |st| st.priority).to_le_bytes());
-        }
-        Ok(value)
-    }
-
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64> {
         self.state().stream(ctx, stream).map(|_| stream.0)
     }
@@ -1553,13 +1524,6 @@ impl Backend for Emulated {
 
     fn graph_child_graph(&self, node: Obj) -> BResult<Obj> {
         self.state().graphs.child_graph(node)
-    }
-
-    fn graph_node_event(&self, node: Obj, wait: bool) -> BResult<Obj> {
-        match self.state().graphs.node_work(node)? {
-            Work::Event { event, wait: w } if *w == wait => Ok(Obj(*event)),
-            _ => Err(err(CuError::INVALID_VALUE, "not an event node of that kind")),
-        }
     }
 
     fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset> {

@@ -5,7 +5,7 @@ use gpuplex_protocol::{CuError, Passthrough};
 
 use super::graph::Work;
 use super::kernels::DeviceMemory;
-use super::{err, BResult, Emulated, Obj};
+use super::{err, BResult, Emulated, Obj, STREAM_ATTRIBUTES, STREAM_PRIORITY};
 
 #[allow(non_snake_case)]
 impl Passthrough for Emulated {
@@ -44,6 +44,31 @@ impl Passthrough for Emulated {
 
     fn cuStreamWaitValue64_v2(&self, ctx: u64, stream: u64, addr: u64, value: u64, flags: u32) -> BResult<()> {
         self.wait_value(ctx, stream, addr, value, flags, 8)
+    }
+
+    fn cuStreamSetAttribute(&self, ctx: u64, stream: u64, attr: u32, value: [u8; 64]) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(Obj(ctx), Obj(stream))?;
+        known_attribute(attr)?;
+        match s.streams.get_mut(&stream) {
+            Some(st) => st.attributes.insert(attr, value),
+            None => {
+                return Err(err(CuError::INVALID_VALUE, "the emulated device keeps no attributes of default streams"))
+            }
+        };
+        Ok(())
+    }
+
+    fn cuStreamGetAttribute(&self, ctx: u64, stream: u64, attr: u32) -> BResult<[u8; 64]> {
+        let mut s = self.state();
+        s.stream(Obj(ctx), Obj(stream))?;
+        known_attribute(attr)?;
+        let st = s.streams.get(&stream);
+        let mut value = st.and_then(|st| st.attributes.get(&attr).copied()).unwrap_or([0; 64]);
+        if attr == STREAM_PRIORITY && st.is_some_and(|st| !st.attributes.contains_key(&attr)) {
+            value[..4].copy_from_slice(&st.map_or(0, |st| st.priority).to_le_bytes());
+        }
+        Ok(value)
     }
 
     fn cuStreamCopyAttributes(&self, ctx: u64, dst: u64, src: u64) -> BResult<()> {
@@ -109,6 +134,41 @@ impl Passthrough for Emulated {
         s.graphs.conditional_handle(Obj(graph), default, flags)
     }
 
+    fn cuGraphEventRecordNodeGetEvent(&self, _ctx: u64, node: u64) -> BResult<u64> {
+        self.node_event(node, false)
+    }
+
+    fn cuGraphEventWaitNodeGetEvent(&self, _ctx: u64, node: u64) -> BResult<u64> {
+        self.node_event(node, true)
+    }
+
+    /// Kept with the node's launch, which the test device runs without
+    /// them, as it runs launches.
+    fn cuGraphKernelNodeSetAttribute(&self, _ctx: u64, node: u64, attr: u32, value: [u8; 64]) -> BResult<()> {
+        known_attribute(attr)?;
+        let mut s = self.state();
+        let attrs = s.graphs.kernel_attributes(Obj(node))?;
+        match attrs.iter_mut().find(|(id, _)| *id == attr) {
+            Some((_, v)) => *v = value,
+            None => attrs.push((attr, value)),
+        }
+        Ok(())
+    }
+
+    fn cuGraphKernelNodeGetAttribute(&self, _ctx: u64, node: u64, attr: u32) -> BResult<[u8; 64]> {
+        known_attribute(attr)?;
+        let mut s = self.state();
+        let attrs = s.graphs.kernel_attributes(Obj(node))?;
+        Ok(attrs.iter().find(|(id, _)| *id == attr).map_or([0; 64], |(_, v)| *v))
+    }
+
+    fn cuGraphKernelNodeCopyAttributes(&self, _ctx: u64, dst: u64, src: u64) -> BResult<()> {
+        let mut s = self.state();
+        let attrs = s.graphs.kernel_attributes(Obj(src))?.clone();
+        *s.graphs.kernel_attributes(Obj(dst))? = attrs;
+        Ok(())
+    }
+
     /// The test device instantiates with no flags only.
     fn cuGraphExecGetFlags(&self, _ctx: u64, exec: u64) -> BResult<u64> {
         self.state().graphs.exec_work(Obj(exec)).map(|_| 0)
@@ -122,7 +182,25 @@ const WAIT_AND: u32 = 2;
 const WAIT_NOR: u32 = 3;
 const WAIT_FLUSH: u32 = 1 << 30;
 
+/// An attribute the test device keeps (those of a stream; a kernel node
+/// takes the same ones).
+fn known_attribute(attr: u32) -> BResult<()> {
+    if STREAM_ATTRIBUTES.contains(&attr) {
+        Ok(())
+    } else {
+        Err(err(CuError::INVALID_VALUE, format!("attribute {attr} is not one the emulated device keeps")))
+    }
+}
+
 impl Emulated {
+    /// An event record (or, with `wait`, event wait) node's event.
+    fn node_event(&self, node: u64, wait: bool) -> BResult<u64> {
+        match self.state().graphs.node_work(Obj(node))? {
+            Work::Event { event, wait: w } if *w == wait => Ok(*event),
+            _ => Err(err(CuError::INVALID_VALUE, "not an event node of that kind")),
+        }
+    }
+
     fn write_value(&self, ctx: u64, stream: u64, addr: u64, bytes: &[u8]) -> BResult<()> {
         let mut s = self.state();
         s.stream(Obj(ctx), Obj(stream))?;
