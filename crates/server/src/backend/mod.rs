@@ -157,12 +157,12 @@ pub struct Copy3D {
     pub depth: u64,
 }
 
-/// [`Backend::memcpy_host_batch`] as one call per copy: its default, and
+/// [`Memory::memcpy_host_batch`] as one call per copy: its default, and
 /// what a backend falls back to where it cannot batch.
 ///
 /// # Safety
-/// As for [`Backend::memcpy_host_batch`].
-pub unsafe fn one_by_one<B: Backend + ?Sized>(backend: &B, ctx: Obj, copies: &[HostCopy], stream: Obj) -> BResult<()> {
+/// As for [`Memory::memcpy_host_batch`].
+pub unsafe fn one_by_one<B: Memory + ?Sized>(backend: &B, ctx: Obj, copies: &[HostCopy], stream: Obj) -> BResult<()> {
     for c in copies {
         // SAFETY: the caller's guarantee, copy by copy.
         unsafe {
@@ -175,7 +175,7 @@ pub unsafe fn one_by_one<B: Backend + ?Sized>(backend: &B, ctx: Obj, copies: &[H
     Ok(())
 }
 
-/// One copy of [`Backend::memcpy_host_batch`].
+/// One copy of [`Memory::memcpy_host_batch`].
 #[derive(Debug, Clone, Copy)]
 pub struct HostCopy {
     pub way: Way,
@@ -190,17 +190,24 @@ pub enum Way {
     FromDevice,
 }
 
-/// What a server needs from a GPU driver. All methods are callable from any
-/// session thread at once.
-pub trait Backend: Send + Sync {
+/// What a server needs from a GPU driver: one trait per family of calls,
+/// each implemented in its family's file of a backend. All methods are
+/// callable from any session thread at once.
+pub trait Backend:
+    Contexts + Memory + VirtualMemory + Arrays + Pools + Modules + Streams + Graphs + Ipc + Send + Sync
+{
+    /// The calls of the API table's `pass` rows.
+    fn passthrough(&self) -> &dyn Passthrough;
+}
+
+/// Devices and their contexts.
+pub trait Contexts {
     /// `cuda` or `emulated`.
     fn kind(&self) -> &'static str;
     fn driver_version(&self) -> i32;
     /// Fetched once at start-up.
     fn devices(&self) -> &[DeviceInfo];
     fn can_access_peer(&self, dev: i32, peer: i32) -> BResult<i32>;
-
-    // Contexts.
     fn ctx_create(&self, dev: i32, flags: u32) -> BResult<Obj>;
     fn ctx_destroy(&self, ctx: Obj) -> BResult<()>;
     fn ctx_synchronize(&self, ctx: Obj) -> BResult<()>;
@@ -214,8 +221,11 @@ pub trait Backend: Send + Sync {
     /// `(least, greatest)`.
     fn ctx_stream_priority_range(&self, ctx: Obj) -> BResult<(i32, i32)>;
     fn ctx_id(&self, ctx: Obj) -> BResult<u64>;
+}
 
-    // Memory.
+/// Device memory, copies and memsets; managed variables; host memory shared
+/// with a client, registered for the device.
+pub trait Memory {
     /// `(free, total)` bytes of the context's device.
     fn mem_get_info(&self, ctx: Obj) -> BResult<(u64, u64)>;
     fn mem_alloc(&self, ctx: Obj, size: u64) -> BResult<u64>;
@@ -229,7 +239,6 @@ pub trait Backend: Send + Sync {
     fn memcpy_dtoh(&self, ctx: Obj, dst: &mut [u8], src: u64, stream: Obj) -> BResult<()>;
     fn memcpy_dtod(&self, ctx: Obj, dst: u64, src: u64, size: u64, stream: Obj, sync: bool) -> BResult<()>;
     fn memset(&self, ctx: Obj, op: &Memset, stream: Obj, sync: bool) -> BResult<()>;
-
     /// A library's `__managed__` variable, `(address, size)`, one for every context.
     fn library_get_managed(&self, library: Obj, name: &str) -> BResult<(u64, u64)>;
     /// Reads managed memory from the host, as the program would: without
@@ -238,69 +247,17 @@ pub trait Backend: Send + Sync {
     /// # Safety
     /// `[ptr, ptr + out.len())` lies in a managed variable of a loaded library.
     unsafe fn managed_read(&self, ptr: u64, out: &mut [u8]) -> BResult<()>;
-    /// Writes managed memory from the host, as [`Backend::managed_read`] reads it.
+    /// Writes managed memory from the host, as [`Memory::managed_read`] reads it.
     ///
     /// # Safety
-    /// As for [`Backend::managed_read`].
+    /// As for [`Memory::managed_read`].
     unsafe fn managed_write(&self, ptr: u64, data: &[u8]) -> BResult<()>;
-
-    // Virtual memory management. Locations name backend devices; `ctx`,
-    // where the guest has one current, is made current first.
-    fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64>;
-    /// A physical allocation, as the driver's handle.
-    fn mem_create(&self, ctx: Option<Obj>, size: u64, prop: &AllocProp, flags: u64) -> BResult<Obj>;
-    fn mem_release(&self, handle: Obj) -> BResult<()>;
-    /// The allocation mapped at `ptr`, with a reference more.
-    fn mem_retain(&self, ptr: u64) -> BResult<Obj>;
-    fn mem_address_reserve(&self, ctx: Option<Obj>, size: u64, alignment: u64, addr: u64, flags: u64) -> BResult<u64>;
-    fn mem_address_free(&self, ptr: u64, size: u64) -> BResult<()>;
-    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Obj, flags: u64) -> BResult<()>;
-    fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()>;
-    fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()>;
-    fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64>;
-
-    // Arrays, texture and surface objects. A resource's `at` is the backend's
-    // array for arrays, a device address otherwise.
-    fn array_create(&self, ctx: Obj, desc: &ArrayDesc) -> BResult<Obj>;
-    fn array_destroy(&self, ctx: Obj, array: Obj) -> BResult<()>;
-    fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc>;
-    /// A mipmapped array of `levels` levels, level 0 shaped as `desc`.
-    fn mipmap_create(&self, ctx: Obj, desc: &ArrayDesc, levels: u32) -> BResult<Obj>;
-    /// A level's array, which goes with the mipmapped array.
-    fn mipmap_level(&self, ctx: Obj, mipmap: Obj, level: u32) -> BResult<Obj>;
-    fn mipmap_destroy(&self, ctx: Obj, mipmap: Obj) -> BResult<()>;
-    /// A 2D or 3D copy, or a linear one to or from an array.
-    ///
-    /// # Safety
-    /// Host ends are valid for the rows the copy reads or writes.
-    unsafe fn memcpy_3d(&self, ctx: Obj, copy: &Copy3D, stream: Obj, sync: bool) -> BResult<()>;
-    /// A texture object over `res`; `tex` and `view` are the C structures'
-    /// bytes, of their exact sizes.
-    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, tex: &[u8], view: Option<&[u8]>) -> BResult<u64>;
-    fn tex_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()>;
-    fn surf_object_create(&self, ctx: Obj, res: &ResourceDesc) -> BResult<u64>;
-    fn surf_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()>;
-
-    // Stream-ordered allocation from memory pools; locations name backend devices.
-    fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj>;
-    fn mem_pool_destroy(&self, pool: Obj) -> BResult<()>;
-    fn mem_alloc_from_pool(&self, ctx: Obj, size: u64, pool: Obj, stream: Obj) -> BResult<u64>;
-    /// Frees a pool's or `cuMemAlloc`'s allocation once `stream` reaches this point.
-    fn mem_free_async(&self, ctx: Obj, ptr: u64, stream: Obj) -> BResult<()>;
-    fn mem_pool_trim(&self, pool: Obj, keep: u64) -> BResult<()>;
-    /// Attribute values of either C type as u64.
-    fn mem_pool_set_attribute(&self, pool: Obj, attr: i32, value: u64) -> BResult<()>;
-    fn mem_pool_get_attribute(&self, pool: Obj, attr: i32) -> BResult<u64>;
-    fn mem_pool_set_access(&self, pool: Obj, access: &[AccessDesc]) -> BResult<()>;
-    fn mem_pool_get_access(&self, pool: Obj, location_kind: u32, location: i32) -> BResult<u64>;
-
-    // Host memory shared with a client.
     /// Pins and maps `len` bytes of host memory at `ptr`, from `ctx` (the
     /// registration ends with it) for every context; returns their device
     /// address (`ptr` itself under unified addressing).
     ///
     /// # Safety
-    /// The memory stays mapped until [`Backend::host_unregister`] or the
+    /// The memory stays mapped until [`Memory::host_unregister`] or the
     /// context's end.
     unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64>;
     fn host_unregister(&self, ctx: Obj, ptr: *mut u8) -> BResult<()>;
@@ -332,7 +289,6 @@ pub trait Backend: Send + Sync {
         stream: Obj,
         sync: bool,
     ) -> BResult<()>;
-
     /// Several copies between registered host memory and the device, all
     /// one way, in `stream`'s order (the batch as a whole; within it, in any
     /// order). The driver takes a batch in one call, and the copy engine
@@ -345,8 +301,69 @@ pub trait Backend: Send + Sync {
         // SAFETY: the caller's guarantee.
         unsafe { one_by_one(self, ctx, copies, stream) }
     }
+}
 
-    // Modules, libraries, functions, kernels.
+/// Virtual memory management. Locations name backend devices; `ctx`, where
+/// the guest has one current, is made current first.
+pub trait VirtualMemory {
+    // where the guest has one current, is made current first.
+    fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64>;
+    /// A physical allocation, as the driver's handle.
+    fn mem_create(&self, ctx: Option<Obj>, size: u64, prop: &AllocProp, flags: u64) -> BResult<Obj>;
+    fn mem_release(&self, handle: Obj) -> BResult<()>;
+    /// The allocation mapped at `ptr`, with a reference more.
+    fn mem_retain(&self, ptr: u64) -> BResult<Obj>;
+    fn mem_address_reserve(&self, ctx: Option<Obj>, size: u64, alignment: u64, addr: u64, flags: u64) -> BResult<u64>;
+    fn mem_address_free(&self, ptr: u64, size: u64) -> BResult<()>;
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Obj, flags: u64) -> BResult<()>;
+    fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()>;
+    fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()>;
+    fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64>;
+}
+
+/// Arrays, texture and surface objects. A resource's `at` is the backend's
+/// array for arrays, a device address otherwise.
+pub trait Arrays {
+    // array for arrays, a device address otherwise.
+    fn array_create(&self, ctx: Obj, desc: &ArrayDesc) -> BResult<Obj>;
+    fn array_destroy(&self, ctx: Obj, array: Obj) -> BResult<()>;
+    fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc>;
+    /// A mipmapped array of `levels` levels, level 0 shaped as `desc`.
+    fn mipmap_create(&self, ctx: Obj, desc: &ArrayDesc, levels: u32) -> BResult<Obj>;
+    /// A level's array, which goes with the mipmapped array.
+    fn mipmap_level(&self, ctx: Obj, mipmap: Obj, level: u32) -> BResult<Obj>;
+    fn mipmap_destroy(&self, ctx: Obj, mipmap: Obj) -> BResult<()>;
+    /// A 2D or 3D copy, or a linear one to or from an array.
+    ///
+    /// # Safety
+    /// Host ends are valid for the rows the copy reads or writes.
+    unsafe fn memcpy_3d(&self, ctx: Obj, copy: &Copy3D, stream: Obj, sync: bool) -> BResult<()>;
+    /// A texture object over `res`; `tex` and `view` are the C structures'
+    /// bytes, of their exact sizes.
+    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, tex: &[u8], view: Option<&[u8]>) -> BResult<u64>;
+    fn tex_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()>;
+    fn surf_object_create(&self, ctx: Obj, res: &ResourceDesc) -> BResult<u64>;
+    fn surf_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()>;
+}
+
+/// Stream-ordered allocation from memory pools; locations name backend devices.
+pub trait Pools {
+    fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj>;
+    fn mem_pool_destroy(&self, pool: Obj) -> BResult<()>;
+    fn mem_alloc_from_pool(&self, ctx: Obj, size: u64, pool: Obj, stream: Obj) -> BResult<u64>;
+    /// Frees a pool's or `cuMemAlloc`'s allocation once `stream` reaches this point.
+    fn mem_free_async(&self, ctx: Obj, ptr: u64, stream: Obj) -> BResult<()>;
+    fn mem_pool_trim(&self, pool: Obj, keep: u64) -> BResult<()>;
+    /// Attribute values of either C type as u64.
+    fn mem_pool_set_attribute(&self, pool: Obj, attr: i32, value: u64) -> BResult<()>;
+    fn mem_pool_get_attribute(&self, pool: Obj, attr: i32) -> BResult<u64>;
+    fn mem_pool_set_access(&self, pool: Obj, access: &[AccessDesc]) -> BResult<()>;
+    fn mem_pool_get_access(&self, pool: Obj, location_kind: u32, location: i32) -> BResult<u64>;
+}
+
+/// Modules, libraries, functions and kernels, their launches, and tensor
+/// maps for them.
+pub trait Modules {
     fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj>;
     fn module_unload(&self, ctx: Obj, module: Obj) -> BResult<()>;
     /// Links `inputs` (each a `CUjitInputType` and its bytes) with the JIT
@@ -394,18 +411,20 @@ pub trait Backend: Send + Sync {
     fn occupancy_clusters(&self, ctx: Obj, func: Obj, launch: &Launch, query: ClusterQuery) -> BResult<i32>;
     /// `params` is packed by the function's layout.
     fn launch(&self, ctx: Obj, func: Obj, launch: &Launch, params: &[u8]) -> BResult<()>;
+    /// A tensor map, as the driver encodes it for the device.
+    fn tensor_map_encode(&self, map: &TensorMap) -> BResult<TensorMapBytes>;
+    /// `map` with its global address replaced.
+    fn tensor_map_replace_address(&self, map: &TensorMapBytes, address: u64) -> BResult<TensorMapBytes>;
+}
 
-    // Streams and events.
+/// Streams and events.
+pub trait Streams {
     fn stream_create(&self, ctx: Obj, flags: u32, priority: i32) -> BResult<Obj>;
     fn stream_destroy(&self, ctx: Obj, stream: Obj) -> BResult<()>;
     fn stream_synchronize(&self, ctx: Obj, stream: Obj) -> BResult<()>;
     fn stream_query(&self, ctx: Obj, stream: Obj) -> BResult<()>;
     fn stream_wait_event(&self, ctx: Obj, stream: Obj, event: Obj, flags: u32) -> BResult<()>;
     fn stream_id(&self, ctx: Obj, stream: Obj) -> BResult<u64>;
-    /// A tensor map, as the driver encodes it for the device.
-    fn tensor_map_encode(&self, map: &TensorMap) -> BResult<TensorMapBytes>;
-    /// `map` with its global address replaced.
-    fn tensor_map_replace_address(&self, map: &TensorMapBytes, address: u64) -> BResult<TensorMapBytes>;
     /// `CUstreamCaptureStatus` (0: not capturing).
     fn stream_capture_status(&self, ctx: Obj, stream: Obj) -> BResult<u32>;
     /// Fails if `stream` is capturing, and invalidates its capture, as the
@@ -417,8 +436,15 @@ pub trait Backend: Send + Sync {
     fn event_synchronize(&self, ctx: Obj, event: Obj) -> BResult<()>;
     fn event_query(&self, ctx: Obj, event: Obj) -> BResult<()>;
     fn event_elapsed(&self, ctx: Obj, start: Obj, end: Obj) -> BResult<f32>;
+    /// Runs `f` once the stream's earlier work is done (and, while the
+    /// stream captures, makes it a host node).
+    fn launch_host_func(&self, ctx: Obj, stream: Obj, f: HostFn) -> BResult<()>;
+}
 
-    // Graphs. Capture is the driver's: work a capturing stream is given is
+/// Graphs. Capture is the driver's: work a capturing stream is given is
+/// recorded in its graph, not run. Graph memory's locations name backend
+/// devices.
+pub trait Graphs {
     // recorded in its graph, not run.
     fn stream_begin_capture(&self, ctx: Obj, stream: Obj, mode: u32) -> BResult<()>;
     /// A capture into `graph`, its first work after `deps` (with edge data
@@ -466,18 +492,13 @@ pub trait Backend: Send + Sync {
     /// node's kind, in its graph or (`exec`) in an executable graph made from it.
     ///
     /// # Safety
-    /// As for [`Backend::graph_add_node`].
+    /// As for [`Graphs::graph_add_node`].
     unsafe fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()>;
-    /// Runs `f` once the stream's earlier work is done (and, while the
-    /// stream captures, makes it a host node).
-    fn launch_host_func(&self, ctx: Obj, stream: Obj, f: HostFn) -> BResult<()>;
     fn graph_clone(&self, graph: Obj) -> BResult<Obj>;
     fn graph_node_find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj>;
     fn graph_destroy_node(&self, node: Obj) -> BResult<()>;
     /// `cuGraphExecUpdate`: its outcome, and what `CUgraphExecUpdateResultInfo` says.
     fn graph_exec_update(&self, ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate>;
-
-    // Graph memory. Locations name backend devices.
     /// A memory allocation node of `graph` after `deps`: `(node, address)`.
     fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)>;
     /// An allocation node's parameters, its address included.
@@ -488,16 +509,6 @@ pub trait Backend: Send + Sync {
     fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset>;
     /// Sets a `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).
     fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()>;
-
-    /// The IPC handle of the allocation at `dptr` (its base).
-    fn ipc_get_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<IpcHandle>;
-    /// Maps the memory an IPC handle names into `ctx`: `(address, size)`.
-    fn ipc_open_mem_handle(&self, ctx: Obj, handle: &IpcHandle, flags: u32) -> BResult<(u64, u64)>;
-    fn ipc_close_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<()>;
-    /// The IPC handle of an event made for sharing.
-    fn ipc_get_event_handle(&self, ctx: Obj, event: Obj) -> BResult<IpcHandle>;
-    fn ipc_open_event_handle(&self, ctx: Obj, handle: &IpcHandle) -> BResult<Obj>;
-
     /// A conditional node of `graph` after `deps`, run in `ctx`: the node
     /// and the body graphs the driver made for it, which belong to the node.
     fn graph_add_conditional_node(
@@ -507,9 +518,27 @@ pub trait Backend: Send + Sync {
         deps: &[Obj],
         cond: &Conditional,
     ) -> BResult<(Obj, Vec<Obj>)>;
+}
 
-    /// The calls of the API table's `pass` rows.
-    fn passthrough(&self) -> &dyn Passthrough;
+/// Memory and events shared between processes by handle.
+pub trait Ipc {
+    /// The IPC handle of the allocation at `dptr` (its base).
+    fn ipc_get_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<IpcHandle>;
+    /// Maps the memory an IPC handle names into `ctx`: `(address, size)`.
+    fn ipc_open_mem_handle(&self, ctx: Obj, handle: &IpcHandle, flags: u32) -> BResult<(u64, u64)>;
+    fn ipc_close_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<()>;
+    /// The IPC handle of an event made for sharing.
+    fn ipc_get_event_handle(&self, ctx: Obj, event: Obj) -> BResult<IpcHandle>;
+    fn ipc_open_event_handle(&self, ctx: Obj, handle: &IpcHandle) -> BResult<Obj>;
+}
+
+/// The families of [`Backend`] in scope, unnamed, for calling their methods
+/// on a concrete backend (a `dyn Backend` needs none of them).
+pub mod prelude {
+    pub use super::{
+        Arrays as _, Contexts as _, Graphs as _, Ipc as _, Memory as _, Modules as _, Pools as _, Streams as _,
+        VirtualMemory as _,
+    };
 }
 
 /// What a link made: the driver's status, its image (on success) and logs.

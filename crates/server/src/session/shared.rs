@@ -277,6 +277,7 @@ impl Shared {
 mod tests {
     use super::*;
     use crate::backend::emulated::Emulated;
+    use crate::backend::prelude::*;
 
     /// Whatever block, offset and length a client names, the answer is a
     /// range inside that block (a non-empty staged one with the slot it

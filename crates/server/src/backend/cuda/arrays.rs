@@ -14,7 +14,9 @@ use gpuplex_protocol::{
 };
 
 use super::api::{self, check};
+use super::{enter, Cuda};
 use super::{query, raw, size, sync_stream, BResult, Copy3D, CopyEnd, Obj, Place};
+use crate::backend::Arrays;
 
 /// `CUDA_ARRAY3D_DESCRIPTOR`.
 #[repr(C)]
@@ -283,4 +285,62 @@ pub(super) fn surf_create(res: &ResourceDesc) -> BResult<u64> {
 pub(super) fn surf_destroy(object: u64) -> BResult<()> {
     // SAFETY: one of the session's surface objects.
     check(unsafe { api::cuSurfObjectDestroy(object) })
+}
+
+impl Arrays for Cuda {
+    fn array_create(&self, ctx: Obj, desc: &ArrayDesc) -> BResult<Obj> {
+        enter(ctx)?;
+        create(desc)
+    }
+
+    fn array_destroy(&self, ctx: Obj, array: Obj) -> BResult<()> {
+        enter(ctx)?;
+        destroy(array)
+    }
+
+    fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc> {
+        enter(ctx)?;
+        descriptor(array)
+    }
+
+    fn mipmap_create(&self, ctx: Obj, desc: &ArrayDesc, levels: u32) -> BResult<Obj> {
+        enter(ctx)?;
+        mipmap_create(desc, levels)
+    }
+
+    fn mipmap_level(&self, ctx: Obj, mipmap: Obj, level: u32) -> BResult<Obj> {
+        enter(ctx)?;
+        mipmap_level(mipmap, level)
+    }
+
+    fn mipmap_destroy(&self, ctx: Obj, mipmap: Obj) -> BResult<()> {
+        enter(ctx)?;
+        mipmap_destroy(mipmap)
+    }
+
+    unsafe fn memcpy_3d(&self, ctx: Obj, c: &Copy3D, stream: Obj, sync: bool) -> BResult<()> {
+        enter(ctx)?;
+        // SAFETY: the caller's guarantee.
+        unsafe { copy(c, stream, sync) }
+    }
+
+    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, tex: &[u8], view: Option<&[u8]>) -> BResult<u64> {
+        enter(ctx)?;
+        tex_create(res, tex, view)
+    }
+
+    fn tex_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
+        enter(ctx)?;
+        tex_destroy(object)
+    }
+
+    fn surf_object_create(&self, ctx: Obj, res: &ResourceDesc) -> BResult<u64> {
+        enter(ctx)?;
+        surf_create(res)
+    }
+
+    fn surf_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
+        enter(ctx)?;
+        surf_destroy(object)
+    }
 }

@@ -9,7 +9,9 @@ use gpuplex_protocol::{CallError, CuError};
 
 use super::api::{self, check};
 use super::{arrays, enter, handle, obj, raw, size, with_packed, BResult, CaptureInfo, Launch, Obj};
+use super::{graph_memory, Cuda};
 use crate::backend::{Conditional, ExecUpdate, HostFn, Memset, NodeWork};
+use crate::backend::{GraphAlloc, Graphs};
 
 pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
     enter(ctx)?;
@@ -459,4 +461,134 @@ pub(super) fn exec_update(ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate
         error_node: obj(info.error_node),
         error_from: obj(info.error_from),
     })
+}
+
+impl Graphs for Cuda {
+    fn stream_begin_capture(&self, ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
+        begin_capture(ctx, stream, mode)
+    }
+
+    fn stream_begin_capture_to_graph(
+        &self,
+        ctx: Obj,
+        stream: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        data: &[u64],
+        mode: u32,
+    ) -> BResult<()> {
+        begin_capture_to_graph(ctx, stream, graph, deps, data, mode)
+    }
+
+    fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj> {
+        end_capture(ctx, stream)
+    }
+
+    fn stream_capture_info(&self, ctx: Obj, stream: Obj, edges: bool) -> BResult<CaptureInfo> {
+        capture_info(ctx, stream, edges)
+    }
+
+    fn exchange_capture_mode(&self, mode: u32) -> BResult<u32> {
+        exchange_capture_mode(mode)
+    }
+
+    fn stream_update_capture_deps(&self, ctx: Obj, stream: Obj, deps: &[Obj], flags: u32) -> BResult<()> {
+        update_capture_deps(ctx, stream, deps, flags)
+    }
+
+    fn graph_create(&self, flags: u32) -> BResult<Obj> {
+        create(flags)
+    }
+
+    fn graph_destroy(&self, graph: Obj) -> BResult<()> {
+        destroy(graph)
+    }
+
+    fn graph_instantiate(&self, ctx: Obj, graph: Obj, flags: u64) -> BResult<Obj> {
+        instantiate(ctx, graph, flags)
+    }
+
+    fn graph_exec_destroy(&self, exec: Obj) -> BResult<()> {
+        exec_destroy(exec)
+    }
+
+    fn graph_launch(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
+        launch(ctx, exec, stream)
+    }
+
+    fn graph_upload(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
+        upload(ctx, exec, stream)
+    }
+
+    fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
+        nodes(graph, roots)
+    }
+
+    unsafe fn graph_add_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
+        // SAFETY: the caller's guarantee.
+        unsafe { add_node(ctx, graph, deps, node) }
+    }
+
+    fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)> {
+        graph_memory::add_alloc_node(ctx, graph, deps, alloc)
+    }
+
+    fn graph_mem_alloc_node_params(&self, node: Obj) -> BResult<GraphAlloc> {
+        graph_memory::alloc_node_params(node)
+    }
+
+    fn graph_mem_set_attribute(&self, dev: i32, attr: i32, value: u64) -> BResult<()> {
+        graph_memory::set_attribute(dev, attr, value)
+    }
+
+    fn graph_child_graph(&self, node: Obj) -> BResult<Obj> {
+        child_graph(node)
+    }
+
+    fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset> {
+        memset_params(node)
+    }
+
+    fn graph_add_conditional_node(
+        &self,
+        ctx: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        cond: &Conditional,
+    ) -> BResult<(Obj, Vec<Obj>)> {
+        add_conditional_node(ctx, graph, deps, cond)
+    }
+
+    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {
+        dependencies(graph, from, to, data, remove)
+    }
+
+    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
+        edges(graph)
+    }
+
+    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>> {
+        node_edges(node, dependents)
+    }
+
+    unsafe fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
+        // SAFETY: the caller's guarantee.
+        unsafe { node_set(ctx, node, exec, work) }
+    }
+
+    fn graph_clone(&self, graph: Obj) -> BResult<Obj> {
+        clone(graph)
+    }
+
+    fn graph_node_find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj> {
+        find_in_clone(node, clone)
+    }
+
+    fn graph_destroy_node(&self, node: Obj) -> BResult<()> {
+        destroy_node(node)
+    }
+
+    fn graph_exec_update(&self, ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate> {
+        exec_update(ctx, exec, graph)
+    }
 }

@@ -6,7 +6,9 @@ use std::ffi::c_void;
 use gpuplex_protocol::CuError;
 
 use super::api::{self, check};
+use super::{enter, Cuda};
 use super::{handle, raw, BResult, Obj};
+use crate::backend::Ipc;
 use crate::backend::IpcHandle;
 
 /// `CUipcMemHandle` and `CUipcEventHandle`, passed by value.
@@ -56,4 +58,31 @@ pub(super) fn get_event_handle(event: Obj) -> BResult<IpcHandle> {
 pub(super) fn open_event_handle(h: &IpcHandle) -> BResult<Obj> {
     // SAFETY: a handle's bytes by value; out-pointer to a local.
     handle(|e: *mut *mut c_void| unsafe { api::cuIpcOpenEventHandle(e, IpcBytes { reserved: *h }) })
+}
+
+impl Ipc for Cuda {
+    fn ipc_get_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<IpcHandle> {
+        enter(ctx)?;
+        get_mem_handle(dptr)
+    }
+
+    fn ipc_open_mem_handle(&self, ctx: Obj, handle: &IpcHandle, flags: u32) -> BResult<(u64, u64)> {
+        enter(ctx)?;
+        open_mem_handle(handle, flags)
+    }
+
+    fn ipc_close_mem_handle(&self, ctx: Obj, dptr: u64) -> BResult<()> {
+        enter(ctx)?;
+        close_mem_handle(dptr)
+    }
+
+    fn ipc_get_event_handle(&self, ctx: Obj, event: Obj) -> BResult<IpcHandle> {
+        enter(ctx)?;
+        get_event_handle(event)
+    }
+
+    fn ipc_open_event_handle(&self, ctx: Obj, handle: &IpcHandle) -> BResult<Obj> {
+        enter(ctx)?;
+        open_event_handle(handle)
+    }
 }

@@ -9,7 +9,9 @@ use gpuplex_protocol::{AccessDesc, PoolProps};
 
 use super::api::{self, check, MemLocation};
 use super::vmm::{c_access, int};
+use super::{enter, Cuda};
 use super::{handle, query, raw, size, BResult, Obj};
+use crate::backend::Pools;
 
 /// `CUmemPoolProps` as the driver takes them.
 pub(super) fn c_props(props: &PoolProps) -> BResult<api::PoolProps> {
@@ -86,4 +88,45 @@ pub(super) fn get_access(pool: Obj, location_kind: u32, location: i32) -> BResul
     let location = MemLocation { kind: int(location_kind), id: location };
     // SAFETY: out-pointer to a local; the location lives across the call.
     query(|f: *mut c_int| unsafe { api::cuMemPoolGetAccess(f, raw(pool), &location) }).map(|f| f as u64)
+}
+
+impl Pools for Cuda {
+    fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj> {
+        ctx.map_or(Ok(()), enter)?;
+        create(props)
+    }
+
+    fn mem_pool_destroy(&self, pool: Obj) -> BResult<()> {
+        destroy(pool)
+    }
+
+    fn mem_alloc_from_pool(&self, ctx: Obj, size: u64, pool: Obj, stream: Obj) -> BResult<u64> {
+        enter(ctx)?;
+        alloc(size, pool, stream)
+    }
+
+    fn mem_free_async(&self, ctx: Obj, ptr: u64, stream: Obj) -> BResult<()> {
+        enter(ctx)?;
+        free(ptr, stream)
+    }
+
+    fn mem_pool_trim(&self, pool: Obj, keep: u64) -> BResult<()> {
+        trim(pool, keep)
+    }
+
+    fn mem_pool_set_attribute(&self, pool: Obj, attr: i32, value: u64) -> BResult<()> {
+        set_attribute(pool, attr, value)
+    }
+
+    fn mem_pool_get_attribute(&self, pool: Obj, attr: i32) -> BResult<u64> {
+        get_attribute(pool, attr)
+    }
+
+    fn mem_pool_set_access(&self, pool: Obj, access: &[AccessDesc]) -> BResult<()> {
+        set_access(pool, access)
+    }
+
+    fn mem_pool_get_access(&self, pool: Obj, location_kind: u32, location: i32) -> BResult<u64> {
+        get_access(pool, location_kind, location)
+    }
 }

@@ -1,6 +1,7 @@
 //! Unit tests, and one that drives a real GPU (ignored unless asked for).
 
 use super::*;
+use crate::backend::prelude::*;
 
 /// A fatbin header and one entry (header 0x40 bytes, payload `payload`
 /// bytes), `extra` bytes beyond what the header counts, 8-byte aligned.

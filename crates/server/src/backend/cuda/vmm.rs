@@ -9,7 +9,9 @@ use std::ptr::null_mut;
 use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError};
 
 use super::api::{self, check, AllocationProp, MemLocation};
+use super::{enter, Cuda};
 use super::{query, size, BResult, Obj};
+use crate::backend::VirtualMemory;
 
 /// A narrow field of the C structure, refused if the guest's value does not fit.
 fn narrow<T: TryFrom<u32>>(v: u32, what: &str) -> BResult<T> {
@@ -98,4 +100,49 @@ pub(super) fn get_access(location_kind: u32, location: i32, ptr: u64) -> BResult
     let location = MemLocation { kind: int(location_kind), id: location };
     // SAFETY: out-pointer to a local; the location lives across the call.
     query(|f| unsafe { api::cuMemGetAccess(f, &location, ptr) })
+}
+
+impl VirtualMemory for Cuda {
+    fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64> {
+        ctx.map_or(Ok(()), enter)?;
+        granularity(prop, option)
+    }
+
+    fn mem_create(&self, ctx: Option<Obj>, size: u64, prop: &AllocProp, flags: u64) -> BResult<Obj> {
+        ctx.map_or(Ok(()), enter)?;
+        create(size, prop, flags)
+    }
+
+    fn mem_release(&self, handle: Obj) -> BResult<()> {
+        release(handle)
+    }
+
+    fn mem_retain(&self, ptr: u64) -> BResult<Obj> {
+        retain(ptr)
+    }
+
+    fn mem_address_reserve(&self, ctx: Option<Obj>, size: u64, alignment: u64, addr: u64, flags: u64) -> BResult<u64> {
+        ctx.map_or(Ok(()), enter)?;
+        address_reserve(size, alignment, addr, flags)
+    }
+
+    fn mem_address_free(&self, ptr: u64, size: u64) -> BResult<()> {
+        address_free(ptr, size)
+    }
+
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Obj, flags: u64) -> BResult<()> {
+        map(ptr, size, offset, handle, flags)
+    }
+
+    fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()> {
+        unmap(ptr, size)
+    }
+
+    fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()> {
+        set_access(ptr, size, access)
+    }
+
+    fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64> {
+        get_access(location_kind, location, ptr)
+    }
 }

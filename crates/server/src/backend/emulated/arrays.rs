@@ -19,7 +19,9 @@ use gpuplex_protocol::{
 use super::graph::Conditions;
 use super::kernels::DeviceMemory;
 use super::memory::{self, Memory};
+use super::Emulated;
 use super::{err, BResult, Obj};
+use crate::backend;
 use crate::backend::{Copy3D, CopyEnd, Place};
 
 /// `CUDA_ARRAY3D_LAYERED`, `_SURFACE_LDST`, `_CUBEMAP`, `_TEXTURE_GATHER`:
@@ -381,5 +383,82 @@ impl Row<'_> {
             Row::Read(r) => r.len(),
             Row::Write(w) => w.len(),
         }
+    }
+}
+
+impl backend::Arrays for Emulated {
+    fn array_create(&self, ctx: Obj, desc: &ArrayDesc) -> BResult<Obj> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.create(&mut s.memory, ctx.0, desc)
+    }
+
+    fn array_destroy(&self, ctx: Obj, array: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.destroy(&mut s.memory, array)
+    }
+
+    fn array_descriptor(&self, ctx: Obj, array: Obj) -> BResult<ArrayDesc> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.descriptor(array)
+    }
+
+    fn mipmap_create(&self, ctx: Obj, desc: &ArrayDesc, levels: u32) -> BResult<Obj> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.mipmap_create(&mut s.memory, ctx.0, desc, levels)
+    }
+
+    fn mipmap_level(&self, ctx: Obj, mipmap: Obj, level: u32) -> BResult<Obj> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.mipmap_level(mipmap, level)
+    }
+
+    fn mipmap_destroy(&self, ctx: Obj, mipmap: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.mipmap_destroy(&mut s.memory, mipmap)
+    }
+
+    unsafe fn memcpy_3d(&self, ctx: Obj, copy: &Copy3D, stream: Obj, _sync: bool) -> BResult<()> {
+        let s = &mut *self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(
+            stream,
+            CuError::STREAM_CAPTURE_UNSUPPORTED,
+            "the emulated device captures no 2D or 3D copies",
+        )?;
+        // SAFETY: the caller's guarantee.
+        unsafe { s.arrays.copy(&mut s.memory, copy) }
+    }
+
+    fn tex_object_create(&self, ctx: Obj, res: &ResourceDesc, tex: &[u8], view: Option<&[u8]>) -> BResult<u64> {
+        if view.is_some() {
+            return Err(err(CuError::NOT_SUPPORTED, "the emulated device takes no resource views"));
+        }
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.object(ctx.0, res, Some(tex))
+    }
+
+    fn tex_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.destroy_object(object)
+    }
+
+    fn surf_object_create(&self, ctx: Obj, res: &ResourceDesc) -> BResult<u64> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.object(ctx.0, res, None)
+    }
+
+    fn surf_object_destroy(&self, ctx: Obj, object: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.ctx(ctx)?;
+        s.arrays.destroy_object(object)
     }
 }

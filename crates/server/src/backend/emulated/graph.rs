@@ -17,7 +17,10 @@ use std::collections::{HashMap, HashSet};
 use gpuplex_protocol::CuError;
 
 use super::err;
+use super::{Emulated, Owner};
+use crate::backend::{self, Conditional};
 use crate::backend::{BResult, CaptureInfo, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork, Obj};
+use gpuplex_protocol::CallError;
 
 /// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`, and the update result that goes
 /// with it when the graph is not shaped as the executable one.
@@ -760,5 +763,200 @@ impl Graphs {
     /// Forgets what belonged to a context that was destroyed.
     pub fn context_gone(&mut self, ctx: u64) {
         self.execs.retain(|_, (c, _)| *c != ctx);
+    }
+}
+
+impl backend::Graphs for Emulated {
+    fn stream_begin_capture(&self, ctx: Obj, stream: Obj, _mode: u32) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.begin(stream)
+    }
+
+    fn stream_begin_capture_to_graph(
+        &self,
+        ctx: Obj,
+        stream: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        data: &[u64],
+        _mode: u32,
+    ) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        if data.iter().any(|&d| d != 0) {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "edge data into a capture on the emulated device"));
+        }
+        s.graphs.begin_into(stream, graph, deps)
+    }
+
+    fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.end(stream)
+    }
+
+    fn stream_capture_info(&self, ctx: Obj, stream: Obj, _edges: bool) -> BResult<CaptureInfo> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        Ok(s.graphs.info(stream))
+    }
+
+    /// Kept per thread, not enforced (see `graph.rs`).
+    fn exchange_capture_mode(&self, mode: u32) -> BResult<u32> {
+        thread_local! {
+            static MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
+        if mode > 2 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        Ok(MODE.replace(mode))
+    }
+
+    fn stream_update_capture_deps(&self, ctx: Obj, stream: Obj, deps: &[Obj], flags: u32) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.update_capture_deps(stream, deps, flags)
+    }
+
+    fn graph_create(&self, flags: u32) -> BResult<Obj> {
+        if flags != 0 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        Ok(self.state().graphs.create())
+    }
+
+    fn graph_destroy(&self, graph: Obj) -> BResult<()> {
+        self.state().graphs.destroy(graph)
+    }
+
+    fn graph_instantiate(&self, ctx: Obj, graph: Obj, flags: u64) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        if flags != 0 {
+            return Err(err(CuError::NOT_SUPPORTED, "the emulated device instantiates graphs with no flags"));
+        }
+        s.graphs.instantiate(ctx, graph)
+    }
+
+    fn graph_exec_destroy(&self, exec: Obj) -> BResult<()> {
+        self.state().graphs.exec_destroy(exec)
+    }
+
+    fn graph_launch(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::NOT_SUPPORTED, "the emulated device captures no graph launches")?;
+        let work = s.graphs.exec(ctx, exec)?;
+        s.graphs.launching(exec);
+        s.run_graph(ctx, work)
+    }
+
+    fn graph_upload(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
+        let mut s = self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.exec(ctx, exec).map(drop)
+    }
+
+    fn graph_nodes(&self, graph: Obj, roots: bool) -> BResult<Vec<Obj>> {
+        self.state().graphs.nodes(graph, roots)
+    }
+
+    unsafe fn graph_add_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], node: &NodeWork<'_>) -> BResult<Obj> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        match *node {
+            NodeWork::Kernel { func, .. } => drop(s.function(func)?),
+            NodeWork::Event { event, .. } => drop(s.event(event)?),
+            _ => {}
+        }
+        s.graphs.add_node(graph, deps, node)
+    }
+
+    fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()> {
+        self.state().graphs.dependencies(graph, from, to, data, remove)
+    }
+
+    fn graph_child_graph(&self, node: Obj) -> BResult<Obj> {
+        self.state().graphs.child_graph(node)
+    }
+
+    fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset> {
+        match self.state().graphs.node_work(node)? {
+            Work::Memset(m) => Ok(*m),
+            _ => Err(err(CuError::INVALID_VALUE, "not a memset node")),
+        }
+    }
+
+    fn graph_add_conditional_node(
+        &self,
+        ctx: Obj,
+        graph: Obj,
+        deps: &[Obj],
+        cond: &Conditional,
+    ) -> BResult<(Obj, Vec<Obj>)> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.graphs.add_conditional(graph, deps, cond.handle, cond.kind, cond.size)
+    }
+
+    /// The memory is placed at once, in the context, and kept until the
+    /// context ends: the test device reserves graph memory for good.
+    fn graph_add_mem_alloc_node(&self, ctx: Obj, graph: Obj, deps: &[Obj], alloc: &GraphAlloc) -> BResult<(Obj, u64)> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        let dptr = s.memory.alloc(alloc.bytes.max(1), Owner::Alloc { ctx: ctx.0 }, &[])?;
+        let node = s.graphs.add_work(graph, deps, Work::MemAlloc(GraphAlloc { dptr, ..alloc.clone() }));
+        if node.is_err() {
+            let _ = s.memory.free(dptr);
+        }
+        Ok((node?, dptr))
+    }
+
+    fn graph_mem_alloc_node_params(&self, node: Obj) -> BResult<GraphAlloc> {
+        match self.state().graphs.node_work(node)? {
+            Work::MemAlloc(a) => Ok(a.clone()),
+            _ => Err(err(CuError::INVALID_VALUE, "not an allocation node")),
+        }
+    }
+
+    /// Only the high watermarks may be set, and only to 0.
+    fn graph_mem_set_attribute(&self, _dev: i32, attr: i32, value: u64) -> BResult<()> {
+        match (attr, value) {
+            (1 | 3, 0) => Ok(()),
+            _ => Err(err(CuError::INVALID_VALUE, format!("graph memory attribute {attr} set to {value}"))),
+        }
+    }
+
+    fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
+        self.state().graphs.edges(graph)
+    }
+
+    fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>> {
+        self.state().graphs.node_edges(node, dependents)
+    }
+
+    unsafe fn graph_node_set(&self, ctx: Obj, node: Obj, exec: Option<Obj>, work: &NodeWork<'_>) -> BResult<()> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.graphs.node_set(node, exec, work)
+    }
+
+    fn graph_clone(&self, graph: Obj) -> BResult<Obj> {
+        self.state().graphs.clone_graph(graph)
+    }
+
+    fn graph_node_find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj> {
+        self.state().graphs.find_in_clone(node, clone)
+    }
+
+    fn graph_destroy_node(&self, node: Obj) -> BResult<()> {
+        self.state().graphs.destroy_node(node)
+    }
+
+    fn graph_exec_update(&self, ctx: Obj, exec: Obj, graph: Obj) -> BResult<ExecUpdate> {
+        let mut s = self.state();
+        s.ctx(ctx)?;
+        s.graphs.exec_update(exec, graph)
     }
 }

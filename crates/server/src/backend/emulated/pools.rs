@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use gpuplex_protocol::{AccessDesc, CuError, PoolProps, ALLOCATION_PINNED, HANDLE_TYPE_POSIX_FD, LOCATION_DEVICE};
 
 use super::memory::{Memory, Owner, PROT_READWRITE};
+use super::Emulated;
 use super::{err, BResult, Obj};
+use crate::backend;
 
 /// `CUmemPool_attribute`.
 const REUSE_FOLLOW_EVENT_DEPENDENCIES: i32 = 1;
@@ -206,5 +208,56 @@ impl Pools {
             return Ok(PROT_READWRITE.into());
         }
         Ok(p.access.get(&location).copied().unwrap_or(0).into())
+    }
+}
+
+impl backend::Pools for Emulated {
+    fn mem_pool_create(&self, ctx: Option<Obj>, props: &PoolProps) -> BResult<Obj> {
+        let s = &mut *self.state();
+        ctx.map_or(Ok(()), |c| s.ctx(c).map(drop))?;
+        s.pools.create(props, self.devices.len())
+    }
+
+    fn mem_pool_destroy(&self, pool: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.pools.destroy(&mut s.memory, pool)
+    }
+
+    fn mem_alloc_from_pool(&self, ctx: Obj, size: u64, pool: Obj, stream: Obj) -> BResult<u64> {
+        let s = &mut *self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "an allocation")?;
+        s.pools.alloc(&mut s.memory, size, pool)
+    }
+
+    fn mem_free_async(&self, ctx: Obj, ptr: u64, stream: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.stream(ctx, stream)?;
+        s.graphs.refuse(stream, CuError::STREAM_CAPTURE_UNSUPPORTED, "a free")?;
+        match s.memory.owner(ptr) {
+            Some(Owner::Pooled { pool }) => s.pools.free(&mut s.memory, ptr, pool),
+            _ => Ok(s.memory.free(ptr)?),
+        }
+    }
+
+    fn mem_pool_trim(&self, pool: Obj, keep: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.pools.trim(&mut s.memory, pool, keep)
+    }
+
+    fn mem_pool_set_attribute(&self, pool: Obj, attr: i32, value: u64) -> BResult<()> {
+        self.state().pools.set_attribute(pool, attr, value)
+    }
+
+    fn mem_pool_get_attribute(&self, pool: Obj, attr: i32) -> BResult<u64> {
+        self.state().pools.get_attribute(pool, attr)
+    }
+
+    fn mem_pool_set_access(&self, pool: Obj, access: &[AccessDesc]) -> BResult<()> {
+        self.state().pools.set_access(pool, access, self.devices.len())
+    }
+
+    fn mem_pool_get_access(&self, pool: Obj, location_kind: u32, location: i32) -> BResult<u64> {
+        self.state().pools.get_access(pool, location_kind, location)
     }
 }

@@ -1,4 +1,6 @@
 use super::*;
+use crate::backend::prelude::*;
+use crate::backend::{ClusterQuery, CU_EVENT_DISABLE_TIMING};
 
 fn setup() -> (Emulated, Obj) {
     let e = Emulated::new();

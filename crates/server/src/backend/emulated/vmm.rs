@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use gpuplex_protocol::{AccessDesc, AllocProp, CuError, ALLOCATION_PINNED, HANDLE_TYPE_POSIX_FD, LOCATION_DEVICE};
 
 use super::memory::{self, Memory, Owner, PROT_READ, PROT_READWRITE};
+use super::Emulated;
 use super::{err, BResult, Obj};
+use crate::backend::VirtualMemory;
 
 /// The granularity of sizes and reservations, minimum and recommended
 /// alike, as on the GPUs gpuplex serves.
@@ -223,6 +225,61 @@ impl Vmm {
         }
         let (base, _) = Self::mapped_at(mem, ptr)?;
         Ok(mem.access(base).into())
+    }
+}
+
+impl VirtualMemory for Emulated {
+    fn mem_granularity(&self, ctx: Option<Obj>, prop: &AllocProp, option: u32) -> BResult<u64> {
+        let mut s = self.state();
+        ctx.map_or(Ok(()), |c| s.ctx(c).map(drop))?;
+        s.vmm.granularity(prop, option, self.devices.len())
+    }
+
+    fn mem_create(&self, ctx: Option<Obj>, size: u64, prop: &AllocProp, flags: u64) -> BResult<Obj> {
+        let s = &mut *self.state();
+        ctx.map_or(Ok(()), |c| s.ctx(c).map(drop))?;
+        s.vmm.create(&mut s.memory, size, prop, flags, self.devices.len())
+    }
+
+    fn mem_release(&self, handle: Obj) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.release(&mut s.memory, handle)
+    }
+
+    fn mem_retain(&self, ptr: u64) -> BResult<Obj> {
+        let s = &mut *self.state();
+        s.vmm.retain(&s.memory, ptr)
+    }
+
+    fn mem_address_reserve(&self, ctx: Option<Obj>, size: u64, alignment: u64, _addr: u64, flags: u64) -> BResult<u64> {
+        let s = &mut *self.state();
+        ctx.map_or(Ok(()), |c| s.ctx(c).map(drop))?;
+        s.vmm.address_reserve(&mut s.memory, size, alignment, flags)
+    }
+
+    fn mem_address_free(&self, ptr: u64, size: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.address_free(&s.memory, ptr, size)
+    }
+
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Obj, flags: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.map(&mut s.memory, ptr, size, offset, handle, flags)
+    }
+
+    fn mem_unmap(&self, ptr: u64, size: u64) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.unmap(&mut s.memory, ptr, size)
+    }
+
+    fn mem_set_access(&self, ptr: u64, size: u64, access: &[AccessDesc]) -> BResult<()> {
+        let s = &mut *self.state();
+        s.vmm.set_access(&mut s.memory, ptr, size, access, self.devices.len())
+    }
+
+    fn mem_get_access(&self, location_kind: u32, location: i32, ptr: u64) -> BResult<u64> {
+        let s = &*self.state();
+        s.vmm.get_access(&s.memory, location_kind, location, ptr, self.devices.len())
     }
 }
 

@@ -5,7 +5,7 @@
 //! microseconds instead of waiting for a whole round of chunks.
 //!
 //! A batch's DMAs wait until it is sealed (full, or the session is about to
-//! wait) and then go to the driver together ([`Backend::memcpy_host_batch`]):
+//! wait) and then go to the driver together ([`crate::backend::Memory::memcpy_host_batch`]):
 //! the copy engine takes DMAs faster in one call than one call each
 //! (`docs/performance.md`, *Bulk lanes*).
 
@@ -245,6 +245,7 @@ impl<'a, T> Batches<'a, T> {
 mod tests {
     use super::*;
     use crate::backend::emulated::Emulated;
+    use crate::backend::prelude::*;
 
     /// An emulated device with a context, a stream and the lanes' fences.
     fn device() -> (Emulated, Obj, Obj, Fences) {
