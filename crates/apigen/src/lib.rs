@@ -62,6 +62,8 @@ pub struct Row {
     pub device: bool,
     /// The server's side is generated too (for the types in `PASS_TYPES`).
     pub pass: bool,
+    /// The table's section: its calls are one trait of the server's `Api`.
+    pub section: String,
 }
 
 /// A row's part in one of the front-end's memos (`crate::memo`), named in
@@ -127,12 +129,21 @@ impl Row {
 /// Parses the table; errors name the line.
 pub fn parse(text: &str) -> Result<Table, String> {
     let mut table = Table { rows: Vec::new(), handwritten: Vec::new() };
+    let mut section = None;
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with('[') {
+        let fail = |why: &str| format!("calls.api line {}: {why}: {line}", i + 1);
+        if let Some(header) = line.strip_prefix('[') {
+            let name = header.split([':', ']']).next().unwrap_or_default();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                return Err(fail("a section starts [name: ...], the name in snake_case"));
+            }
+            section = Some(name.to_owned());
             continue;
         }
-        let fail = |why: &str| format!("calls.api line {}: {why}: {line}", i + 1);
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
         if let Some(names) = line.strip_prefix("handwritten ") {
             table.handwritten.extend(names.split_whitespace().map(str::to_owned));
             continue;
@@ -175,6 +186,7 @@ pub fn parse(text: &str) -> Result<Table, String> {
         if device && (kind == Kind::Control || memo.is_some()) {
             return Err(fail("only a call that is no memo's query can reach a device"));
         }
+        let section = section.clone().ok_or_else(|| fail("a row before any [section]"))?;
         if kind == Kind::Control {
             let row = Row {
                 opcode,
@@ -186,6 +198,7 @@ pub fn parse(text: &str) -> Result<Table, String> {
                 memo,
                 device,
                 pass,
+                section,
             };
             table.rows.push(row);
             continue;
@@ -225,7 +238,7 @@ pub fn parse(text: &str) -> Result<Table, String> {
         if let Some(p) = params.iter().find(|p| pass && pass_type(p).is_none()) {
             return Err(fail(&format!("{} {}: not a type that passes through", p.name, p.ty)));
         }
-        let row = Row { opcode, kind, name, params, aliases, posted, memo, device, pass };
+        let row = Row { opcode, kind, name, params, aliases, posted, memo, device, pass, section };
         if matches!(row.memo, Some(MemoUse::Changes(_))) && row.group_param().is_none() {
             return Err(fail("a row that changes a memo needs a handle parameter to name the group"));
         }
@@ -411,25 +424,47 @@ pub fn protocol_code(table: &Table) -> String {
     }
     s += "}\n\n";
 
-    s += "/// The server side of every call, one method per table row; a `pass`\n/// row's is generated ([`pass`]).\n#[allow(non_snake_case)]\npub trait Api: Resolver {\n";
+    // One trait per section of the table, so that a server implements each
+    // section's calls where it keeps what they deal in.
+    let mut sections: Vec<&str> = Vec::new();
     for row in &calls {
-        if row.pass {
-            writeln!(
-                s,
-                "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError> {{\n        pass::{0}(self, req)\n    }}",
-                row.name
-            )
-            .unwrap();
-        } else {
-            writeln!(
-                s,
-                "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError>;",
-                row.name
-            )
-            .unwrap();
+        if !sections.contains(&row.section.as_str()) {
+            sections.push(&row.section);
         }
     }
-    s += "}\n\n";
+    for section in &sections {
+        writeln!(
+            s,
+            "/// The server side of the table's `{section}` calls; a `pass` row's is\n/// generated ([`pass`]).\n#[allow(non_snake_case)]\npub trait {}: Resolver {{",
+            section_trait(section)
+        )
+        .unwrap();
+        for row in calls.iter().filter(|r| r.section == *section) {
+            if row.pass {
+                writeln!(
+                    s,
+                    "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError> {{\n        pass::{0}(self, req)\n    }}",
+                    row.name
+                )
+                .unwrap();
+            } else {
+                writeln!(
+                    s,
+                    "    fn {0}(&mut self, req: calls::{0}::Request) -> Result<calls::{0}::Reply, CallError>;",
+                    row.name
+                )
+                .unwrap();
+            }
+        }
+        s += "}\n\n";
+    }
+    let all: Vec<String> = sections.iter().map(|n| section_trait(n)).collect();
+    writeln!(
+        s,
+        "/// The server side of every call: the traits of all sections.\npub trait Api: {0} {{}}\n\nimpl<T: {0}> Api for T {{}}\n",
+        all.join(" + ")
+    )
+    .unwrap();
     s += "/// Decodes a request payload, runs it on `api` and encodes the reply.\n";
     s += "/// The outer error is a payload that does not decode (the session ends);\n";
     s += "/// the inner one is the call's own CUDA error (the session goes on).\n";
@@ -465,6 +500,18 @@ pub fn protocol_code(table: &Table) -> String {
     s += "    }\n}\n";
     s += &passthrough_code(table);
     s
+}
+
+/// The `Api` trait of a section's calls: `host_memory` as `HostMemoryCalls`.
+fn section_trait(section: &str) -> String {
+    let camel: String = section
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+        })
+        .collect();
+    camel + "Calls"
 }
 
 /// How a parameter of a `pass` row reaches the driver: in the message,
@@ -865,20 +912,23 @@ handwritten cuInit
 
     #[test]
     fn refuses_mistakes() {
-        assert!(parse("0x0001 export a(x: u32)\n0x0001 export b(x: u32)").unwrap_err().contains("used twice"));
-        assert!(parse("0x0001 export a(x: Banana)").unwrap_err().contains("unknown type"));
-        assert!(parse("0x0001 export a(x: Bytes)").unwrap_err().contains("no C form"));
-        assert!(parse("0x0001 wire a(x: u32)").unwrap_err().contains("->"));
-        assert!(parse("0x0000 export a()").unwrap_err().contains("reserved"));
-        assert!(parse("handwritten a\n0x0001 export a()").unwrap_err().contains("twice"));
-        assert!(parse("0x0001 export posted memo(x) a(v: u32)").unwrap_err().contains("waits for nothing"));
-        assert!(parse("0x0001 wire memo(x) a(v: u32) -> ()").unwrap_err().contains("only export"));
-        assert!(parse("0x0001 export changes(x) a(v: u32)").unwrap_err().contains("handle parameter"));
-        assert!(parse("0x0001 export memo(x) forgets(x) a(v: u32)").unwrap_err().contains("one memo"));
-        assert!(parse("0x0001 export device memo(x) a(v: u32)").unwrap_err().contains("reach a device"));
-        assert!(parse("0x0001 wire pass a(v: u32) -> ()").unwrap_err().contains("only export and ptsz"));
-        assert!(parse("0x0001 export pass a(v: Name)").unwrap_err().contains("passes through"));
-        assert!(parse("0x0001 export pass a(out m: Mipmap)").unwrap_err().contains("passes through"));
+        let in_section = |rows: &str| parse(&format!("[s: a section]\n{rows}"));
+        assert!(parse("0x0001 export a(x: u32)").unwrap_err().contains("before any [section]"));
+        assert!(parse("[Streams: no]\n0x0001 export a(x: u32)").unwrap_err().contains("snake_case"));
+        assert!(in_section("0x0001 export a(x: u32)\n0x0001 export b(x: u32)").unwrap_err().contains("used twice"));
+        assert!(in_section("0x0001 export a(x: Banana)").unwrap_err().contains("unknown type"));
+        assert!(in_section("0x0001 export a(x: Bytes)").unwrap_err().contains("no C form"));
+        assert!(in_section("0x0001 wire a(x: u32)").unwrap_err().contains("->"));
+        assert!(in_section("0x0000 export a()").unwrap_err().contains("reserved"));
+        assert!(in_section("handwritten a\n0x0001 export a()").unwrap_err().contains("twice"));
+        assert!(in_section("0x0001 export posted memo(x) a(v: u32)").unwrap_err().contains("waits for nothing"));
+        assert!(in_section("0x0001 wire memo(x) a(v: u32) -> ()").unwrap_err().contains("only export"));
+        assert!(in_section("0x0001 export changes(x) a(v: u32)").unwrap_err().contains("handle parameter"));
+        assert!(in_section("0x0001 export memo(x) forgets(x) a(v: u32)").unwrap_err().contains("one memo"));
+        assert!(in_section("0x0001 export device memo(x) a(v: u32)").unwrap_err().contains("reach a device"));
+        assert!(in_section("0x0001 wire pass a(v: u32) -> ()").unwrap_err().contains("only export and ptsz"));
+        assert!(in_section("0x0001 export pass a(v: Name)").unwrap_err().contains("passes through"));
+        assert!(in_section("0x0001 export pass a(out m: Mipmap)").unwrap_err().contains("passes through"));
     }
 
     #[test]
@@ -900,6 +950,16 @@ handwritten cuInit
         );
         assert!(imp.contains("api::cuThingQuery(node as usize as *mut std::ffi::c_void, dev, p, &mut value, &mut at)"));
         assert!(imp.contains("Ok((value, at))"));
+    }
+
+    #[test]
+    fn each_section_is_a_trait_of_the_api() {
+        let t =
+            parse("[host_memory: one]\n0x0001 export a(v: u32)\n[graphs: two]\n0x0002 export pass b(v: u32)").unwrap();
+        let protocol = protocol_code(&t);
+        assert!(protocol.contains("pub trait HostMemoryCalls: Resolver {\n    fn a("));
+        assert!(protocol.contains("pub trait GraphsCalls: Resolver {\n    fn b("));
+        assert!(protocol.contains("pub trait Api: HostMemoryCalls + GraphsCalls {}"));
     }
 
     #[test]

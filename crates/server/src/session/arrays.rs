@@ -9,6 +9,7 @@
 //! row extent and all.
 
 use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{calls, ArraysCalls};
 use gpuplex_protocol::{
     element_bytes, ArrayDesc, CallError, CopySide, ResourceDesc, COPY_2D, COPY_2D_UNALIGNED, COPY_3D,
     COPY_ARRAY_LINEAR, MAX_MIP_LEVELS, RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_MIPMAPPED_ARRAY, RESOURCE_PITCH2D,
@@ -309,5 +310,61 @@ impl Session {
         self.backend.surf_object_destroy(ctx, req.object)?;
         self.tables.samplers.surfaces.remove(&req.object);
         Ok(SurfObjectDestroy::Reply {})
+    }
+}
+
+#[allow(non_snake_case)]
+impl ArraysCalls for Session {
+    fn Memcpy3D(&mut self, req: calls::Memcpy3D::Request) -> R<calls::Memcpy3D::Reply> {
+        self.memcpy_3d(req)
+    }
+
+    fn ArrayCreate(&mut self, req: calls::ArrayCreate::Request) -> R<calls::ArrayCreate::Reply> {
+        self.array_create(req)
+    }
+
+    fn cuArrayDestroy(&mut self, req: calls::cuArrayDestroy::Request) -> R<calls::cuArrayDestroy::Reply> {
+        self.array_destroy(req)
+    }
+
+    fn ArrayDescriptor(&mut self, req: calls::ArrayDescriptor::Request) -> R<calls::ArrayDescriptor::Reply> {
+        self.array_descriptor(req)
+    }
+
+    fn MipmappedArrayCreate(
+        &mut self,
+        req: calls::MipmappedArrayCreate::Request,
+    ) -> R<calls::MipmappedArrayCreate::Reply> {
+        self.mipmap_create(req)
+    }
+
+    fn cuMipmappedArrayGetLevel(
+        &mut self,
+        req: calls::cuMipmappedArrayGetLevel::Request,
+    ) -> R<calls::cuMipmappedArrayGetLevel::Reply> {
+        self.mipmap_level(req)
+    }
+
+    fn cuMipmappedArrayDestroy(
+        &mut self,
+        req: calls::cuMipmappedArrayDestroy::Request,
+    ) -> R<calls::cuMipmappedArrayDestroy::Reply> {
+        self.mipmap_destroy(req)
+    }
+
+    fn TexObjectCreate(&mut self, req: calls::TexObjectCreate::Request) -> R<calls::TexObjectCreate::Reply> {
+        self.tex_object_create(req)
+    }
+
+    fn TexObjectDestroy(&mut self, req: calls::TexObjectDestroy::Request) -> R<calls::TexObjectDestroy::Reply> {
+        self.tex_object_destroy(req)
+    }
+
+    fn SurfObjectCreate(&mut self, req: calls::SurfObjectCreate::Request) -> R<calls::SurfObjectCreate::Reply> {
+        self.surf_object_create(req)
+    }
+
+    fn SurfObjectDestroy(&mut self, req: calls::SurfObjectDestroy::Request) -> R<calls::SurfObjectDestroy::Reply> {
+        self.surf_object_destroy(req)
     }
 }

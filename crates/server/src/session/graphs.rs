@@ -9,7 +9,7 @@
 //! thread's mode (the client posts a thread's mode when it changes).
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{CallError, CuError, Graph, GraphExec, Seq};
+use gpuplex_protocol::{calls, CallError, CuError, Graph, GraphExec, GraphsCalls, Seq};
 use tracing::{debug, warn};
 
 use super::tables::{Entry, Kind, Owner};
@@ -268,5 +268,237 @@ impl Session {
                 warn!("teardown: graph destroy failed: {e}");
             }
         }
+    }
+}
+
+#[allow(non_snake_case)]
+impl GraphsCalls for Session {
+    fn GraphAddMemAllocNode(
+        &mut self,
+        req: calls::GraphAddMemAllocNode::Request,
+    ) -> R<calls::GraphAddMemAllocNode::Reply> {
+        self.graph_add_mem_alloc_node(req)
+    }
+
+    fn GraphAddMemFreeNode(
+        &mut self,
+        req: calls::GraphAddMemFreeNode::Request,
+    ) -> R<calls::GraphAddMemFreeNode::Reply> {
+        self.graph_add_mem_free_node(req)
+    }
+
+    fn GraphMemAllocNodeParams(
+        &mut self,
+        req: calls::GraphMemAllocNodeParams::Request,
+    ) -> R<calls::GraphMemAllocNodeParams::Reply> {
+        self.graph_mem_alloc_node_params(req)
+    }
+
+    fn GraphMemAttributeSet(
+        &mut self,
+        req: calls::GraphMemAttributeSet::Request,
+    ) -> R<calls::GraphMemAttributeSet::Reply> {
+        self.graph_mem_set_attribute(req)
+    }
+
+    fn CaptureMode(&mut self, req: calls::CaptureMode::Request) -> R<calls::CaptureMode::Reply> {
+        self.capture_mode(req)
+    }
+
+    fn StreamBeginCapture(&mut self, req: calls::StreamBeginCapture::Request) -> R<calls::StreamBeginCapture::Reply> {
+        self.begin_capture(req)
+    }
+
+    fn StreamBeginCaptureToGraph(
+        &mut self,
+        req: calls::StreamBeginCaptureToGraph::Request,
+    ) -> R<calls::StreamBeginCaptureToGraph::Reply> {
+        self.begin_capture_to_graph(req)
+    }
+
+    fn StreamEndCapture(&mut self, req: calls::StreamEndCapture::Request) -> R<calls::StreamEndCapture::Reply> {
+        self.end_capture(req)
+    }
+
+    fn StreamCaptureInfo(&mut self, req: calls::StreamCaptureInfo::Request) -> R<calls::StreamCaptureInfo::Reply> {
+        self.capture_info(req)
+    }
+
+    fn cuGraphCreate(&mut self, req: calls::cuGraphCreate::Request) -> R<calls::cuGraphCreate::Reply> {
+        self.graph_create(req)
+    }
+
+    fn cuGraphDestroy(&mut self, req: calls::cuGraphDestroy::Request) -> R<calls::cuGraphDestroy::Reply> {
+        self.graph_destroy(req)
+    }
+
+    fn cuGraphInstantiateWithFlags(
+        &mut self,
+        req: calls::cuGraphInstantiateWithFlags::Request,
+    ) -> R<calls::cuGraphInstantiateWithFlags::Reply> {
+        self.graph_instantiate(req)
+    }
+
+    fn cuGraphLaunch(&mut self, req: calls::cuGraphLaunch::Request) -> R<calls::cuGraphLaunch::Reply> {
+        self.graph_launch(req)
+    }
+
+    fn cuGraphUpload(&mut self, req: calls::cuGraphUpload::Request) -> R<calls::cuGraphUpload::Reply> {
+        self.graph_upload(req)
+    }
+
+    fn cuGraphExecDestroy(&mut self, req: calls::cuGraphExecDestroy::Request) -> R<calls::cuGraphExecDestroy::Reply> {
+        self.graph_exec_destroy(req)
+    }
+
+    fn GraphAddKernelNode(&mut self, req: calls::GraphAddKernelNode::Request) -> R<calls::GraphAddKernelNode::Reply> {
+        self.graph_add_kernel_node(req)
+    }
+
+    fn GraphAddMemcpyNode(&mut self, req: calls::GraphAddMemcpyNode::Request) -> R<calls::GraphAddMemcpyNode::Reply> {
+        self.graph_add_memcpy_node(req)
+    }
+
+    fn GraphAddMemsetNode(&mut self, req: calls::GraphAddMemsetNode::Request) -> R<calls::GraphAddMemsetNode::Reply> {
+        self.graph_add_memset_node(req)
+    }
+
+    fn cuGraphChildGraphNodeGetGraph(
+        &mut self,
+        req: calls::cuGraphChildGraphNodeGetGraph::Request,
+    ) -> R<calls::cuGraphChildGraphNodeGetGraph::Reply> {
+        self.child_graph(req)
+    }
+
+    fn GraphMemsetNodeParams(
+        &mut self,
+        req: calls::GraphMemsetNodeParams::Request,
+    ) -> R<calls::GraphMemsetNodeParams::Reply> {
+        self.memset_node_params(req)
+    }
+
+    fn GraphAddConditionalNode(
+        &mut self,
+        req: calls::GraphAddConditionalNode::Request,
+    ) -> R<calls::GraphAddConditionalNode::Reply> {
+        self.graph_add_conditional_node(req)
+    }
+
+    fn GraphAddEmptyNode(&mut self, req: calls::GraphAddEmptyNode::Request) -> R<calls::GraphAddEmptyNode::Reply> {
+        self.graph_add_empty_node(req)
+    }
+
+    fn GraphAddChildGraphNode(
+        &mut self,
+        req: calls::GraphAddChildGraphNode::Request,
+    ) -> R<calls::GraphAddChildGraphNode::Reply> {
+        self.graph_add_child_node(req)
+    }
+
+    fn GraphAddEventNode(&mut self, req: calls::GraphAddEventNode::Request) -> R<calls::GraphAddEventNode::Reply> {
+        self.graph_add_event_node(req)
+    }
+
+    fn GraphDependencies(&mut self, req: calls::GraphDependencies::Request) -> R<calls::GraphDependencies::Reply> {
+        self.graph_dependencies(req)
+    }
+
+    fn GraphEdges(&mut self, req: calls::GraphEdges::Request) -> R<calls::GraphEdges::Reply> {
+        self.graph_edges(req)
+    }
+
+    fn GraphNodeEdges(&mut self, req: calls::GraphNodeEdges::Request) -> R<calls::GraphNodeEdges::Reply> {
+        self.graph_node_edges(req)
+    }
+
+    fn GraphKernelNodeSetParams(
+        &mut self,
+        req: calls::GraphKernelNodeSetParams::Request,
+    ) -> R<calls::GraphKernelNodeSetParams::Reply> {
+        self.graph_kernel_node_set(req)
+    }
+
+    fn cuGraphClone(&mut self, req: calls::cuGraphClone::Request) -> R<calls::cuGraphClone::Reply> {
+        self.graph_clone(req)
+    }
+
+    fn cuGraphNodeFindInClone(
+        &mut self,
+        req: calls::cuGraphNodeFindInClone::Request,
+    ) -> R<calls::cuGraphNodeFindInClone::Reply> {
+        self.graph_find_in_clone(req)
+    }
+
+    fn cuGraphDestroyNode(&mut self, req: calls::cuGraphDestroyNode::Request) -> R<calls::cuGraphDestroyNode::Reply> {
+        self.graph_destroy_node(req)
+    }
+
+    fn GraphExecUpdate(&mut self, req: calls::GraphExecUpdate::Request) -> R<calls::GraphExecUpdate::Reply> {
+        self.graph_exec_update(req)
+    }
+
+    fn GraphAddHostNode(&mut self, req: calls::GraphAddHostNode::Request) -> R<calls::GraphAddHostNode::Reply> {
+        self.graph_add_host_node(req)
+    }
+
+    fn GraphHostNodeSetParams(
+        &mut self,
+        req: calls::GraphHostNodeSetParams::Request,
+    ) -> R<calls::GraphHostNodeSetParams::Reply> {
+        self.graph_host_node_set(req)
+    }
+
+    fn GraphMemcpyNodeSetParams(
+        &mut self,
+        req: calls::GraphMemcpyNodeSetParams::Request,
+    ) -> R<calls::GraphMemcpyNodeSetParams::Reply> {
+        self.graph_memcpy_node_set(req)
+    }
+
+    fn GraphMemsetNodeSetParams(
+        &mut self,
+        req: calls::GraphMemsetNodeSetParams::Request,
+    ) -> R<calls::GraphMemsetNodeSetParams::Reply> {
+        self.graph_memset_node_set(req)
+    }
+
+    fn GraphChildNodeSetParams(
+        &mut self,
+        req: calls::GraphChildNodeSetParams::Request,
+    ) -> R<calls::GraphChildNodeSetParams::Reply> {
+        self.graph_child_node_set(req)
+    }
+
+    fn GraphEventNodeSetEvent(
+        &mut self,
+        req: calls::GraphEventNodeSetEvent::Request,
+    ) -> R<calls::GraphEventNodeSetEvent::Reply> {
+        self.graph_event_node_set(req)
+    }
+
+    fn TensorMapEncode(&mut self, req: calls::TensorMapEncode::Request) -> R<calls::TensorMapEncode::Reply> {
+        self.tensor_map_encode(req)
+    }
+
+    fn TensorMapReplaceAddress(
+        &mut self,
+        req: calls::TensorMapReplaceAddress::Request,
+    ) -> R<calls::TensorMapReplaceAddress::Reply> {
+        self.tensor_map_replace_address(req)
+    }
+
+    fn LaunchHostFunc(&mut self, req: calls::LaunchHostFunc::Request) -> R<calls::LaunchHostFunc::Reply> {
+        self.launch_host_func(req)
+    }
+
+    fn StreamUpdateCaptureDependencies(
+        &mut self,
+        req: calls::StreamUpdateCaptureDependencies::Request,
+    ) -> R<calls::StreamUpdateCaptureDependencies::Reply> {
+        self.update_capture_deps(req)
+    }
+
+    fn GraphNodes(&mut self, req: calls::GraphNodes::Request) -> R<calls::GraphNodes::Reply> {
+        self.graph_nodes(req)
     }
 }

@@ -7,7 +7,7 @@
 //! closes what it still has open when it ends.
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{CallError, DevPtr, Event};
+use gpuplex_protocol::{calls, CallError, DevPtr, Event, IpcCalls};
 
 use super::tables::{Entry, Kind, Owner, Region};
 use super::{invalid, Session};
@@ -84,5 +84,31 @@ impl Session {
             }
             self.tables.remove_region(base);
         }
+    }
+}
+
+#[allow(non_snake_case)]
+impl IpcCalls for Session {
+    fn IpcGetMemHandle(&mut self, req: calls::IpcGetMemHandle::Request) -> R<calls::IpcGetMemHandle::Reply> {
+        self.ipc_get_mem_handle(req)
+    }
+
+    fn IpcOpenMemHandle(&mut self, req: calls::IpcOpenMemHandle::Request) -> R<calls::IpcOpenMemHandle::Reply> {
+        self.ipc_open_mem_handle(req)
+    }
+
+    fn cuIpcCloseMemHandle(
+        &mut self,
+        req: calls::cuIpcCloseMemHandle::Request,
+    ) -> R<calls::cuIpcCloseMemHandle::Reply> {
+        self.ipc_close_mem_handle(req)
+    }
+
+    fn IpcGetEventHandle(&mut self, req: calls::IpcGetEventHandle::Request) -> R<calls::IpcGetEventHandle::Reply> {
+        self.ipc_get_event_handle(req)
+    }
+
+    fn IpcOpenEventHandle(&mut self, req: calls::IpcOpenEventHandle::Request) -> R<calls::IpcOpenEventHandle::Reply> {
+        self.ipc_open_event_handle(req)
     }
 }

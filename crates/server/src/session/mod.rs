@@ -3,7 +3,8 @@
 //! The supervisor has read the guest's `Hello` and placed it; the session
 //! answers with `Welcome` and runs on its own thread: it reads frames,
 //! dispatches each call through the generated [`dispatch`] onto its
-//! [`Api`](gpuplex_protocol::Api) implementation (in `api.rs`), and writes
+//! [`Api`](gpuplex_protocol::Api) implementation (a trait per section of the
+//! table, each in the file of what it deals in), and writes
 //! the reply. Everything the guest holds lives in the session's [`Tables`];
 //! when the connection ends, by exit, crash or protocol violation, `Drop`
 //! unloads its libraries and destroys its contexts, which frees every
@@ -11,8 +12,8 @@
 //! charged to its tenant in the ledger ([`Account`]), before the backend
 //! allocates and exactly after every call.
 
-mod api;
 mod arrays;
+mod contexts;
 mod graph_memory;
 mod graphs;
 mod host_calls;
@@ -23,12 +24,15 @@ mod launcher;
 mod line;
 mod link;
 mod managed;
+mod memory;
+mod modules;
 mod nodes;
 mod passthrough;
 mod pools;
 mod resolve;
 mod scratch;
 mod shared;
+mod streams;
 pub mod tables;
 mod tensor_maps;
 mod vmm;

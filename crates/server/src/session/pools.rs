@@ -18,6 +18,7 @@
 //! frees it only when the stream gets there, which a guest could put off.
 
 use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{calls, PoolsCalls};
 use gpuplex_protocol::{
     CallError, CuError, DevPtr, MemPool, PoolProps, ALLOCATION_PINNED, HANDLE_TYPE_NONE, LOCATION_DEVICE,
 };
@@ -478,5 +479,65 @@ impl Session {
                 warn!("teardown: pool destroy failed: {e}");
             }
         }
+    }
+}
+
+#[allow(non_snake_case)]
+impl PoolsCalls for Session {
+    fn MemAllocAsync(&mut self, req: calls::MemAllocAsync::Request) -> R<calls::MemAllocAsync::Reply> {
+        self.mem_alloc_async(req)
+    }
+
+    fn MemFreeAsync(&mut self, req: calls::MemFreeAsync::Request) -> R<calls::MemFreeAsync::Reply> {
+        self.mem_free_async(req)
+    }
+
+    fn MemPoolCreate(&mut self, req: calls::MemPoolCreate::Request) -> R<calls::MemPoolCreate::Reply> {
+        self.mem_pool_create(req)
+    }
+
+    fn cuMemPoolDestroy(&mut self, req: calls::cuMemPoolDestroy::Request) -> R<calls::cuMemPoolDestroy::Reply> {
+        self.mem_pool_destroy(req)
+    }
+
+    fn cuMemPoolTrimTo(&mut self, req: calls::cuMemPoolTrimTo::Request) -> R<calls::cuMemPoolTrimTo::Reply> {
+        self.mem_pool_trim(req)
+    }
+
+    fn MemPoolSetAttribute(
+        &mut self,
+        req: calls::MemPoolSetAttribute::Request,
+    ) -> R<calls::MemPoolSetAttribute::Reply> {
+        self.mem_pool_set_attribute(req)
+    }
+
+    fn MemPoolGetAttribute(
+        &mut self,
+        req: calls::MemPoolGetAttribute::Request,
+    ) -> R<calls::MemPoolGetAttribute::Reply> {
+        self.mem_pool_get_attribute(req)
+    }
+
+    fn MemPoolSetAccess(&mut self, req: calls::MemPoolSetAccess::Request) -> R<calls::MemPoolSetAccess::Reply> {
+        self.mem_pool_set_access(req)
+    }
+
+    fn MemPoolGetAccess(&mut self, req: calls::MemPoolGetAccess::Request) -> R<calls::MemPoolGetAccess::Reply> {
+        self.mem_pool_get_access(req)
+    }
+
+    fn cuDeviceGetDefaultMemPool(
+        &mut self,
+        req: calls::cuDeviceGetDefaultMemPool::Request,
+    ) -> R<calls::cuDeviceGetDefaultMemPool::Reply> {
+        self.device_default_pool(req)
+    }
+
+    fn cuDeviceGetMemPool(&mut self, req: calls::cuDeviceGetMemPool::Request) -> R<calls::cuDeviceGetMemPool::Reply> {
+        self.device_pool(req)
+    }
+
+    fn cuDeviceSetMemPool(&mut self, req: calls::cuDeviceSetMemPool::Request) -> R<calls::cuDeviceSetMemPool::Reply> {
+        self.device_set_pool(req)
     }
 }

@@ -9,10 +9,10 @@
 //! allocation is charged to the tenant from its creation until it is both
 //! released and unmapped, which is when the driver frees it.
 
+use gpuplex_protocol::{calls, AccessDesc, AllocProp, CallError, CuError, DevPtr, VirtualMemoryCalls, LOCATION_DEVICE};
 use std::collections::BTreeMap;
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError, DevPtr, LOCATION_DEVICE};
 
 use super::tables::{HandleMap, Owner, Region};
 use super::{invalid, Session};
@@ -271,5 +271,52 @@ impl Session {
                 tracing::warn!("teardown: address free failed: {e}");
             }
         }
+    }
+}
+
+#[allow(non_snake_case)]
+impl VirtualMemoryCalls for Session {
+    fn MemGranularity(&mut self, req: calls::MemGranularity::Request) -> R<calls::MemGranularity::Reply> {
+        self.mem_granularity(req)
+    }
+
+    fn MemCreate(&mut self, req: calls::MemCreate::Request) -> R<calls::MemCreate::Reply> {
+        self.mem_create(req)
+    }
+
+    fn MemRelease(&mut self, req: calls::MemRelease::Request) -> R<calls::MemRelease::Reply> {
+        self.mem_release(req)
+    }
+
+    fn MemRetain(&mut self, req: calls::MemRetain::Request) -> R<calls::MemRetain::Reply> {
+        self.mem_retain(req)
+    }
+
+    fn MemProperties(&mut self, req: calls::MemProperties::Request) -> R<calls::MemProperties::Reply> {
+        self.mem_properties(req)
+    }
+
+    fn MemAddressReserve(&mut self, req: calls::MemAddressReserve::Request) -> R<calls::MemAddressReserve::Reply> {
+        self.mem_address_reserve(req)
+    }
+
+    fn MemAddressFree(&mut self, req: calls::MemAddressFree::Request) -> R<calls::MemAddressFree::Reply> {
+        self.mem_address_free(req)
+    }
+
+    fn MemMap(&mut self, req: calls::MemMap::Request) -> R<calls::MemMap::Reply> {
+        self.mem_map(req)
+    }
+
+    fn MemUnmap(&mut self, req: calls::MemUnmap::Request) -> R<calls::MemUnmap::Reply> {
+        self.mem_unmap(req)
+    }
+
+    fn MemSetAccess(&mut self, req: calls::MemSetAccess::Request) -> R<calls::MemSetAccess::Reply> {
+        self.mem_set_access(req)
+    }
+
+    fn MemGetAccess(&mut self, req: calls::MemGetAccess::Request) -> R<calls::MemGetAccess::Reply> {
+        self.mem_get_access(req)
     }
 }

@@ -14,8 +14,7 @@ use gpuplex_protocol::{
 };
 
 use super::api::{self, check};
-use super::{enter, Cuda};
-use super::{query, raw, size, sync_stream, BResult, Copy3D, CopyEnd, Obj, Place};
+use super::{enter, query, raw, size, sync_stream, BResult, Copy3D, CopyEnd, Cuda, Obj, Place};
 use crate::backend::Arrays;
 
 /// `CUDA_ARRAY3D_DESCRIPTOR`.

@@ -8,10 +8,10 @@ use std::ptr::null_mut;
 use gpuplex_protocol::{CallError, CuError};
 
 use super::api::{self, check};
-use super::{arrays, enter, handle, obj, raw, size, with_packed, BResult, CaptureInfo, Launch, Obj};
-use super::{graph_memory, Cuda};
-use crate::backend::{Conditional, ExecUpdate, HostFn, Memset, NodeWork};
-use crate::backend::{GraphAlloc, Graphs};
+use super::{
+    arrays, enter, graph_memory, handle, obj, raw, size, with_packed, BResult, CaptureInfo, Cuda, Launch, Obj,
+};
+use crate::backend::{Conditional, ExecUpdate, GraphAlloc, Graphs, HostFn, Memset, NodeWork};
 
 pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
     enter(ctx)?;

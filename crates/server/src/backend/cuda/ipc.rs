@@ -6,10 +6,8 @@ use std::ffi::c_void;
 use gpuplex_protocol::CuError;
 
 use super::api::{self, check};
-use super::{enter, Cuda};
-use super::{handle, raw, BResult, Obj};
-use crate::backend::Ipc;
-use crate::backend::IpcHandle;
+use super::{enter, handle, raw, BResult, Cuda, Obj};
+use crate::backend::{Ipc, IpcHandle};
 
 /// `CUipcMemHandle` and `CUipcEventHandle`, passed by value.
 #[repr(C)]

@@ -9,8 +9,7 @@ use gpuplex_protocol::{AccessDesc, PoolProps};
 
 use super::api::{self, check, MemLocation};
 use super::vmm::{c_access, int};
-use super::{enter, Cuda};
-use super::{handle, query, raw, size, BResult, Obj};
+use super::{enter, handle, query, raw, size, BResult, Cuda, Obj};
 use crate::backend::Pools;
 
 /// `CUmemPoolProps` as the driver takes them.

@@ -9,8 +9,7 @@ use std::ptr::null_mut;
 use gpuplex_protocol::{AccessDesc, AllocProp, CallError, CuError};
 
 use super::api::{self, check, AllocationProp, MemLocation};
-use super::{enter, Cuda};
-use super::{query, size, BResult, Obj};
+use super::{enter, query, size, BResult, Cuda, Obj};
 use crate::backend::VirtualMemory;
 
 /// A narrow field of the C structure, refused if the guest's value does not fit.

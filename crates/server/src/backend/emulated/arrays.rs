@@ -16,11 +16,8 @@ use gpuplex_protocol::{
     RESOURCE_LINEAR, RESOURCE_PITCH2D, TEXTURE_DESC_BYTES,
 };
 
-use super::graph::Conditions;
-use super::kernels::DeviceMemory;
 use super::memory::{self, Memory};
-use super::Emulated;
-use super::{err, BResult, Obj};
+use super::{err, graph::Conditions, kernels::DeviceMemory, BResult, Emulated, Obj};
 use crate::backend;
 use crate::backend::{Copy3D, CopyEnd, Place};
 

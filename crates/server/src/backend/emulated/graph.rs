@@ -14,13 +14,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use gpuplex_protocol::CuError;
+use gpuplex_protocol::{CallError, CuError};
 
-use super::err;
-use super::{Emulated, Owner};
-use crate::backend::{self, Conditional};
-use crate::backend::{BResult, CaptureInfo, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork, Obj};
-use gpuplex_protocol::CallError;
+use super::{err, Emulated, Owner};
+use crate::backend::{
+    self, BResult, CaptureInfo, Conditional, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork, Obj,
+};
 
 /// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`, and the update result that goes
 /// with it when the graph is not shaped as the executable one.

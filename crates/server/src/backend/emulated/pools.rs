@@ -11,8 +11,7 @@ use std::collections::HashMap;
 use gpuplex_protocol::{AccessDesc, CuError, PoolProps, ALLOCATION_PINNED, HANDLE_TYPE_POSIX_FD, LOCATION_DEVICE};
 
 use super::memory::{Memory, Owner, PROT_READWRITE};
-use super::Emulated;
-use super::{err, BResult, Obj};
+use super::{err, BResult, Emulated, Obj};
 use crate::backend;
 
 /// `CUmemPool_attribute`.

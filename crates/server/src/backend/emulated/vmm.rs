@@ -12,8 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use gpuplex_protocol::{AccessDesc, AllocProp, CuError, ALLOCATION_PINNED, HANDLE_TYPE_POSIX_FD, LOCATION_DEVICE};
 
 use super::memory::{self, Memory, Owner, PROT_READ, PROT_READWRITE};
-use super::Emulated;
-use super::{err, BResult, Obj};
+use super::{err, BResult, Emulated, Obj};
 use crate::backend::VirtualMemory;
 
 /// The granularity of sizes and reservations, minimum and recommended

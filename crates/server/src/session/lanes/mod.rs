@@ -40,19 +40,21 @@
 //! that has not come already or the receipt for the oldest chunk it was
 //! sent, ends its session, as a malformed frame would.
 
+use super::{host_calls::HostCalls, invalid, shared::register_once, Session};
+use crate::sched::{Seat, Work};
+use gpuplex_protocol::{
+    calls, codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, LanesCalls, HOST_CALLS_LANE,
+};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use gpuplex_protocol::lane::{ChunkHeader, Cut};
-use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, HOST_CALLS_LANE};
 use gpuplex_transport::shm::Region;
 use gpuplex_transport::{Carrier, Lane, Peer, Pipe, TransportError};
 use tracing::{debug, warn};
 
-use super::host_calls::HostCalls;
-use super::shared::register_once;
 use crate::backend::{Backend, HostCopy, Obj, Way};
 use batches::{Batches, Fences};
 /// Chunks from the device a lane's writer keeps unanswered.
@@ -754,5 +756,35 @@ fn write_chunks(w: Writing) {
             lane.shutdown();
             return;
         }
+    }
+}
+
+type R<T> = Result<T, CallError>;
+
+/// Runs a lane copy to or from `target` as the session's copy work: timed,
+/// and under `band` held back for the turn. A copy whose target failed its
+/// checks only drains the lanes, and reaches no GPU.
+fn copying<T>(seat: &Seat, target: &Result<(Obj, Obj), CallError>, copy: impl FnOnce() -> T) -> T {
+    match target {
+        Ok((ctx, stream)) => seat.submit(*ctx, *stream, Work::Copy, copy),
+        Err(_) => copy(),
+    }
+}
+
+#[allow(non_snake_case)]
+impl LanesCalls for Session {
+    fn MemcpyHtoDLanes(&mut self, req: calls::MemcpyHtoDLanes::Request) -> R<calls::MemcpyHtoDLanes::Reply> {
+        // A failed check still takes the copy's chunks off the lanes.
+        let target = self.tables.check_range(req.dst.0, req.size).and_then(|()| self.stream(req.stream));
+        let lanes = self.lanes.as_mut().ok_or_else(|| invalid("no lanes are open"))?;
+        copying(&self.seat, &target, || lanes.htod(&*self.backend, target.clone(), req.dst.0, req.size, req.copy))?;
+        Ok(calls::MemcpyHtoDLanes::Reply {})
+    }
+
+    fn MemcpyDtoHLanes(&mut self, req: calls::MemcpyDtoHLanes::Request) -> R<calls::MemcpyDtoHLanes::Reply> {
+        let target = self.tables.check_range(req.src.0, req.size).and_then(|()| self.stream(req.stream));
+        let lanes = self.lanes.as_mut().ok_or_else(|| invalid("no lanes are open"))?;
+        copying(&self.seat, &target, || lanes.dtoh(&*self.backend, target.clone(), req.src.0, req.size, req.copy))?;
+        Ok(calls::MemcpyDtoHLanes::Reply {})
     }
 }
