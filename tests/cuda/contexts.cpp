@@ -116,6 +116,27 @@ int main() {
     CHECK(cuCtxGetCurrent(&cur));
     printf("destroying a non-current context keeps primary current: %s\n", yes_no(cur == primary));
 
+    // Context-wide events, the persisting L2 lines given back, a stream's context, peers.
+    CUevent all_work;
+    CHECK(cuEventCreate(&all_work, 0));
+    CHECK(cuCtxRecordEvent(primary, all_work));
+    CHECK(cuCtxWaitEvent(primary, all_work));
+    CHECK(cuEventSynchronize(all_work));
+    CHECK(cuEventDestroy(all_work));
+    CHECK(cuCtxResetPersistingL2Cache());
+    CUstream s;
+    CHECK(cuStreamCreate(&s, 0));
+    CUcontext of_stream = nullptr;
+    CUgreenCtx green = (CUgreenCtx)1;
+    CHECK(cuStreamGetCtx_v2(s, &of_stream, &green));
+    printf("context-wide event recorded and waited for; a stream's context: %s, green context: %s\n",
+           yes_no(of_stream == primary), green == nullptr ? "none" : "some");
+    CHECK(cuStreamDestroy(s));
+    int p2p = -1;
+    printf("peer access to its own device's context: %s; a device's P2P attribute with itself: %s\n",
+           err_name(cuCtxEnablePeerAccess(primary, 0)),
+           err_name(cuDeviceGetP2PAttribute(&p2p, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, dev, dev)));
+
     CHECK(cuDevicePrimaryCtxRelease(dev));
     primary_state("after release");
     CHECK(cuCtxSetCurrent(nullptr));

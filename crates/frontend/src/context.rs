@@ -9,9 +9,9 @@ use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpuplex_protocol::{calls, Ctx, CuError};
+use gpuplex_protocol::{calls, Ctx, CuError, Stream};
 
-use crate::ffi::{check_out, entry, write_out, CUresult};
+use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
 use crate::{client, memo};
 
 thread_local! {
@@ -275,4 +275,24 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CU
         unsafe { write_out(mode, old) };
         Ok(())
     })
+}
+
+/// `cuStreamGetCtx_v2`: the stream's context, and its green context, which
+/// is NULL since gpuplex makes none. Either out-pointer may be NULL.
+fn stream_ctx(s: Stream, pctx: *mut *mut c_void, pgreen: *mut *mut c_void) -> Result<(), CuError> {
+    if pctx.is_null() && pgreen.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let reply = client::call(calls::cuStreamGetCtx::Request { hStream: s })?;
+    // SAFETY: NULL is skipped; otherwise the caller vouches for the pointers.
+    unsafe {
+        write_out(pctx, reply.pctx.0 as *mut c_void);
+        write_out(pgreen, std::ptr::null_mut());
+    }
+    Ok(())
+}
+
+exports! {
+    cuStreamGetCtx_v2(s: *mut c_void, pctx: *mut *mut c_void, pgreen: *mut *mut c_void) => stream_ctx(stream(s), pctx, pgreen);
+    cuStreamGetCtx_v2_ptsz(s: *mut c_void, pctx: *mut *mut c_void, pgreen: *mut *mut c_void) => stream_ctx(ptsz_stream(s), pctx, pgreen);
 }

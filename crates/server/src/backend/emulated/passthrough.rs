@@ -87,6 +87,41 @@ impl Passthrough for Emulated {
         Ok(1 << 27)
     }
 
+    /// The test device has one device per context and no peers.
+    fn cuCtxEnablePeerAccess(&self, ctx: u64, peer: u64, _flags: u32) -> BResult<()> {
+        self.no_peer(ctx, peer)
+    }
+
+    fn cuCtxDisablePeerAccess(&self, ctx: u64, peer: u64) -> BResult<()> {
+        self.no_peer(ctx, peer)
+    }
+
+    /// Everything the test device is given has run by the time the call
+    /// returns, so all of a context's work is before the event already.
+    fn cuCtxRecordEvent(&self, _: u64, ctx: u64, event: u64) -> BResult<()> {
+        let mut s = self.state();
+        s.ctx(Obj(ctx))?;
+        s.event(Obj(event))?.recorded = Some(std::time::Instant::now());
+        Ok(())
+    }
+
+    fn cuCtxWaitEvent(&self, _: u64, ctx: u64, event: u64) -> BResult<()> {
+        let mut s = self.state();
+        s.ctx(Obj(ctx))?;
+        s.event(Obj(event)).map(drop)
+    }
+
+    /// The test device has no L2 cache to set lines aside in.
+    fn cuCtxResetPersistingL2Cache(&self, ctx: u64) -> BResult<()> {
+        self.state().ctx(Obj(ctx)).map(drop)
+    }
+
+    /// The session passes only its own devices: the test device's one, and
+    /// itself is no peer, as the driver says of any device.
+    fn cuDeviceGetP2PAttribute(&self, _: u64, _attrib: i32, _src: i32, _dst: i32) -> BResult<i32> {
+        Err(err(CuError::INVALID_DEVICE, "the emulated device has no peers"))
+    }
+
     /// No profiler is ever attached: the call only needs a context.
     fn cuProfilerStart(&self, ctx: u64) -> BResult<()> {
         self.state().ctx(Obj(ctx)).map(drop)
@@ -193,6 +228,15 @@ fn known_attribute(attr: u32) -> BResult<()> {
 }
 
 impl Emulated {
+    /// Peer access refused as the driver refuses it between contexts of
+    /// one device.
+    fn no_peer(&self, ctx: u64, peer: u64) -> BResult<()> {
+        let mut s = self.state();
+        s.ctx(Obj(ctx))?;
+        s.ctx(Obj(peer))?;
+        Err(err(CuError::INVALID_DEVICE, "the emulated device has no peers"))
+    }
+
     /// An event record (or, with `wait`, event wait) node's event.
     fn node_event(&self, node: u64, wait: bool) -> BResult<u64> {
         match self.state().graphs.node_work(Obj(node))? {
