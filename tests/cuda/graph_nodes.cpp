@@ -273,6 +273,19 @@ int main() {
            "the program's memory has it: %s, its parameters read back: %s\n",
            seen.runs, yes_no(saw), yes_no(copied), yes_no(h_back.fn == look && h_back.userData == &seen));
 
+    // Memcpy nodes' parameters read back: pinned memory to the device, and ordinary memory from it.
+    CUDA_MEMCPY3D got_in = {}, got_out = {};
+    CHECK(cuGraphMemcpyNodeGetParams(copy_in, &got_in));
+    CHECK(cuGraphMemcpyNodeGetParams(copy_node, &got_out));
+    bool in_right = got_in.srcMemoryType == CU_MEMORYTYPE_HOST && got_in.srcHost == in &&
+                    got_in.dstMemoryType == CU_MEMORYTYPE_DEVICE && got_in.dstDevice == a &&
+                    got_in.WidthInBytes == N * sizeof(float) && got_in.Height == 1 && got_in.Depth == 1;
+    bool out_right = got_out.srcMemoryType == CU_MEMORYTYPE_DEVICE && got_out.srcDevice == a &&
+                     got_out.dstMemoryType == CU_MEMORYTYPE_HOST && got_out.dstHost == plain_out.data() &&
+                     got_out.WidthInBytes == N * sizeof(float);
+    printf("memcpy nodes' parameters read back: from pinned memory %s, to ordinary memory %s\n", yes_no(in_right),
+           yes_no(out_right));
+
     // A host function launched into a capture, between a memset and a copy.
     Seen counted;
     CUstream cap;

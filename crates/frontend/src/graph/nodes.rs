@@ -13,7 +13,7 @@ use gpuplex_protocol::{calls, CuError, DevPtr, Event, Func, Graph, GraphExec, Gr
 use super::write_lists;
 use crate::client;
 use crate::ffi::{check_out, entry, write_out, CUresult};
-use crate::memory::copy3d::{node_copy, Memcpy3D};
+use crate::memory::copy3d::{node_copy, program_copy, Memcpy3D};
 
 /// `CUDA_KERNEL_NODE_PARAMS_v1`; v2 adds `kern` and `ctx`.
 #[repr(C)]
@@ -333,6 +333,15 @@ fn get_memset(node: *mut c_void, p: *mut MemsetNodeParams) -> Result<(), CuError
         width: r.width as usize,
         height: r.height as usize,
     };
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(p, params) };
+    Ok(())
+}
+
+fn get_memcpy(node: *mut c_void, p: *mut Memcpy3D) -> Result<(), CuError> {
+    check_out(p)?;
+    let r = client::call(calls::GraphMemcpyNodeParams::Request { node: GraphNode(node as u64) })?;
+    let params = program_copy(&r.copy)?;
     // SAFETY: checked non-NULL; the caller vouches for it.
     unsafe { write_out(p, params) };
     Ok(())
@@ -764,4 +773,5 @@ exports! {
         // SAFETY: per the export's contract.
         unsafe { exec_update_v1(e, g, error_node, result) };
     cuGraphMemsetNodeGetParams(node: *mut c_void, p: *mut MemsetNodeParams) => get_memset(node, p);
+    cuGraphMemcpyNodeGetParams(node: *mut c_void, p: *mut Memcpy3D) => get_memcpy(node, p);
 }

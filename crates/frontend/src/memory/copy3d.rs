@@ -410,6 +410,40 @@ pub(crate) fn node_copy(p: *const Memcpy3D) -> Result<gpuplex_protocol::Copy3D, 
     Ok(gpuplex_protocol::Copy3D { shape: COPY_3D, src, dst, width, height, depth })
 }
 
+/// A memcpy node's copy as the server describes it, in the program's terms:
+/// a shared block's host end at the program's own address (for a mirror,
+/// the ordinary memory it mirrors), whose first byte's position the
+/// address holds.
+pub(crate) fn program_copy(c: &gpuplex_protocol::Copy3D) -> Result<Memcpy3D, CuError> {
+    let end = |s: &CopySide| -> Result<End3D, CuError> {
+        let mut e = End3D {
+            x: s.x as usize,
+            y: s.y as usize,
+            z: s.z as usize,
+            lod: 0,
+            memory: DEVICE,
+            host: std::ptr::null_mut(),
+            device: 0,
+            array: std::ptr::null_mut(),
+            reserved_or_context: std::ptr::null_mut(),
+            pitch: s.pitch as usize,
+            height: s.height as usize,
+        };
+        match s.kind {
+            SIDE_DEVICE => e.device = s.at,
+            SIDE_ARRAY => (e.memory, e.array) = (ARRAY, s.at as *mut c_void),
+            SIDE_BLOCK => {
+                let at = host::block_address(s.block, s.at).or_else(|| mirrors::program_address(s.block, s.at));
+                (e.memory, e.host) = (HOST, at.ok_or(CuError::UNKNOWN)? as *mut c_void);
+            }
+            _ => return Err(CuError::UNKNOWN),
+        }
+        Ok(e)
+    };
+    let [width, height, depth] = [c.width, c.height, c.depth].map(|n| n as usize);
+    Ok(Memcpy3D { src: end(&c.src)?, dst: end(&c.dst)?, width, height, depth })
+}
+
 /// A linear copy of `n` bytes to or from an array, at byte offsets.
 fn linear(src: End, dst: End, n: usize, stream: Stream, sync: bool) -> Result<(), CuError> {
     copy(Copy { shape: COPY_ARRAY_LINEAR, src, dst, width: n as u64, height: 1, depth: 1 }, stream, sync)

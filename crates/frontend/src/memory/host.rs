@@ -95,6 +95,14 @@ pub fn shared_range(ptr: u64, len: usize) -> Option<(u64, u64)> {
     })?
 }
 
+/// Where `offset` of shared block `id` is mapped in this process.
+pub fn block_address(id: u64, offset: u64) -> Option<u64> {
+    with(|blocks| {
+        let s = blocks.values().find_map(|b| b.shared.as_ref().filter(|s| s.id == id))?;
+        (offset < s.len).then(|| s.base + offset)
+    })
+}
+
 /// The host memory known here that holds `ptr`: `(start, size, device
 /// address of ptr if mapped, whether it is managed memory)`.
 pub fn lookup(ptr: u64) -> Option<(u64, u64, Option<u64>, bool)> {

@@ -87,6 +87,13 @@ pub fn block_for(ptr: u64, len: usize, to_device: bool) -> Result<Option<(u64, u
     Ok(Some((block.id, 0)))
 }
 
+/// The program's address that `offset` of mirror block `block` mirrors.
+pub fn program_address(block: u64, offset: u64) -> Option<u64> {
+    let all = mirrors();
+    let m = all.iter().find(|m| m.block == block)?;
+    (offset < m.len as u64).then(|| m.host + offset)
+}
+
 /// Before a graph launch: what the device wrote first, then what the
 /// program wrote, into the mirrors; into those the graph only writes too,
 /// so that the device's next write is told from the program's last.

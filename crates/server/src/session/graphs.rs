@@ -377,6 +377,13 @@ impl GraphsCalls for Session {
         self.memset_node_params(req)
     }
 
+    fn GraphMemcpyNodeParams(
+        &mut self,
+        req: calls::GraphMemcpyNodeParams::Request,
+    ) -> R<calls::GraphMemcpyNodeParams::Reply> {
+        self.memcpy_node_params(req)
+    }
+
     fn GraphAddConditionalNode(
         &mut self,
         req: calls::GraphAddConditionalNode::Request,

@@ -10,12 +10,15 @@
 //! reaches them whenever the graph runs.
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{CallError, CuError, Graph, GraphExec, GraphNode, Seq, Stream, COPY_3D, SIDE_INLINE};
+use gpuplex_protocol::{
+    CallError, CopySide, CuError, Graph, GraphExec, GraphNode, Seq, Stream, COPY_3D, SIDE_ARRAY, SIDE_BLOCK,
+    SIDE_DEVICE, SIDE_INLINE,
+};
 
 use super::host_calls::{self, HostCall};
 use super::tables::{Entry, Kind, Owner};
 use super::{invalid, Session};
-use crate::backend::{self, ExecUpdate, HostFn, NodeWork, Obj};
+use crate::backend::{self, ExecUpdate, HostFn, NodeWork, Obj, Place};
 
 type R<T> = Result<T, CallError>;
 
@@ -264,6 +267,53 @@ impl Session {
             elementSize: m.element_size,
             width: m.width,
             height: m.height,
+        })
+    }
+
+    /// A memcpy node's copy as the guest named it: host memory by its
+    /// shared block, arrays by the session's handles.
+    pub(super) fn memcpy_node_params(
+        &mut self,
+        req: GraphMemcpyNodeParams::Request,
+    ) -> R<GraphMemcpyNodeParams::Reply> {
+        let (_, node) = self.node(req.node)?;
+        let c = self.backend.graph_memcpy_node_params(node)?;
+        let (src, dst) = (self.copy_side(&c.src)?, self.copy_side(&c.dst)?);
+        let copy =
+            gpuplex_protocol::Copy3D { shape: COPY_3D, src, dst, width: c.width, height: c.height, depth: c.depth };
+        Ok(GraphMemcpyNodeParams::Reply { copy })
+    }
+
+    /// One end of a node's copy as the guest names it. Host memory is a
+    /// shared block's (the first byte's position folded into the offset, as
+    /// the guest sent it); a device address may be one too, where the
+    /// backend maps the block at the same address.
+    fn copy_side(&self, e: &backend::CopyEnd) -> R<CopySide> {
+        let side =
+            CopySide { kind: SIDE_DEVICE, at: 0, block: 0, x: e.x, y: e.y, z: e.z, pitch: e.pitch, height: e.height };
+        let block = |ptr: u64| {
+            self.shared.block_at(ptr).map(|(block, at)| CopySide {
+                kind: SIDE_BLOCK,
+                at,
+                block,
+                x: 0,
+                y: 0,
+                z: 0,
+                ..side
+            })
+        };
+        Ok(match e.place {
+            Place::Device(d) => block(d).unwrap_or(CopySide { at: d, ..side }),
+            Place::Host(p) => {
+                block(p as u64).ok_or_else(|| invalid("a node's host memory is no block of the session's"))?
+            }
+            Place::Array(a) => {
+                let h = self
+                    .tables
+                    .handle_of(Kind::Array, a)
+                    .ok_or_else(|| invalid("a node's array is not the session's"))?;
+                CopySide { kind: SIDE_ARRAY, at: h, pitch: 0, height: 0, ..side }
+            }
         })
     }
 

@@ -202,6 +202,15 @@ impl Shared {
         Ok(HostRange { ptr: unsafe { base.add(offset as usize) }, slot })
     }
 
+    /// The host block (not the staging area) holding `ptr` in this process,
+    /// as `(block, offset)`.
+    pub fn block_at(&self, ptr: u64) -> Option<(u64, u64)> {
+        self.blocks.iter().find_map(|(&id, b)| {
+            let base = b.region.as_ptr() as u64;
+            (base <= ptr && ptr - base < b.region.len() as u64).then(|| (id, ptr - base))
+        })
+    }
+
     /// Records, after a staged copy in `stream`, the event that frees `slot`.
     pub fn mark_slot(&mut self, backend: &dyn Backend, slot: usize, ctx: Obj, stream: Obj) -> Result<(), CallError> {
         let c = self.connection.as_mut().ok_or_else(|| invalid("no staging without shared memory"))?;

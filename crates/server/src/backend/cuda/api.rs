@@ -395,6 +395,7 @@ driver_api! {
     cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr);
     cuGraphChildGraphNodeGetGraph(node: *mut c_void, graph: *mut *mut c_void);
     cuGraphMemsetNodeGetParams(node: *mut c_void, params: *mut MemsetNodeParams);
+    cuGraphMemcpyNodeGetParams(node: *mut c_void, params: *mut Memcpy3D);
     cuGraphAddNode_v2(
         node: *mut *mut c_void,
         graph: *mut c_void,

@@ -4,9 +4,9 @@
 //! the driver function the guest called.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::ptr::null_mut;
 
 use cudarc::driver::sys::CUstream;
-use std::ptr::null_mut;
 
 use gpuplex_protocol::{
     ArrayDesc, CallError, CuError, ResourceDesc, COPY_2D, COPY_2D_UNALIGNED, COPY_3D, COPY_ARRAY_LINEAR,
@@ -14,7 +14,7 @@ use gpuplex_protocol::{
 };
 
 use super::api::{self, check};
-use super::{enter, query, raw, size, sync_stream, BResult, Copy3D, CopyEnd, Cuda, Obj, Place};
+use super::{enter, obj, query, raw, size, sync_stream, BResult, Copy3D, CopyEnd, Cuda, Obj, Place};
 use crate::backend::Arrays;
 
 /// `CUDA_ARRAY3D_DESCRIPTOR`.
@@ -103,6 +103,45 @@ fn end_3d(e: &CopyEnd) -> BResult<End3D> {
 fn end_2d(e: &CopyEnd) -> BResult<End2D> {
     let (memory_type, host, device, array) = memory(e.place);
     Ok(End2D { x: size(e.x)?, y: size(e.y)?, memory_type, host, device, array, pitch: size(e.pitch)? })
+}
+
+impl Memcpy3D {
+    /// All zeros, for the driver to fill in.
+    pub(super) fn empty() -> Memcpy3D {
+        let end = || End3D {
+            x: 0,
+            y: 0,
+            z: 0,
+            lod: 0,
+            memory_type: 0,
+            host: null_mut(),
+            device: 0,
+            array: null_mut(),
+            reserved: null_mut(),
+            pitch: 0,
+            height: 0,
+        };
+        Memcpy3D { src: end(), dst: end(), width: 0, height: 0, depth: 0 }
+    }
+}
+
+/// One end of a copy as the driver describes it; a unified address is
+/// taken as the device address it also is.
+fn end_of(e: &End3D) -> BResult<CopyEnd> {
+    let place = match e.memory_type {
+        1 => Place::Host(e.host.cast()),
+        2 | 4 => Place::Device(e.device),
+        3 => Place::Array(obj(e.array)),
+        other => return Err(CallError::new(CuError::UNKNOWN, format!("memory type {other} from the driver"))),
+    };
+    let (x, y, z, pitch, height) = (e.x as u64, e.y as u64, e.z as u64, e.pitch as u64, e.height as u64);
+    Ok(CopyEnd { place, x, y, z, pitch, height })
+}
+
+/// A copy as the driver's `CUDA_MEMCPY3D` describes it.
+pub(super) fn copy_of(c: &Memcpy3D) -> BResult<Copy3D> {
+    let (width, height, depth) = (c.width as u64, c.height as u64, c.depth as u64);
+    Ok(Copy3D { shape: COPY_3D, src: end_of(&c.src)?, dst: end_of(&c.dst)?, width, height, depth })
 }
 
 /// `CUDA_MEMCPY3D` for a copy.

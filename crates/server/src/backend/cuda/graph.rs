@@ -11,7 +11,7 @@ use super::api::{self, check};
 use super::{
     arrays, enter, graph_memory, handle, obj, raw, size, with_packed, BResult, CaptureInfo, Cuda, Launch, Obj,
 };
-use crate::backend::{Conditional, ExecUpdate, GraphAlloc, Graphs, HostFn, Memset, NodeWork};
+use crate::backend::{Conditional, Copy3D, ExecUpdate, GraphAlloc, Graphs, HostFn, Memset, NodeWork};
 
 pub(super) fn begin_capture(ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
     enter(ctx)?;
@@ -547,6 +547,13 @@ impl Graphs for Cuda {
 
     fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset> {
         memset_params(node)
+    }
+
+    fn graph_memcpy_node_params(&self, node: Obj) -> BResult<Copy3D> {
+        let mut p = arrays::Memcpy3D::empty();
+        // SAFETY: the node is live; the driver fills the structure.
+        check(unsafe { api::cuGraphMemcpyNodeGetParams(raw(node), &mut p) })?;
+        arrays::copy_of(&p)
     }
 
     fn graph_add_conditional_node(

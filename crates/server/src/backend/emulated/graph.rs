@@ -14,11 +14,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use gpuplex_protocol::{CallError, CuError};
+use gpuplex_protocol::{CallError, CuError, COPY_3D};
 
 use super::{err, Emulated, Owner};
 use crate::backend::{
-    self, BResult, CaptureInfo, Conditional, Copy3D, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork, Obj,
+    self, BResult, CaptureInfo, Conditional, Copy3D, CopyEnd, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork,
+    Obj, Place,
 };
 
 /// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`, and the update result that goes
@@ -884,6 +885,18 @@ impl backend::Graphs for Emulated {
         match self.state().graphs.node_work(node)? {
             Work::Memset(m) => Ok(*m),
             _ => Err(err(CuError::INVALID_VALUE, "not a memset node")),
+        }
+    }
+
+    /// A captured linear copy is one row of its bytes.
+    fn graph_memcpy_node_params(&self, node: Obj) -> BResult<Copy3D> {
+        match *self.state().graphs.node_work(node)? {
+            Work::Copy3D(c) => Ok(c),
+            Work::Copy { dst, src, size } => {
+                let end = |at| CopyEnd { place: Place::Device(at), x: 0, y: 0, z: 0, pitch: size, height: 1 };
+                Ok(Copy3D { shape: COPY_3D, src: end(src), dst: end(dst), width: size, height: 1, depth: 1 })
+            }
+            _ => Err(err(CuError::INVALID_VALUE, "not a memcpy node")),
         }
     }
 
