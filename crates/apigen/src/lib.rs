@@ -354,6 +354,13 @@ const TYPES: &[Type] = &[
     },
     Type { name: "Array", wire: "Array", c: "*mut c_void", from_c: "Array({} as u64)", to_c: "{}.0 as *mut c_void" },
     Type { name: "Mipmap", wire: "Mipmap", c: "*mut c_void", from_c: "Mipmap({} as u64)", to_c: "{}.0 as *mut c_void" },
+    Type {
+        name: "UserObject",
+        wire: "UserObject",
+        c: "*mut c_void",
+        from_c: "UserObject({} as u64)",
+        to_c: "{}.0 as *mut c_void",
+    },
     Type { name: "Name", wire: "String", c: "*const c_char", from_c: "crate::ffi::c_name({})?", to_c: "" },
     Type { name: "LaunchAttr", wire: "u32", c: "u32", from_c: "{}", to_c: "{}" },
     Type { name: "AttrValue", wire: "[u8; 64]", c: "[u8; 64]", from_c: "crate::ffi::read_in({})?", to_c: "{}" },
@@ -563,6 +570,7 @@ const PASS_TYPES: &[PassType] = &[
     PassType { name: "GraphNode", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("GraphNode") },
     PassType { name: "MemPool", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("MemPool") },
     PassType { name: "Array", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("Array") },
+    PassType { name: "UserObject", rust: "u64", c: "*mut c_void", resolve: Resolve::Handle("UserObject") },
     PassType { name: "LaunchAttr", rust: "u32", c: "c_uint", resolve: Resolve::LaunchAttr },
     PassType { name: "AttrValue", rust: "[u8; 64]", c: "[u8; 64]", resolve: Resolve::Value },
 ];

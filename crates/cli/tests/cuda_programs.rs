@@ -199,6 +199,7 @@ runtime_tests!(
     stream_ordered,
     textures,
     batch_copies,
+    user_objects,
 );
 
 /// No program of tests/cuda/runtime is forgotten: each is tested, or listed

@@ -64,16 +64,24 @@ fn serve(mut carrier: Box<dyn Carrier>) {
         let Ok(call) = codec::decode::<HostCallRun>(&buf) else {
             return log::warn("an undecodable host call; host functions end");
         };
-        if let Some((f, data)) = registered(call.id) {
-            // The function sees what the graph's copies wrote to ordinary
-            // memory, and the graph's copies after it see what it wrote.
-            crate::memory::mirrors::from_device();
-            // SAFETY: the program's function and data, run as CUDA runs a
-            // host function: after the work before it, before the work after.
-            unsafe { f(data) };
-            crate::memory::mirrors::to_device();
+        let posted = header.is_posted();
+        match registered(call.id) {
+            // A user object's destructor: no stream's work is before or
+            // after it, and the server waits for no answer.
+            // SAFETY: the program's function and data, as it gave them.
+            Some((f, data)) if posted => unsafe { f(data) },
+            Some((f, data)) => {
+                // The function sees what the graph's copies wrote to ordinary
+                // memory, and the graph's copies after it see what it wrote.
+                crate::memory::mirrors::from_device();
+                // SAFETY: the program's function and data, run as CUDA runs a
+                // host function: after the work before it, before the work after.
+                unsafe { f(data) };
+                crate::memory::mirrors::to_device();
+            }
+            None => {}
         }
-        if carrier.send(&Header::reply(&header, 0, 0), &[]).is_err() {
+        if !posted && carrier.send(&Header::reply(&header, 0, 0), &[]).is_err() {
             return;
         }
     }

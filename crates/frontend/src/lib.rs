@@ -57,7 +57,7 @@ mod generated {
     #[allow(unused_imports)]
     use gpuplex_protocol::{
         calls, Array, Ctx, DevPtr, Event, Func, Graph, GraphExec, GraphNode, Kernel, Library, MemPool, Mipmap, Module,
-        Stream,
+        Stream, UserObject,
     };
 
     use crate::ffi::CUresult;

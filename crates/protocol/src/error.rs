@@ -22,6 +22,7 @@ impl CuError {
     pub const INVALID_CONTEXT: CuError = CuError(201);
     pub const NO_BINARY_FOR_GPU: CuError = CuError(209);
     pub const UNSUPPORTED_LIMIT: CuError = CuError(215);
+    pub const PEER_ACCESS_UNSUPPORTED: CuError = CuError(217);
     pub const FILE_NOT_FOUND: CuError = CuError(301);
     pub const OPERATING_SYSTEM: CuError = CuError(304);
     pub const INVALID_HANDLE: CuError = CuError(400);

@@ -62,6 +62,9 @@ handles! {
     Array,
     /// `CUmipmappedArray`.
     Mipmap,
+    /// `CUuserObject`: an object of the program's with a destructor, which
+    /// runs in the guest once the last reference to it is gone.
+    UserObject,
     /// `CUdeviceptr`: a real device address in one of the session's contexts.
     DevPtr,
 }

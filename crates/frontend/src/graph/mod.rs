@@ -17,6 +17,7 @@ use gpuplex_protocol::{calls, CuError, Graph, GraphExec, Stream};
 mod conditional;
 mod memory;
 mod nodes;
+mod user_objects;
 
 use crate::client;
 use crate::context;

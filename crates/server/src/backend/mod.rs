@@ -507,6 +507,8 @@ pub trait Graphs {
     fn graph_child_graph(&self, node: Obj) -> BResult<Obj>;
     /// A memset node's parameters.
     fn graph_memset_node_params(&self, node: Obj) -> BResult<Memset>;
+    /// A user object of `refs` references whose destructor is `destroy`.
+    fn user_object_create(&self, destroy: HostFn, refs: u32, flags: u32) -> BResult<Obj>;
     /// A memcpy node's copy, its host ends where the backend was given them.
     fn graph_memcpy_node_params(&self, node: Obj) -> BResult<Copy3D>;
     /// Sets a `CUgraphMem_attribute` of the device (every one a `cuuint64_t`).

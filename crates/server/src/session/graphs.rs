@@ -377,6 +377,10 @@ impl GraphsCalls for Session {
         self.memset_node_params(req)
     }
 
+    fn UserObjectCreate(&mut self, req: calls::UserObjectCreate::Request) -> R<calls::UserObjectCreate::Reply> {
+        self.user_object_create(req)
+    }
+
     fn GraphMemcpyNodeParams(
         &mut self,
         req: calls::GraphMemcpyNodeParams::Request,

@@ -67,11 +67,30 @@ impl HostCalls {
     /// Has the guest run its function `id`, and waits until it has. Calls
     /// from several driver threads take turns on the connection.
     fn run(&self, id: u64) {
+        self.ask(id, true)
+    }
+
+    /// Has the guest run its function `id` without waiting for it: for a
+    /// destructor, which the driver runs on a thread of its own that must
+    /// not block.
+    pub(super) fn post(&self, id: u64) {
+        self.ask(id, false)
+    }
+
+    fn ask(&self, id: u64, wait: bool) {
         let mut channel = self.channel.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(carrier) = channel.as_mut() else { return };
         let payload = codec::encode(&HostCallRun { id });
         let request = self.next.fetch_add(1, Ordering::Relaxed);
         let header = Header::request(Opcode::HostCall, request, 0, payload.len());
+        if !wait {
+            if let Err(e) = carrier.send(&header.posted(), &payload) {
+                debug!(session = self.session, "host calls ended: {}", crate::chain(&e));
+                *channel = None;
+                self.connected.store(false, Ordering::Release);
+            }
+            return;
+        }
         let mut reply = Vec::new();
         let answered = match carrier.send(&header, &payload).and_then(|()| carrier.recv(&mut reply)) {
             Ok(h) if h.request_id.get() == request && h.status.get() == 0 => true,

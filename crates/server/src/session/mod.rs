@@ -35,6 +35,7 @@ mod shared;
 mod streams;
 pub mod tables;
 mod tensor_maps;
+mod user_objects;
 mod vmm;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -136,6 +137,8 @@ pub struct Session {
     host_calls: Option<Arc<host_calls::HostCalls>>,
     /// Keyed by the guest's numbers, hence hashed as any key a client picks.
     host_fns: std::collections::HashMap<u64, Arc<host_calls::HostCall>>,
+    /// User objects by the session's handles, kept as host functions are.
+    user_objects: std::collections::HashMap<u64, Arc<user_objects::UserObject>>,
 }
 
 /// A device's primary context as this session sees it. The handle stays the
@@ -200,6 +203,7 @@ impl Session {
             capturing_into: Vec::new(),
             host_calls: None,
             host_fns: std::collections::HashMap::new(),
+            user_objects: std::collections::HashMap::new(),
         }
     }
 
@@ -514,6 +518,9 @@ impl Drop for Session {
             // A graph left in the driver may still call its host functions.
             std::mem::forget(std::mem::take(&mut self.host_fns));
         }
+        // Graphs of other contexts, or none, may hold user objects past the
+        // session: the driver may call their destructors at any time.
+        std::mem::forget(std::mem::take(&mut self.user_objects));
     }
 }
 

@@ -51,6 +51,7 @@ impl Resolver for Session {
             Handle::GraphExec => table(Kind::GraphExec)?,
             Handle::GraphNode => table(Kind::GraphNode)?,
             Handle::Array => table(Kind::Array)?,
+            Handle::UserObject => (Obj(0), self.user_object(handle)?),
         };
         if *ctx == 0 {
             *ctx = in_ctx.0;
@@ -80,6 +81,7 @@ impl Resolver for Session {
                 return found.map(|(h, _)| *h).ok_or_else(|| not_held("Ctx"));
             }
             Handle::MemPool => return Err(not_held("MemPool")),
+            Handle::UserObject => return Err(not_held("UserObject")),
             Handle::Stream => Kind::Stream,
             Handle::Event => Kind::Event,
             Handle::Func => Kind::Func,

@@ -396,6 +396,13 @@ driver_api! {
     cuGraphChildGraphNodeGetGraph(node: *mut c_void, graph: *mut *mut c_void);
     cuGraphMemsetNodeGetParams(node: *mut c_void, params: *mut MemsetNodeParams);
     cuGraphMemcpyNodeGetParams(node: *mut c_void, params: *mut Memcpy3D);
+    cuUserObjectCreate(
+        object: *mut *mut c_void,
+        ptr: *mut c_void,
+        destroy: unsafe extern "C" fn(*mut c_void),
+        refs: c_uint,
+        flags: c_uint,
+    );
     cuGraphAddNode_v2(
         node: *mut *mut c_void,
         graph: *mut c_void,

@@ -549,6 +549,12 @@ impl Graphs for Cuda {
         memset_params(node)
     }
 
+    fn user_object_create(&self, destroy: HostFn, refs: u32, flags: u32) -> BResult<Obj> {
+        // SAFETY: the session keeps `destroy.data` alive for as long as the
+        // driver may call `destroy.run` with it.
+        handle(|o: *mut *mut c_void| unsafe { api::cuUserObjectCreate(o, destroy.data, destroy.run, refs, flags) })
+    }
+
     fn graph_memcpy_node_params(&self, node: Obj) -> BResult<Copy3D> {
         let mut p = arrays::Memcpy3D::empty();
         // SAFETY: the node is live; the driver fills the structure.

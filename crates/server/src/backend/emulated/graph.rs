@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 
 use gpuplex_protocol::{CallError, CuError, COPY_3D};
 
-use super::{err, Emulated, Owner};
+use super::{err, user_objects, Emulated, Owner};
 use crate::backend::{
     self, BResult, CaptureInfo, Conditional, Copy3D, CopyEnd, ExecUpdate, GraphAlloc, HostFn, Launch, Memset, NodeWork,
     Obj, Place,
@@ -827,7 +827,13 @@ impl backend::Graphs for Emulated {
     }
 
     fn graph_destroy(&self, graph: Obj) -> BResult<()> {
-        self.state().graphs.destroy(graph)
+        let destroy = {
+            let mut s = self.state();
+            s.graphs.destroy(graph)?;
+            s.user_objects.owner_gone(graph.0)
+        };
+        user_objects::run(destroy);
+        Ok(())
     }
 
     fn graph_instantiate(&self, ctx: Obj, graph: Obj, flags: u64) -> BResult<Obj> {
@@ -836,11 +842,19 @@ impl backend::Graphs for Emulated {
         if flags != 0 {
             return Err(err(CuError::NOT_SUPPORTED, "the emulated device instantiates graphs with no flags"));
         }
-        s.graphs.instantiate(ctx, graph)
+        let exec = s.graphs.instantiate(ctx, graph)?;
+        s.user_objects.copy_owned(graph.0, exec.0);
+        Ok(exec)
     }
 
     fn graph_exec_destroy(&self, exec: Obj) -> BResult<()> {
-        self.state().graphs.exec_destroy(exec)
+        let destroy = {
+            let mut s = self.state();
+            s.graphs.exec_destroy(exec)?;
+            s.user_objects.owner_gone(exec.0)
+        };
+        user_objects::run(destroy);
+        Ok(())
     }
 
     fn graph_launch(&self, ctx: Obj, exec: Obj, stream: Obj) -> BResult<()> {
@@ -889,6 +903,13 @@ impl backend::Graphs for Emulated {
     }
 
     /// A captured linear copy is one row of its bytes.
+    fn user_object_create(&self, destroy: HostFn, refs: u32, flags: u32) -> BResult<Obj> {
+        let mut s = self.state();
+        let id = s.id();
+        s.user_objects.create(id, destroy, refs, flags)?;
+        Ok(Obj(id))
+    }
+
     fn graph_memcpy_node_params(&self, node: Obj) -> BResult<Copy3D> {
         match *self.state().graphs.node_work(node)? {
             Work::Copy3D(c) => Ok(c),
@@ -955,7 +976,10 @@ impl backend::Graphs for Emulated {
     }
 
     fn graph_clone(&self, graph: Obj) -> BResult<Obj> {
-        self.state().graphs.clone_graph(graph)
+        let mut s = self.state();
+        let clone = s.graphs.clone_graph(graph)?;
+        s.user_objects.copy_owned(graph.0, clone.0);
+        Ok(clone)
     }
 
     fn graph_node_find_in_clone(&self, node: Obj, clone: Obj) -> BResult<Obj> {

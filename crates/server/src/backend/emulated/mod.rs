@@ -21,6 +21,7 @@ mod passthrough;
 mod pools;
 mod streams;
 mod tensor_maps;
+mod user_objects;
 mod vmm;
 
 use std::collections::HashMap;
@@ -58,6 +59,7 @@ struct State {
     pools: Pools,
     arrays: Arrays,
     graphs: Graphs,
+    user_objects: user_objects::UserObjects,
 }
 
 struct Context {
@@ -241,6 +243,7 @@ impl Emulated {
                 pools: Pools::default(),
                 arrays: Arrays::default(),
                 graphs: Graphs::default(),
+                user_objects: Default::default(),
             }),
         }
     }

@@ -5,7 +5,7 @@ use gpuplex_protocol::{CuError, Passthrough};
 
 use super::graph::Work;
 use super::kernels::DeviceMemory;
-use super::{err, BResult, Emulated, Obj, STREAM_ATTRIBUTES, STREAM_PRIORITY};
+use super::{err, user_objects, BResult, Emulated, Obj, STREAM_ATTRIBUTES, STREAM_PRIORITY};
 
 #[allow(non_snake_case)]
 impl Passthrough for Emulated {
@@ -204,6 +204,32 @@ impl Passthrough for Emulated {
         Ok(())
     }
 
+    fn cuUserObjectRetain(&self, _ctx: u64, object: u64, count: u32) -> BResult<()> {
+        self.state().user_objects.retain(object, count)
+    }
+
+    fn cuUserObjectRelease(&self, _ctx: u64, object: u64, count: u32) -> BResult<()> {
+        let destroy = self.state().user_objects.release(object, count)?;
+        user_objects::run(destroy);
+        Ok(())
+    }
+
+    fn cuGraphRetainUserObject(&self, _ctx: u64, graph: u64, object: u64, count: u32, flags: u32) -> BResult<()> {
+        let mut s = self.state();
+        s.graphs.nodes(Obj(graph), true)?;
+        s.user_objects.owner_retain(graph, object, count, flags)
+    }
+
+    fn cuGraphReleaseUserObject(&self, _ctx: u64, graph: u64, object: u64, count: u32) -> BResult<()> {
+        let destroy = {
+            let mut s = self.state();
+            s.graphs.nodes(Obj(graph), true)?;
+            s.user_objects.owner_release(graph, object, count)?
+        };
+        user_objects::run(destroy);
+        Ok(())
+    }
+
     /// The test device instantiates with no flags only.
     fn cuGraphExecGetFlags(&self, _ctx: u64, exec: u64) -> BResult<u64> {
         self.state().graphs.exec_work(Obj(exec)).map(|_| 0)
@@ -234,7 +260,7 @@ impl Emulated {
         let mut s = self.state();
         s.ctx(Obj(ctx))?;
         s.ctx(Obj(peer))?;
-        Err(err(CuError::INVALID_DEVICE, "the emulated device has no peers"))
+        Err(err(CuError::PEER_ACCESS_UNSUPPORTED, "the emulated device has no peers"))
     }
 
     /// An event record (or, with `wait`, event wait) node's event.
