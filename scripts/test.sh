@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test gpuplex has that needs no GPU, on a fresh machine: installs
 # the pinned CUDA 13.0 compiler from PyPI (for the end-to-end programs), then
-# formatting, lints, the build, unit/integration/end-to-end tests, docs and
-# a bounded fuzzing run.
+# formatting, lints, the build, unit/integration/end-to-end tests, docs, a
+# program in a virtual machine (QEMU and a Debian kernel, fetched with
+# apt-get) and a bounded fuzzing run.
 # The GPU suite is scripts/gpu-suite.sh, run on a machine with a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,13 @@ cargo clippy --workspace --locked -- -D warnings
 cargo build --workspace --locked --features gpuplex/emulated
 cargo test --workspace --locked
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
+# A runtime-API program in a virtual machine (QEMU, TCG) with no NVIDIA
+# driver, against the emulated server on this host: output as expected.
+vm=$(mktemp -d)
+"$GPUPLEX_NVCC_DIR/nvcc" -o "$vm/vector_add" tests/cuda/runtime/vector_add.cu
+scripts/vm-demo.sh --backend emulated -- "$vm/vector_add" >"$vm/out"
+cmp "$vm/out" tests/cuda/expected/runtime/vector_add.txt || { diff "$vm/out" tests/cuda/expected/runtime/vector_add.txt; exit 1; }
+rm -rf "$vm"
 # A minute of coverage-guided fuzzing per decoder of guest input (fuzz/).
 scripts/fuzz.sh
 echo "all tests passed"

@@ -369,6 +369,11 @@ impl Conn {
     /// Asks the server for a shared region and moves frames onto its rings.
     /// An error leaves the connection on the socket, usable.
     fn share_memory(&mut self) -> Result<(), String> {
+        // A remote server cannot map this process's memory: asking would
+        // only earn a refusal (and a warning on the program's stderr).
+        if !self.carrier.shares_memory() {
+            return Err("the carrier reaches no memory of this host".into());
+        }
         let reply: SharedLayout = self.exchange(Opcode::SharedMemory, 0, &[]).map_err(|e| format!("server: {e:?}"))?;
         let fd = self.carrier.recv_fd().map_err(|e| {
             self.lose("the shared region never came");

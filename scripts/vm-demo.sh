@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Runs a CUDA program in a virtual machine that has no NVIDIA driver and no
+# GPU, against a gpuplex server on this host.
+#
+# Usage: scripts/vm-demo.sh [--backend cuda|emulated] [--bin DIR] [--carrier tcp] -- PROGRAM [ARGS...]
+#
+# Builds (once, cached in $GPUPLEX_VM_CACHE, default .cache/vm) a minimal
+# guest: Debian's cloud kernel and busybox; then, per run, an initramfs with
+# PROGRAM, the shared libraries it loads, and gpuplex's front-end as the
+# guest's libcuda.so.1. Starts `gpuplex serve` on this host and the guest in
+# QEMU (TCG; KVM with GPUPLEX_VM_ACCEL=kvm where vCPUs run), runs PROGRAM there, prints its
+# stdout and stderr as they were, names the carrier, and exits with
+# PROGRAM's status.
+#
+# Carrier: `tcp` reaches the server over the VM's ordinary user-mode
+# network (the guest's 10.0.2.2 is this host's loopback), with a token; the
+# shared-memory VM carrier is not there yet (issue 30).
+#
+# QEMU comes from Debian (qemu-system-x86, installed with apt-get when
+# missing and run as root) or from $GPUPLEX_QEMU (a qemu-system-x86_64 with
+# its firmware beside it, for machines without a package manager); the
+# kernel and busybox are Debian packages fetched with apt-get download.
+# --bin DIR holds gpuplex and libcuda.so (default target/debug, built with
+# --features gpuplex/emulated for the emulated backend).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+backend=emulated
+bin=$root/target/debug
+carrier=tcp
+while [ $# -gt 0 ]; do
+    case $1 in
+        --backend) backend=$2; shift 2 ;;
+        --bin) bin=$2; shift 2 ;;
+        --carrier) carrier=$2; shift 2 ;;
+        --) shift; break ;;
+        *) echo "usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier tcp] -- PROGRAM [ARGS...]" >&2; exit 2 ;;
+    esac
+done
+if [ $# -lt 1 ]; then
+    echo "usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier tcp] -- PROGRAM [ARGS...]" >&2
+    exit 2
+fi
+if [ "$carrier" != tcp ]; then
+    echo "vm-demo: carrier $carrier: only tcp exists yet" >&2
+    exit 2
+fi
+program=$(command -v "$1" || true)
+[ -n "$program" ] && [ -x "$program" ] || { echo "vm-demo: $1: not an executable" >&2; exit 127; }
+shift
+[ -x "$bin/gpuplex" ] && [ -f "$bin/libcuda.so" ] || { echo "vm-demo: $bin has no gpuplex and libcuda.so" >&2; exit 2; }
+
+cache=${GPUPLEX_VM_CACHE:-$root/.cache/vm}
+mkdir -p "$cache"
+say() { echo "vm-demo: $*" >&2; }
+
+# QEMU: the given one, the system's, or Debian's installed now.
+qemu=${GPUPLEX_QEMU:-$(command -v qemu-system-x86_64 || true)}
+if [ -z "$qemu" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        say "installing qemu-system-x86 from Debian"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-system-x86 >"$cache/apt.log" 2>&1 ||
+            { cat "$cache/apt.log" >&2; exit 1; }
+        qemu=$(command -v qemu-system-x86_64)
+    else
+        say "no qemu-system-x86_64: install Debian's qemu-system-x86, or set GPUPLEX_QEMU"
+        exit 1
+    fi
+fi
+
+# Kernel and busybox, unpacked once.
+fetch() { # PACKAGE DIR
+    if [ ! -e "$2/.done" ]; then
+        rm -rf "$2" && mkdir -p "$2"
+        (cd "$2" && apt-get download "$1" >/dev/null 2>&1) || { say "cannot download $1"; exit 1; }
+        dpkg-deb -x "$2"/*.deb "$2" && rm -f "$2"/*.deb && touch "$2/.done"
+    fi
+}
+if [ ! -e "$cache/kernel/.done" ]; then
+    image=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/ { print $2; exit }')
+    [ -n "$image" ] || { say "no linux-image-cloud-amd64 in the package lists (apt-get update?)"; exit 1; }
+    fetch "$image" "$cache/kernel"
+fi
+fetch busybox-static "$cache/busybox"
+vmlinuz=$(ls "$cache"/kernel/boot/vmlinuz-*)
+modules=$(ls -d "$cache"/kernel/lib/modules/*)/kernel
+
+# The guest's root: busybox, the network driver, the program and what it loads.
+work=$(mktemp -d /tmp/gpuplex-vm.XXXXXX)
+server=""
+cleanup() {
+    if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+guest=$work/root
+mkdir -p "$guest"/{bin,proc,sys,dev,tmp,modules,gpuplex/lib,program}
+cp "$cache/busybox/bin/busybox" "$guest/bin/"
+for applet in sh mount insmod ip cat mkdir poweroff sync; do ln -s busybox "$guest/bin/$applet"; done
+for m in virtio/virtio virtio/virtio_ring virtio/virtio_pci_modern_dev virtio/virtio_pci_legacy_dev \
+    virtio/virtio_pci ../net/core/failover net/net_failover net/virtio_net; do
+    cp "$modules/drivers/$m.ko" "$guest/modules/"
+done
+cp "$program" "$guest/program/"
+# Every library the program and the front-end load, at the path the loader
+# looks for it.
+ldd "$program" "$bin/libcuda.so" | awk '/=> \// { print $3 } /^\t\/[^ ]* \(/ { print $1 }' | while read -r lib; do
+    mkdir -p "$guest$(dirname "$lib")"
+    cp -L "$lib" "$guest$lib"
+done
+cp "$bin/libcuda.so" "$guest/gpuplex/lib/libcuda.so.1"
+token=$work/token
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$token"
+chmod 600 "$token"
+cp "$token" "$guest/gpuplex/token"
+
+port=$(( 20000 + RANDOM % 20000 ))
+args=""
+for a in "$@"; do args="$args '${a//\'/\'\\\'\'}'"; done
+cat >"$guest/init" <<EOF
+#!/bin/sh
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /dev/shm
+mount -t tmpfs tmp /tmp
+mount -t tmpfs shm /dev/shm
+for m in virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover net_failover virtio_net; do
+    insmod /modules/\$m.ko
+done
+ip link set lo up
+ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0
+ip route add default via 10.0.2.2
+nvidia=no
+ls /dev/nvidia* >/dev/null 2>&1 && nvidia=yes
+echo "==vm-demo== nvidia devices: \$nvidia"
+cd /program
+LD_LIBRARY_PATH=/gpuplex/lib GPUPLEX_SERVER=tcp:10.0.2.2:$port GPUPLEX_TOKEN_FILE=/gpuplex/token \\
+    ./$(basename "$program")$args >/tmp/out 2>/tmp/err
+rc=\$?
+echo "==vm-demo== stdout"
+cat /tmp/out
+echo "==vm-demo== stderr"
+cat /tmp/err
+echo "==vm-demo== exit \$rc"
+sync
+poweroff -f
+EOF
+chmod +x "$guest/init"
+(cd "$guest" && find . | "$guest/bin/busybox" cpio -o -H newc 2>/dev/null | gzip -1 >"$work/initrd.gz")
+
+# The server, on loopback, which the guest's user-mode network reaches.
+"$bin/gpuplex" serve --backend "$backend" --listen "tcp:127.0.0.1:$port" --token-file "$token" \
+    >"$work/server.log" 2>&1 &
+server=$!
+for _ in $(seq 100); do
+    grep -q serving "$work/server.log" && break
+    kill -0 "$server" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
+    sleep 0.1
+done
+
+# TCG unless told otherwise: /dev/kvm may exist where vCPUs cannot run
+# (no nested virtualization), and such a guest hangs rather than failing.
+accel=${GPUPLEX_VM_ACCEL:-tcg}
+say "guest: $(basename "$vmlinuz"), $accel, carrier $carrier (tcp:10.0.2.2:$port), $backend backend"
+started=$(date +%s.%N)
+timeout 600 "$qemu" -machine "q35,accel=$accel" -m 1024 -nographic -no-reboot -nodefaults -serial stdio \
+    -kernel "$vmlinuz" -initrd "$work/initrd.gz" -append "console=ttyS0 quiet loglevel=0 panic=-1" \
+    -netdev user,id=net0 -device virtio-net-pci,netdev=net0 >"$work/console.log" 2>&1 || true
+ended=$(date +%s.%N)
+cp "$work/console.log" "$cache/console.log"
+
+# The program's output, as it printed it, out of the console (a marker may
+# follow the firmware's screen control codes on its line).
+console=$(tr -d '\r' <"$work/console.log")
+marked() { awk -v from="==vm-demo== $1" -v to="==vm-demo== $2" 'index($0, from) { on = 1; next } index($0, to) { on = 0 } on'; }
+printf '%s\n' "$console" | marked stdout stderr
+printf '%s\n' "$console" | marked stderr exit >&2
+rc=$(printf '%s\n' "$console" | awk '{ i = index($0, "==vm-demo== exit ") } i { print substr($0, i + 17) }')
+nvidia=$(printf '%s\n' "$console" | awk '{ i = index($0, "==vm-demo== nvidia devices: ") } i { print substr($0, i + 28) }')
+if [ -z "$rc" ]; then
+    say "the guest did not finish; its console ($cache/console.log) ends:"
+    tail -30 "$work/console.log" >&2
+    exit 1
+fi
+say "exit $rc in $(awk -v a="$started" -v b="$ended" 'BEGIN { printf "%.1f", b - a }') s from boot to power-off; /dev/nvidia* in the guest: $nvidia"
+exit "$rc"
