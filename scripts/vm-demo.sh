@@ -2,7 +2,7 @@
 # Runs a CUDA program in a virtual machine that has no NVIDIA driver and no
 # GPU, against a gpuplex server on this host.
 #
-# Usage: scripts/vm-demo.sh [--backend cuda|emulated] [--bin DIR] [--carrier tcp] -- PROGRAM [ARGS...]
+# Usage: scripts/vm-demo.sh [--backend cuda|emulated] [--bin DIR] [--carrier vm|tcp] -- PROGRAM [ARGS...]
 #
 # Builds (once, cached in $GPUPLEX_VM_CACHE, default .cache/vm) a minimal
 # guest: Debian's cloud kernel and busybox; then, per run, an initramfs with
@@ -12,9 +12,12 @@
 # stdout and stderr as they were, names the carrier, and exits with
 # PROGRAM's status.
 #
-# Carrier: `tcp` reaches the server over the VM's ordinary user-mode
-# network (the guest's 10.0.2.2 is this host's loopback), with a token; the
-# shared-memory VM carrier is not there yet (issue 30).
+# Carrier: `vm` (the default) is memory the VM shares with this host, a
+# file the server makes that QEMU gives the guest as an ivshmem-plain PCI
+# device, which the front-end finds and maps from user space (no network,
+# no kernel module); `tcp` reaches the server over the VM's ordinary
+# user-mode network instead (the guest's 10.0.2.2 is this host's loopback),
+# with a token.
 #
 # QEMU comes from Debian (qemu-system-x86, installed with apt-get when
 # missing and run as root) or from $GPUPLEX_QEMU (a qemu-system-x86_64 with
@@ -27,24 +30,21 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 backend=emulated
 bin=$root/target/debug
-carrier=tcp
+carrier=vm
 while [ $# -gt 0 ]; do
     case $1 in
         --backend) backend=$2; shift 2 ;;
         --bin) bin=$2; shift 2 ;;
         --carrier) carrier=$2; shift 2 ;;
         --) shift; break ;;
-        *) echo "usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier tcp] -- PROGRAM [ARGS...]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier vm|tcp] -- PROGRAM [ARGS...]" >&2; exit 2 ;;
     esac
 done
 if [ $# -lt 1 ]; then
-    echo "usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier tcp] -- PROGRAM [ARGS...]" >&2
+    echo "usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier vm|tcp] -- PROGRAM [ARGS...]" >&2
     exit 2
 fi
-if [ "$carrier" != tcp ]; then
-    echo "vm-demo: carrier $carrier: only tcp exists yet" >&2
-    exit 2
-fi
+case $carrier in vm|tcp) ;; *) echo "vm-demo: carrier $carrier: vm or tcp" >&2; exit 2 ;; esac
 program=$(command -v "$1" || true)
 [ -n "$program" ] && [ -x "$program" ] || { echo "vm-demo: $1: not an executable" >&2; exit 127; }
 shift
@@ -88,9 +88,10 @@ modules=$(ls -d "$cache"/kernel/lib/modules/*)/kernel
 # The guest's root: busybox, the network driver, the program and what it loads.
 work=$(mktemp -d /tmp/gpuplex-vm.XXXXXX)
 server=""
+region=/dev/shm/gpuplex-vm-$$
 cleanup() {
     if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
-    rm -rf "$work"
+    rm -rf "$work" "$region"
 }
 trap cleanup EXIT
 guest=$work/root
@@ -115,6 +116,10 @@ chmod 600 "$token"
 cp "$token" "$guest/gpuplex/token"
 
 port=$(( 20000 + RANDOM % 20000 ))
+case $carrier in
+    vm) guest_server=vm; listen=vm:$region ;;
+    tcp) guest_server=tcp:10.0.2.2:$port; listen=tcp:127.0.0.1:$port ;;
+esac
 args=""
 for a in "$@"; do args="$args '${a//\'/\'\\\'\'}'"; done
 cat >"$guest/init" <<EOF
@@ -125,18 +130,20 @@ mount -t devtmpfs dev /dev
 mkdir -p /dev/shm
 mount -t tmpfs tmp /tmp
 mount -t tmpfs shm /dev/shm
-for m in virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover net_failover virtio_net; do
-    insmod /modules/\$m.ko
-done
-ip link set lo up
-ip link set eth0 up
-ip addr add 10.0.2.15/24 dev eth0
-ip route add default via 10.0.2.2
+if [ $carrier = tcp ]; then
+    for m in virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover net_failover virtio_net; do
+        insmod /modules/\$m.ko
+    done
+    ip link set lo up
+    ip link set eth0 up
+    ip addr add 10.0.2.15/24 dev eth0
+    ip route add default via 10.0.2.2
+fi
 nvidia=no
 ls /dev/nvidia* >/dev/null 2>&1 && nvidia=yes
 echo "==vm-demo== nvidia devices: \$nvidia"
 cd /program
-LD_LIBRARY_PATH=/gpuplex/lib GPUPLEX_SERVER=tcp:10.0.2.2:$port GPUPLEX_TOKEN_FILE=/gpuplex/token \\
+LD_LIBRARY_PATH=/gpuplex/lib GPUPLEX_SERVER=$guest_server GPUPLEX_TOKEN_FILE=/gpuplex/token \\
     ./$(basename "$program")$args >/tmp/out 2>/tmp/err
 rc=\$?
 echo "==vm-demo== stdout"
@@ -150,9 +157,9 @@ EOF
 chmod +x "$guest/init"
 (cd "$guest" && find . | "$guest/bin/busybox" cpio -o -H newc 2>/dev/null | gzip -1 >"$work/initrd.gz")
 
-# The server, on loopback, which the guest's user-mode network reaches.
-"$bin/gpuplex" serve --backend "$backend" --listen "tcp:127.0.0.1:$port" --token-file "$token" \
-    >"$work/server.log" 2>&1 &
+# The server: on the VM's region, or on loopback, which the guest's
+# user-mode network reaches.
+"$bin/gpuplex" serve --backend "$backend" --listen "$listen" --token-file "$token" >"$work/server.log" 2>&1 &
 server=$!
 for _ in $(seq 100); do
     grep -q serving "$work/server.log" && break
@@ -163,11 +170,16 @@ done
 # TCG unless told otherwise: /dev/kvm may exist where vCPUs cannot run
 # (no nested virtualization), and such a guest hangs rather than failing.
 accel=${GPUPLEX_VM_ACCEL:-tcg}
-say "guest: $(basename "$vmlinuz"), $accel, carrier $carrier (tcp:10.0.2.2:$port), $backend backend"
+case $carrier in
+    vm) devices=(-object "memory-backend-file,id=gpuplex,share=on,mem-path=$region,size=$(stat -c %s "$region")"
+        -device ivshmem-plain,memdev=gpuplex) ;;
+    tcp) devices=(-netdev user,id=net0 -device virtio-net-pci,netdev=net0) ;;
+esac
+say "guest: $(basename "$vmlinuz"), $accel, carrier $carrier ($guest_server), $backend backend"
 started=$(date +%s.%N)
 timeout 600 "$qemu" -machine "q35,accel=$accel" -m 1024 -nographic -no-reboot -nodefaults -serial stdio \
     -kernel "$vmlinuz" -initrd "$work/initrd.gz" -append "console=ttyS0 quiet loglevel=0 panic=-1" \
-    -netdev user,id=net0 -device virtio-net-pci,netdev=net0 >"$work/console.log" 2>&1 || true
+    "${devices[@]}" >"$work/console.log" 2>&1 || true
 ended=$(date +%s.%N)
 cp "$work/console.log" "$cache/console.log"
 

@@ -80,7 +80,9 @@ const EXAMPLES: &str = "Examples:
 enum Command {
     /// Run the server: own the GPUs and serve guests' CUDA calls.
     Serve {
-        /// Where to listen: unix:PATH or tcp:HOST:PORT; give it again to
+        /// Where to listen: unix:PATH, tcp:HOST:PORT, or vm:PATH (a file
+        /// of memory to share with a virtual machine, made there, which
+        /// QEMU gives the VM as an ivshmem-plain device); give it again to
         /// listen in several places. Default:
         /// $XDG_RUNTIME_DIR/gpuplex.sock, or /tmp/gpuplex-UID.sock.
         #[arg(long, value_name = "ADDR")]
@@ -136,7 +138,7 @@ enum Command {
     /// on the default socket, and if there is none it starts one inside this
     /// command for the program's lifetime.
     Run {
-        /// The server to use (unix:PATH or tcp:HOST:PORT); it must be reachable.
+        /// The server to use (unix:PATH, tcp:HOST:PORT, or in a VM vm); it must be reachable.
         #[arg(long, value_name = "ADDR")]
         server: Option<Address>,
         /// The token of a TCP server (else GPUPLEX_TOKEN_FILE); passed on to

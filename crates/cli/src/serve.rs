@@ -75,7 +75,7 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
                 tracing::warn!("frames over TCP are not encrypted: use a trusted network, a VPN or an SSH tunnel");
                 gpuplex_transport::listen_with_keys(address, supervisor.keys())
             }
-            Address::Unix(_) => gpuplex_transport::listen(address, None),
+            Address::Unix(_) | Address::Vm(_) => gpuplex_transport::listen(address, None),
         };
         listeners.push(listener.map_err(|e| format!("cannot listen on {address}: {}", crate::chain(&e)))?);
     }

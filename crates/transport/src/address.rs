@@ -1,5 +1,6 @@
 //! Server addresses as users write them: `unix:PATH` for local guests,
-//! `tcp:HOST:PORT` for remote ones (`tcp:[::1]:9000` for IPv6).
+//! `tcp:HOST:PORT` for remote ones (`tcp:[::1]:9000` for IPv6), `vm:PATH`
+//! for guests in a virtual machine sharing memory with the host.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -12,6 +13,10 @@ pub enum Address {
     /// `HOST:PORT` as written (a name, an IPv4 address or a bracketed IPv6
     /// one), resolved when connecting or binding.
     Tcp(String),
+    /// Memory shared with a virtual machine ([`crate::vm`]): the server's
+    /// file, or in the guest the PCI device's BAR (`resource2` in sysfs);
+    /// in the guest `vm` alone finds the device.
+    Vm(PathBuf),
 }
 
 impl Address {
@@ -44,6 +49,8 @@ impl std::str::FromStr for Address {
         match s.split_once(':') {
             Some(("unix", path)) if !path.is_empty() => Ok(Address::Unix(PathBuf::from(path))),
             Some(("tcp", host_port)) if valid_host_port(host_port) => Ok(Address::Tcp(host_port.to_owned())),
+            Some(("vm", path)) => Ok(Address::Vm(PathBuf::from(path))),
+            None if s == "vm" => Ok(Address::Vm(PathBuf::new())),
             _ => Err(TransportError::Address(s.to_owned())),
         }
     }
@@ -54,6 +61,8 @@ impl fmt::Display for Address {
         match self {
             Address::Unix(path) => write!(f, "unix:{}", path.display()),
             Address::Tcp(host_port) => write!(f, "tcp:{host_port}"),
+            Address::Vm(path) if path.as_os_str().is_empty() => write!(f, "vm"),
+            Address::Vm(path) => write!(f, "vm:{}", path.display()),
         }
     }
 }
@@ -72,6 +81,13 @@ mod tests {
             assert_eq!(a, Address::Tcp(tcp[4..].to_owned()));
             assert_eq!(a.to_string(), tcp);
         }
+        let vm: Address = "vm:/dev/shm/gpuplex-vm0".parse().unwrap();
+        assert_eq!(vm, Address::Vm("/dev/shm/gpuplex-vm0".into()));
+        assert_eq!(vm.to_string(), "vm:/dev/shm/gpuplex-vm0");
+        for found in ["vm", "vm:"] {
+            assert_eq!(found.parse::<Address>().unwrap(), Address::Vm(PathBuf::new()));
+        }
+        assert_eq!(Address::Vm(PathBuf::new()).to_string(), "vm");
         for bad in [
             "unix:",
             "/run/g.sock",

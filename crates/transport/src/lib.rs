@@ -18,6 +18,7 @@ mod stream;
 pub mod tcp;
 mod token;
 pub mod unix;
+pub mod vm;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -41,20 +42,25 @@ pub enum Peer {
     /// A remote host: the kernel knows only its address, and the process
     /// and user behind it are that host's business.
     Remote(SocketAddr),
+    /// A process in a virtual machine whose region this server serves
+    /// (`region`: the region file's inode on this host), in connection slot
+    /// `slot`; `pid` is what the guest says (its own kernel's number), for
+    /// logs only.
+    Vm { region: u64, slot: u32, pid: u32 },
 }
 
 impl Peer {
     pub fn pid(&self) -> Option<u32> {
         match self {
             Peer::Local { pid, .. } => Some(*pid),
-            Peer::Remote(_) => None,
+            Peer::Remote(_) | Peer::Vm { .. } => None,
         }
     }
 
     pub fn uid(&self) -> Option<u32> {
         match self {
             Peer::Local { uid, .. } => Some(*uid),
-            Peer::Remote(_) => None,
+            Peer::Remote(_) | Peer::Vm { .. } => None,
         }
     }
 }
@@ -64,6 +70,7 @@ impl fmt::Display for Peer {
         match self {
             Peer::Local { pid, uid, .. } => write!(f, "pid {pid} uid {uid}"),
             Peer::Remote(addr) => write!(f, "{addr}"),
+            Peer::Vm { slot, pid, .. } => write!(f, "VM slot {slot} (guest pid {pid})"),
         }
     }
 }
@@ -76,7 +83,7 @@ pub enum TransportError {
     Header(#[from] HeaderError),
     #[error("transport I/O failed")]
     Io(#[from] std::io::Error),
-    #[error("unsupported address {0:?}: expected unix:PATH or tcp:HOST:PORT")]
+    #[error("unsupported address {0:?}: expected unix:PATH, tcp:HOST:PORT or vm:PATH")]
     Address(String),
     #[error("a lane carried something other than a chunk")]
     Chunk,
@@ -183,20 +190,27 @@ pub enum SocketKind {
     Unix,
     /// Authenticated already, by the process that accepted it.
     Tcp,
+    /// A slot of a VM region; the descriptor is the region's file.
+    Vm {
+        slot: u32,
+    },
 }
 
 impl SocketKind {
+    /// The kind in one word: the low byte says which, a VM's slot is above it.
     pub fn as_u32(self) -> u32 {
         match self {
             SocketKind::Unix => 1,
             SocketKind::Tcp => 2,
+            SocketKind::Vm { slot } => 3 | slot << 8,
         }
     }
 
     pub fn from_u32(v: u32) -> Option<SocketKind> {
-        match v {
-            1 => Some(SocketKind::Unix),
-            2 => Some(SocketKind::Tcp),
+        match v & 0xff {
+            1 if v == 1 => Some(SocketKind::Unix),
+            2 if v == 2 => Some(SocketKind::Tcp),
+            3 => Some(SocketKind::Vm { slot: v >> 8 }),
             _ => None,
         }
     }
@@ -209,6 +223,7 @@ pub fn adopt(kind: SocketKind, socket: OwnedFd) -> Result<Box<dyn Carrier>, Tran
     Ok(match kind {
         SocketKind::Unix => Box::new(unix::UnixCarrier::adopt(socket)?),
         SocketKind::Tcp => Box::new(tcp::TcpCarrier::adopt(socket)?),
+        SocketKind::Vm { slot } => Box::new(vm::VmCarrier::adopt(socket, slot as usize)?),
     })
 }
 
@@ -234,6 +249,7 @@ pub fn connect(address: &Address, token: Option<&Token>) -> Result<Box<dyn Carri
         (Address::Tcp(_), None) => Err(TransportError::Token(format!(
             "a TCP server needs its token: give --token-file or set {TOKEN_FILE_ENV}"
         ))),
+        (Address::Vm(path), _) => Ok(Box::new(vm::VmCarrier::connect(path)?)),
     }
 }
 
@@ -261,5 +277,7 @@ pub fn listen_with_keys(address: &Address, keys: Arc<Keyring>) -> Result<Box<dyn
         Address::Tcp(_) => {
             Err(TransportError::Token("listening on TCP needs a token (--token-file) to admit peers by".into()))
         }
+        // The VM's memory is its credential: no token is proved there.
+        Address::Vm(path) => Ok(Box::new(vm::VmListener::create(path, vm::DEFAULT_REGION)?)),
     }
 }

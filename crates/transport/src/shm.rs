@@ -93,6 +93,14 @@ impl Region {
         Region::map(fd, len, at)
     }
 
+    /// Maps the first `len` bytes of a file that is no sealed memfd: the
+    /// memory a virtual machine shares ([`crate::vm`]), which only the
+    /// server and the VM's monitor hold on the host, or that memory as the
+    /// guest sees it (a PCI device's BAR).
+    pub fn map_file(fd: OwnedFd, len: usize) -> io::Result<Region> {
+        Region::map(fd, len, std::ptr::null_mut())
+    }
+
     fn map(fd: OwnedFd, len: usize, at: *mut u8) -> io::Result<Region> {
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let try_map = |flags| {
@@ -171,7 +179,7 @@ pub struct Layout {
 const CONTROL_BYTES: usize = 4096;
 
 impl Layout {
-    pub fn total(&self) -> usize {
+    pub const fn total(&self) -> usize {
         CONTROL_BYTES + 2 * self.ring_bytes + self.staging_bytes
     }
 
@@ -227,8 +235,20 @@ pub struct Rings {
 impl Rings {
     /// The rings of `region` as seen from `side`.
     pub fn new(region: std::sync::Arc<Region>, layout: Layout, side: Side) -> Result<Rings, TransportError> {
-        layout.check(region.len())?;
-        let base = region.as_ptr();
+        Rings::at(region, 0, layout, side)
+    }
+
+    /// The rings laid out from byte `offset` of `region` (a VM's slot).
+    pub fn at(
+        region: std::sync::Arc<Region>,
+        offset: usize,
+        layout: Layout,
+        side: Side,
+    ) -> Result<Rings, TransportError> {
+        layout.check(region.len().saturating_sub(offset))?;
+        // SAFETY: `offset` is inside the region (the check above leaves room
+        // for the whole layout after it).
+        let base = unsafe { region.as_ptr().add(offset) };
         let cap = layout.ring_bytes as u64;
         let end = |i: usize, adaptive: bool| RingEnd {
             // SAFETY: both control blocks lie in the first page (checked
@@ -238,7 +258,14 @@ impl Rings {
             data: unsafe { base.add(CONTROL_BYTES + i * layout.ring_bytes) },
             cap,
             pos: 0,
-            wait: Wait { spin: Cell::new(SPIN), adaptive, long_before: Cell::new(false), socket: -1, patience: None },
+            wait: Wait {
+                spin: Cell::new(SPIN),
+                adaptive,
+                long_before: Cell::new(false),
+                watch: Watch::None,
+                futex: true,
+                patience: None,
+            },
         };
         let (out, inn) = match side {
             Side::Client => (0, 1),
@@ -248,10 +275,34 @@ impl Rings {
         Ok(Rings { writer: Writer::new(end(out, false)), reader: Reader::new(end(inn, replies)), _region: region })
     }
 
+    /// Takes up rings another process of this side used: from the
+    /// positions it published, past what it read and wrote.
+    pub(crate) fn resume(&mut self) {
+        let head = self.writer.end.ctl().head.0.load(SeqCst);
+        self.writer.end.pos = head;
+        self.writer.seen_tail = self.writer.end.ctl().tail.0.load(SeqCst);
+        let tail = self.reader.end.ctl().tail.0.load(SeqCst);
+        self.reader.end.pos = tail;
+        self.reader.seen_head = tail;
+    }
+
     /// Peer liveness is checked on `socket` while sleeping.
     pub(crate) fn watch(&mut self, socket: RawFd) {
-        self.writer.end.wait.socket = socket;
-        self.reader.end.wait.socket = socket;
+        self.writer.end.wait.watch = Watch::Socket(socket);
+        self.reader.end.wait.watch = Watch::Socket(socket);
+    }
+
+    /// A peer in another kernel (a virtual machine and its host): no futex
+    /// reaches it, so a sleeper naps and looks again; the peer is gone
+    /// once it says so (`closed`) or its heartbeat (`beat`) stops.
+    ///
+    /// # Safety
+    /// Both point into memory that outlives the rings.
+    pub(crate) unsafe fn watch_across(&mut self, closed: *const AtomicU32, beat: *const AtomicU64) {
+        for wait in [&mut self.writer.end.wait, &mut self.reader.end.wait] {
+            wait.watch = Watch::Beat { closed, beat, seen: Cell::new((u64::MAX, Instant::now())) };
+            wait.futex = false;
+        }
     }
 
     /// How long the reader waits for a byte before giving up on the peer.
@@ -269,6 +320,14 @@ const SPIN: Duration = Duration::from_micros(100);
 const REPLY_SPIN_MAX: Duration = Duration::from_millis(10);
 /// How often a sleeper checks that the peer is alive.
 const NAP: Duration = Duration::from_millis(20);
+/// Across a VM boundary a sleeper polls, from this nap doubling up to
+/// [`POLL_MAX`]: the first looks cost little next to a guest's call, the
+/// last bound what an idle connection costs.
+const POLL_MIN: Duration = Duration::from_micros(20);
+const POLL_MAX: Duration = Duration::from_millis(2);
+/// A peer across a VM boundary whose heartbeat stood still this long is
+/// gone (its process or its whole VM); a live one beats every 100 ms.
+pub const PEER_SILENCE: Duration = Duration::from_secs(10);
 
 pub(crate) struct RingEnd {
     ctl: *const RingControl,
@@ -451,6 +510,7 @@ impl Read for Reader {
         }
         self.read_some(buf).map_err(|e| match e {
             TransportError::Closed => io::ErrorKind::ConnectionReset.into(),
+            TransportError::TimedOut(_) => io::ErrorKind::TimedOut.into(),
             TransportError::Io(e) => e,
             other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
         })
@@ -465,6 +525,38 @@ fn ring(bell: &AtomicU32, sleeps: &AtomicU32) {
     }
 }
 
+/// How a sleeping side tells that its peer is gone.
+enum Watch {
+    None,
+    /// The connection's socket, polled for hang-up.
+    Socket(RawFd),
+    /// A peer in another kernel: its closed flag and its heartbeat, with the
+    /// beat last seen and when it was seen to change.
+    Beat {
+        closed: *const AtomicU32,
+        beat: *const AtomicU64,
+        seen: Cell<(u64, Instant)>,
+    },
+}
+
+impl Watch {
+    fn peer_gone(&self) -> bool {
+        match self {
+            Watch::None => false,
+            Watch::Socket(socket) => hung_up(*socket),
+            Watch::Beat { closed, beat, seen } => {
+                // SAFETY: `watch_across`'s contract keeps both alive.
+                let (closed, beat) = unsafe { ((**closed).load(SeqCst), (**beat).load(SeqCst)) };
+                let (last, since) = seen.get();
+                if beat != last {
+                    seen.set((beat, Instant::now()));
+                }
+                closed != 0 || (beat == last && since.elapsed() >= PEER_SILENCE)
+            }
+        }
+    }
+}
+
 struct Wait {
     /// How long to spin before sleeping.
     spin: Cell<Duration>,
@@ -473,8 +565,11 @@ struct Wait {
     adaptive: bool,
     /// Whether the last wait that ended was too long to spin through.
     long_before: Cell<bool>,
-    /// The connection's socket, polled for hang-up while sleeping.
-    socket: RawFd,
+    /// How a sleeper tells that the peer is gone.
+    watch: Watch,
+    /// Whether the peer's ring wakes a sleeper (a futex); across a VM
+    /// boundary it cannot, and a sleeper polls.
+    futex: bool,
     /// How long to wait at most (`None`: as long as the peer lives).
     patience: Option<Duration>,
 }
@@ -521,12 +616,16 @@ impl Wait {
             }
             std::hint::spin_loop();
         }
+        let mut poll = POLL_MIN;
         loop {
             sleeps.store(1, SeqCst);
             let seen = bell.load(SeqCst);
             let n = ready()?;
-            if n == 0 {
+            if n == 0 && self.futex {
                 futex(bell, libc::FUTEX_WAIT, seen, Some(NAP));
+            } else if n == 0 {
+                std::thread::sleep(poll);
+                poll = (poll * 2).min(POLL_MAX);
             }
             sleeps.store(0, SeqCst);
             let n = if n == 0 { ready()? } else { n };
@@ -534,7 +633,7 @@ impl Wait {
                 self.adapt(start.elapsed());
                 return Ok(n);
             }
-            if self.socket >= 0 && hung_up(self.socket) {
+            if self.watch.peer_gone() {
                 return Err(TransportError::Closed);
             }
             if let Some(patience) = self.patience.filter(|&p| start.elapsed() >= p) {

@@ -89,6 +89,8 @@ pub struct Supervisor {
 enum Origin {
     Uid(u32),
     Host(std::net::IpAddr),
+    /// A virtual machine, by its region file.
+    Vm(u64),
 }
 
 impl Supervisor {
@@ -259,6 +261,7 @@ impl Supervisor {
         let origin = match peer {
             Peer::Local { uid, .. } => Origin::Uid(*uid),
             Peer::Remote(addr) => Origin::Host(addr.ip()),
+            Peer::Vm { region, .. } => Origin::Vm(*region),
         };
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         let total: usize = pending.values().sum();

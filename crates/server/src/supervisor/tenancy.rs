@@ -72,6 +72,13 @@ impl Tenancy {
                 None => Err(format!("tenant {name} is no longer configured")),
             },
             (Peer::Remote(addr), None) => Err(format!("{addr} proved no key")),
+            // A virtual machine is a tenant, named for its region (`vm:FILE`),
+            // with the default settings.
+            (Peer::Vm { .. }, Some(name)) => match &self.config.default {
+                Some(settings) => Ok(self.plan(name, settings)),
+                None => Err(format!("{} has no [default] for VM guests ({name})", self.config.path.display())),
+            },
+            (Peer::Vm { .. }, None) => Err("a VM guest whose region has no name".into()),
         }
     }
 
@@ -84,7 +91,7 @@ impl Tenancy {
         if name == REMOTE {
             return Some(self.plan(name, &default.cloned().unwrap_or_default()));
         }
-        name.strip_prefix("uid:").and(default).map(|d| self.plan(name, d))
+        name.strip_prefix("uid:").or(name.strip_prefix("vm:")).and(default).map(|d| self.plan(name, d))
     }
 
     /// The keys TCP peers may prove, each named by its tenant (the
@@ -122,4 +129,19 @@ fn groups(pid: u32, gid: u32) -> Vec<u32> {
         }
     }
     groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_virtual_machine_is_a_tenant_named_for_its_region() {
+        let tenancy = Tenancy::new(Config::none(), 1, None).unwrap();
+        let peer = Peer::Vm { region: 7, slot: 3, pid: 1 };
+        let plan = tenancy.plan_for(&peer, Some("vm:gpuplex-vm0")).unwrap();
+        assert_eq!((plan.tenant.as_str(), plan.memory_limit), ("vm:gpuplex-vm0", 0));
+        assert!(tenancy.plan_named("vm:gpuplex-vm0").is_some(), "a reload finds it again");
+        assert!(tenancy.plan_for(&peer, None).is_err());
+    }
 }

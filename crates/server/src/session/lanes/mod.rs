@@ -525,11 +525,12 @@ impl Lanes {
 }
 
 /// Whether a lane may join a session: the same process locally, the same
-/// host remotely.
+/// host remotely, the same virtual machine (whose processes are one tenant).
 pub(super) fn same_origin(session: Peer, lane: Peer) -> bool {
     match (session, lane) {
         (Peer::Local { pid, .. }, Peer::Local { pid: lane_pid, .. }) => pid == lane_pid,
         (Peer::Remote(a), Peer::Remote(b)) => a.ip() == b.ip(),
+        (Peer::Vm { region: a, .. }, Peer::Vm { region: b, .. }) => a == b,
         _ => false,
     }
 }

@@ -1,0 +1,537 @@
+//! The VM carrier: a guest in a virtual machine reaches the server through
+//! memory the VM shares with the host, with no network and no NVIDIA driver
+//! in the guest.
+//!
+//! The server makes a file (`vm:PATH`), which the VM's monitor gives the VM
+//! as a PCI device (QEMU: `-object memory-backend-file,id=gpuplex,share=on,
+//! mem-path=PATH,size=64M -device ivshmem-plain,memdev=gpuplex`); a guest
+//! maps the device's memory BAR from user space (sysfs `resource2`), no
+//! kernel module needed. A test maps the same file on the host.
+//!
+//! The file holds a header and [`SLOTS`] connection slots. A guest process
+//! claims a free slot (compare-and-swap on its state) and then speaks in
+//! the slot's rings exactly as a local guest speaks in its shared-memory
+//! rings ([`crate::shm`]); the server's listener finds claimed slots by
+//! looking. Across the VM boundary no futex wakes a sleeper and no socket
+//! tells that the peer is gone: sleepers poll, each side beats a heartbeat
+//! in the slot every [`BEAT`], and says when it leaves. The server frees a
+//! slot once both sides have left (or the guest fell silent).
+//!
+//! Everything in the file is the guest's to write. The server never reads
+//! the header back, keeps its own record of which slots it serves, and the
+//! rings keep each side's position privately, so a guest scribbling there
+//! can fail only its own connections. All slots of a file belong to one
+//! VM, which is one tenant: its processes can disturb each other's slots,
+//! as they can each other's memory.
+
+use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use gpuplex_protocol::Header;
+use zerocopy::IntoBytes;
+
+use crate::shm::{Layout, Region, Rings, Side, PEER_SILENCE};
+use crate::{stream, Address, Carrier, Listener, Peer, SocketKind, TransportError};
+
+/// The first bytes of a VM region, so that a guest knows the device it
+/// found is gpuplex's.
+pub const MAGIC: [u8; 8] = *b"gpuplxvm";
+/// The region's layout; a guest refuses any other.
+pub const VERSION: u32 = 1;
+/// Connections one VM may have open at once.
+pub const SLOTS: usize = 16;
+/// The bytes of each ring: frames larger than this cross in pieces.
+const RING_BYTES: usize = 1 << 20;
+/// The header's page, and each slot's control page before its rings.
+const PAGE: usize = 4096;
+/// How often each side beats its heartbeat.
+pub const BEAT: Duration = Duration::from_millis(100);
+/// How often the listener looks for claimed slots.
+const LOOK: Duration = Duration::from_millis(1);
+/// The smallest region that holds every slot.
+pub const MIN_REGION: usize = PAGE + SLOTS * slot_bytes();
+/// The region a server makes: every slot, in a power of two (a PCI BAR's
+/// size must be one). QEMU's `memory-backend-file` takes `size=64M`.
+pub const DEFAULT_REGION: usize = MIN_REGION.next_power_of_two();
+
+/// A slot's states: free, claimed by a guest (its first frame may be in
+/// the rings), served.
+const FREE: u32 = 0;
+const CLAIMED: u32 = 1;
+const OPEN: u32 = 2;
+
+#[repr(C)]
+struct RegionHeader {
+    magic: [u8; 8],
+    version: u32,
+    slots: u32,
+    slot_bytes: u64,
+    ring_bytes: u64,
+}
+
+/// A slot's shared words, each side writing only its own (but the state,
+/// which the guest claims and the server frees).
+#[repr(C)]
+struct SlotControl {
+    state: AtomicU32,
+    /// The guest's process id, as it says (for the server's logs and status).
+    guest_pid: AtomicU32,
+    guest_closed: AtomicU32,
+    server_closed: AtomicU32,
+    guest_beat: AtomicU64,
+    server_beat: AtomicU64,
+}
+
+const fn slot_bytes() -> usize {
+    PAGE + layout().total()
+}
+
+const fn layout() -> Layout {
+    Layout { ring_bytes: RING_BYTES, staging_bytes: 0 }
+}
+
+fn slot_offset(slot: usize) -> usize {
+    PAGE + slot * slot_bytes()
+}
+
+/// Slot `slot`'s control words.
+fn control(region: &Region, slot: usize) -> &SlotControl {
+    // SAFETY: the slot lies inside the region (checked when it was mapped);
+    // its first page holds only atomics, for which any bytes are valid.
+    unsafe { &*region.as_ptr().add(slot_offset(slot)).cast::<SlotControl>() }
+}
+
+/// Opens and maps a region file, whole.
+fn map(path: &Path, create: Option<usize>) -> Result<Arc<Region>, TransportError> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true);
+    if create.is_some() {
+        options.create(true).mode(0o600);
+    }
+    let file = options.open(path)?;
+    if let Some(len) = create {
+        file.set_len(len as u64)?;
+    }
+    // A sysfs resource file reports its BAR's size.
+    let len = file.metadata()?.len() as usize;
+    if len < MIN_REGION {
+        return Err(TransportError::Shared(format!(
+            "{}: {len} bytes, less than the {MIN_REGION} a VM region takes",
+            path.display()
+        )));
+    }
+    Ok(Arc::new(Region::map_file(OwnedFd::from(file), len)?))
+}
+
+/// QEMU's `ivshmem-plain` device: Red Hat's vendor id, and its device id.
+const IVSHMEM: (&str, &str) = ("0x1af4", "0x1110");
+
+/// The memory BAR of the VM's shared-memory device that holds a gpuplex
+/// region (a VM may have other such devices).
+fn find_device() -> Result<PathBuf, TransportError> {
+    let devices = std::fs::read_dir("/sys/bus/pci/devices")?;
+    for device in devices.flatten().map(|d| d.path()) {
+        let id = |what| std::fs::read_to_string(device.join(what)).map(|s| s.trim().to_owned()).unwrap_or_default();
+        if (id("vendor").as_str(), id("device").as_str()) != IVSHMEM {
+            continue;
+        }
+        let bar = device.join("resource2");
+        let mut magic = [0u8; 8];
+        let mapped = map_magic(&bar, &mut magic);
+        if mapped.is_ok() && magic == MAGIC {
+            return Ok(bar);
+        }
+    }
+    Err(TransportError::Shared("no gpuplex shared-memory device in this VM (QEMU: -device ivshmem-plain)".into()))
+}
+
+/// The first bytes of a device's memory (a BAR is mapped, not read).
+fn map_magic(bar: &Path, magic: &mut [u8; 8]) -> Result<(), TransportError> {
+    let file = OpenOptions::new().read(true).write(true).open(bar)?;
+    let len = file.metadata()?.len() as usize;
+    if len < PAGE {
+        return Err(TransportError::Shared("a device too small".into()));
+    }
+    let region = Region::map_file(OwnedFd::from(file), PAGE)?;
+    // SAFETY: the mapping holds a page.
+    magic.copy_from_slice(unsafe { std::slice::from_raw_parts(region.as_ptr(), 8) });
+    Ok(())
+}
+
+/// The server's side of a VM region: it hands out slots guests claimed.
+pub struct VmListener {
+    path: PathBuf,
+    region: Arc<Region>,
+    /// Which slots the server serves (its own record, never the guest's),
+    /// and for each the guest's beat last seen and when it changed.
+    served: Mutex<[Option<(u64, Instant)>; SLOTS]>,
+}
+
+impl VmListener {
+    /// Makes (or remakes) the region file at `path`, `len` bytes, every
+    /// slot free. Guests of an earlier server's region start over.
+    pub fn create(path: &Path, len: usize) -> Result<VmListener, TransportError> {
+        let region = map(path, Some(len))?;
+        // SAFETY: the header page lies inside the region.
+        unsafe { std::ptr::write_bytes(region.as_ptr(), 0, MIN_REGION) };
+        let header = RegionHeader {
+            magic: MAGIC,
+            version: VERSION,
+            slots: SLOTS as u32,
+            slot_bytes: slot_bytes() as u64,
+            ring_bytes: RING_BYTES as u64,
+        };
+        // SAFETY: the header fits the first page; nobody reads it but guests.
+        unsafe { region.as_ptr().cast::<RegionHeader>().write_unaligned(header) };
+        Ok(VmListener { path: path.to_owned(), region, served: Mutex::new([None; SLOTS]) })
+    }
+
+    /// Frees slots whose connections both sides have left, or whose guest
+    /// fell silent after the server left; returns a newly claimed slot.
+    fn look(&self) -> Option<usize> {
+        let mut served = self.served.lock().unwrap_or_else(PoisonError::into_inner);
+        for (slot, record) in served.iter_mut().enumerate() {
+            let c = control(&self.region, slot);
+            match record {
+                None if c.state.load(SeqCst) == CLAIMED => {
+                    c.state.store(OPEN, SeqCst);
+                    *record = Some((c.guest_beat.load(SeqCst), Instant::now()));
+                    return Some(slot);
+                }
+                Some((beat, since)) if c.server_closed.load(SeqCst) != 0 => {
+                    let now = c.guest_beat.load(SeqCst);
+                    if now != *beat {
+                        *record = Some((now, Instant::now()));
+                    } else if c.guest_closed.load(SeqCst) != 0 || since.elapsed() >= PEER_SILENCE {
+                        free(&self.region, slot);
+                        *record = None;
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+/// A region file's inode, and its name: `vm:` and the file's name.
+fn identity(region: &Region) -> Result<(u64, String), TransportError> {
+    // SAFETY: plain query on a descriptor the region owns.
+    let inode = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(region.fd().as_raw_fd(), &mut st) != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        st.st_ino
+    };
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", region.fd().as_raw_fd()))?;
+    let file = link.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok((inode, format!("vm:{file}")))
+}
+
+/// Makes a slot free again: its rings empty, its words zero, the state last.
+fn free(region: &Region, slot: usize) {
+    // SAFETY: the slot's control page and its rings' control page lie inside
+    // the region; zero is every word's start.
+    unsafe { std::ptr::write_bytes(region.as_ptr().add(slot_offset(slot) + 4), 0, 2 * PAGE - 4) };
+    control(region, slot).state.store(FREE, SeqCst);
+}
+
+impl Listener for VmListener {
+    fn accept(&self) -> Result<Box<dyn Carrier>, TransportError> {
+        loop {
+            if let Some(slot) = self.look() {
+                return Ok(Box::new(VmCarrier::attach(self.region.clone(), slot, Side::Server)?));
+            }
+            std::thread::sleep(LOOK);
+        }
+    }
+
+    fn address(&self) -> Address {
+        Address::Vm(self.path.clone())
+    }
+}
+
+/// One connection in a slot of a VM region, from either side.
+pub struct VmCarrier {
+    rings: Rings,
+    region: Arc<Region>,
+    slot: usize,
+    side: Side,
+    /// Stops the heartbeat when the carrier goes.
+    beating: Arc<AtomicBool>,
+    /// Whether the slot is handed to another process (`into_socket`), which
+    /// says for itself when it leaves.
+    handed_over: bool,
+    /// The region file's inode and name on the server's side (the guest's
+    /// device file's on the guest's).
+    inode: u64,
+    name: String,
+}
+
+impl VmCarrier {
+    /// A guest's connection: claims a free slot of the region at `path`
+    /// (the device's BAR, or the server's file; empty: the VM's device,
+    /// found in sysfs).
+    pub fn connect(path: &Path) -> Result<VmCarrier, TransportError> {
+        let found;
+        let path = if path.as_os_str().is_empty() {
+            found = find_device()?;
+            &found
+        } else {
+            path
+        };
+        let region = map(path, None)?;
+        // SAFETY: the region is at least a page; any bytes are a header.
+        let header = unsafe { region.as_ptr().cast::<RegionHeader>().read_unaligned() };
+        let expected = (MAGIC, VERSION, SLOTS as u32, slot_bytes() as u64, RING_BYTES as u64);
+        if (header.magic, header.version, header.slots, header.slot_bytes, header.ring_bytes) != expected {
+            return Err(TransportError::Shared(format!("{}: not a gpuplex VM region of this version", path.display())));
+        }
+        let slot = (0..SLOTS)
+            .find(|&s| control(&region, s).state.compare_exchange(FREE, CLAIMED, SeqCst, SeqCst).is_ok())
+            .ok_or_else(|| TransportError::Shared(format!("all {SLOTS} connections of the VM are in use")))?;
+        control(&region, slot).guest_pid.store(std::process::id(), SeqCst);
+        VmCarrier::attach(region, slot, Side::Client)
+    }
+
+    /// A server's connection in a slot another process accepted, handed
+    /// over with the region's descriptor ([`Carrier::into_socket`]).
+    pub fn adopt(region: OwnedFd, slot: usize) -> Result<VmCarrier, TransportError> {
+        if slot >= SLOTS {
+            return Err(TransportError::Shared(format!("no slot {slot}")));
+        }
+        // SAFETY: plain query on our own descriptor.
+        let len = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(region.as_raw_fd(), &mut st) != 0 {
+                return Err(std::io::Error::last_os_error().into());
+            }
+            st.st_size as usize
+        };
+        if len < MIN_REGION {
+            return Err(TransportError::Shared(format!("a VM region of {len} bytes")));
+        }
+        let mut carrier = VmCarrier::attach(Arc::new(Region::map_file(region, len)?), slot, Side::Server)?;
+        // The acceptor read the guest's opening frame: go on after it.
+        carrier.rings.resume();
+        Ok(carrier)
+    }
+
+    fn attach(region: Arc<Region>, slot: usize, side: Side) -> Result<VmCarrier, TransportError> {
+        let (inode, name) = identity(&region)?;
+        let mut rings = Rings::at(region.clone(), slot_offset(slot) + PAGE, layout(), side)?;
+        let c = control(&region, slot);
+        let (mine, theirs, their_close) = match side {
+            Side::Client => (&c.guest_beat, &c.server_beat, &c.server_closed),
+            Side::Server => (&c.server_beat, &c.guest_beat, &c.guest_closed),
+        };
+        // SAFETY: the words live in the region, which the rings keep mapped.
+        unsafe { rings.watch_across(their_close, theirs) };
+        let beating = Arc::new(AtomicBool::new(true));
+        let (beat, on) = (mine as *const AtomicU64 as usize, beating.clone());
+        let keep = region.clone();
+        std::thread::Builder::new().name("gpuplex-vm-beat".into()).spawn(move || {
+            let _mapped = keep;
+            // SAFETY: `beat` points into the region `_mapped` keeps mapped.
+            let beat = unsafe { &*(beat as *const AtomicU64) };
+            while on.load(SeqCst) {
+                beat.fetch_add(1, SeqCst);
+                std::thread::sleep(BEAT);
+            }
+        })?;
+        Ok(VmCarrier { rings, region, slot, side, beating, handed_over: false, inode, name })
+    }
+
+    fn control(&self) -> &SlotControl {
+        control(&self.region, self.slot)
+    }
+}
+
+impl Drop for VmCarrier {
+    fn drop(&mut self) {
+        self.beating.store(false, SeqCst);
+        if self.handed_over {
+            return;
+        }
+        let c = self.control();
+        match self.side {
+            Side::Client => c.guest_closed.store(1, SeqCst),
+            Side::Server => c.server_closed.store(1, SeqCst),
+        }
+    }
+}
+
+impl Carrier for VmCarrier {
+    fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
+        self.rings.writer.write_all(&[header.as_bytes(), payload])
+    }
+
+    fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
+        stream::recv(&mut self.rings.reader, payload)
+    }
+
+    fn set_patience(&mut self, patience: Option<Duration>) -> Result<(), TransportError> {
+        self.rings.set_patience(patience);
+        Ok(())
+    }
+
+    fn frame_waiting(&self) -> bool {
+        self.rings.reader.has_bytes()
+    }
+
+    /// Each wait for the peer's bytes ends within `timeout`: a guest that
+    /// says nothing is let go that soon.
+    fn recv_opening(&mut self, payload: &mut Vec<u8>, max: usize, timeout: Duration) -> Result<Header, TransportError> {
+        self.rings.set_patience(Some(timeout));
+        let opening = stream::recv_at_most(&mut self.rings.reader, payload, max);
+        self.rings.set_patience(None);
+        opening
+    }
+
+    fn peer(&self) -> Peer {
+        Peer::Vm { region: self.inode, slot: self.slot as u32, pid: self.control().guest_pid.load(SeqCst) }
+    }
+
+    /// The VM's name (its region file's): the tenant it is served as.
+    fn key(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+
+    fn into_socket(mut self: Box<Self>) -> Result<(SocketKind, OwnedFd), TransportError> {
+        let fd = self.region.fd().try_clone_to_owned()?;
+        self.handed_over = true;
+        Ok((SocketKind::Vm { slot: self.slot as u32 }, fd))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuplex_protocol::Opcode;
+
+    fn region() -> (tempfile_path::Dir, PathBuf) {
+        let dir = tempfile_path::Dir::new();
+        let path = dir.0.join("vm0");
+        (dir, path)
+    }
+
+    /// A directory removed at the end of a test.
+    mod tempfile_path {
+        pub struct Dir(pub std::path::PathBuf);
+
+        impl Dir {
+            pub fn new() -> Dir {
+                let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+                let p = std::env::temp_dir().join(format!("gpuplex-vm-test-{}-{n}", std::process::id()));
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+        }
+
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn frames_cross_a_slot_both_ways() {
+        let (_dir, path) = region();
+        let listener = VmListener::create(&path, MIN_REGION).unwrap();
+        let mut guest = VmCarrier::connect(&path).unwrap();
+        let mut server = listener.accept().unwrap();
+        assert!(matches!(server.peer(), Peer::Vm { slot: 0, pid, .. } if pid == std::process::id()));
+        assert_eq!(server.key(), Some("vm:vm0"));
+        let big = vec![7u8; 3 * RING_BYTES + 5];
+        let sender = std::thread::spawn(move || {
+            guest.send(&Header::request(Opcode::Hello, 1, 0, 4), b"ping").unwrap();
+            guest.send(&Header::request(Opcode::Hello, 2, 0, big.len()), &big).unwrap();
+            let mut reply = Vec::new();
+            let h = guest.recv(&mut reply).unwrap();
+            (h.request_id.get(), reply)
+        });
+        let mut got = Vec::new();
+        let h = server.recv_opening(&mut got, 64, Duration::from_secs(5)).unwrap();
+        assert_eq!((h.request_id.get(), got.as_slice()), (1, &b"ping"[..]));
+        server.recv(&mut got).unwrap();
+        assert_eq!(got.len(), 3 * RING_BYTES + 5);
+        assert!(got.iter().all(|&b| b == 7));
+        server.send(&Header::reply(&h, 0, 4), b"pong").unwrap();
+        assert_eq!(sender.join().unwrap(), (1, b"pong".to_vec()));
+    }
+
+    #[test]
+    fn a_guest_takes_a_free_slot_and_a_left_one_is_freed() {
+        let (_dir, path) = region();
+        let listener = VmListener::create(&path, MIN_REGION).unwrap();
+        let guests: Vec<VmCarrier> = (0..SLOTS).map(|_| VmCarrier::connect(&path).unwrap()).collect();
+        assert!(VmCarrier::connect(&path).is_err(), "every slot is taken");
+        let servers: Vec<Box<dyn Carrier>> = (0..SLOTS).map(|_| listener.accept().unwrap()).collect();
+        drop(guests);
+        drop(servers);
+        assert_eq!(listener.look(), None, "both sides left: the slots are freed");
+        let mut again = VmCarrier::connect(&path).expect("a freed slot is taken again");
+        let mut server = listener.accept().unwrap();
+        again.send(&Header::request(Opcode::Hello, 9, 0, 0), &[]).unwrap();
+        assert_eq!(server.recv(&mut Vec::new()).unwrap().request_id.get(), 9, "the freed slot's rings start empty");
+    }
+
+    #[test]
+    fn a_side_that_leaves_ends_the_other_s_wait() {
+        let (_dir, path) = region();
+        let listener = VmListener::create(&path, MIN_REGION).unwrap();
+        let guest = VmCarrier::connect(&path).unwrap();
+        let mut server = listener.accept().unwrap();
+        let waiter = std::thread::spawn(move || server.recv(&mut Vec::new()).map(drop));
+        std::thread::sleep(Duration::from_millis(50));
+        drop(guest);
+        assert!(matches!(waiter.join().unwrap(), Err(TransportError::Closed)));
+    }
+
+    #[test]
+    fn a_silent_guest_is_let_go_at_its_opening() {
+        let (_dir, path) = region();
+        let listener = VmListener::create(&path, MIN_REGION).unwrap();
+        let _guest = VmCarrier::connect(&path).unwrap();
+        let mut server = listener.accept().unwrap();
+        let started = Instant::now();
+        let r = server.recv_opening(&mut Vec::new(), 64, Duration::from_millis(200));
+        assert!(matches!(r, Err(TransportError::TimedOut(_))), "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_region_not_gpuplex_s_or_of_another_shape_is_refused() {
+        let (_dir, path) = region();
+        std::fs::write(&path, vec![0u8; MIN_REGION]).unwrap();
+        assert!(VmCarrier::connect(&path).is_err(), "no magic");
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        assert!(VmCarrier::connect(&path).is_err(), "too small");
+    }
+
+    #[test]
+    fn a_handed_over_slot_is_served_by_its_adopter() {
+        let (_dir, path) = region();
+        let listener = VmListener::create(&path, MIN_REGION).unwrap();
+        let mut guest = VmCarrier::connect(&path).unwrap();
+        let accepted = listener.accept().unwrap();
+        guest.send(&Header::request(Opcode::Hello, 3, 0, 2), b"hi").unwrap();
+        let mut accepted = accepted;
+        let mut got = Vec::new();
+        assert_eq!(accepted.recv_opening(&mut got, 64, Duration::from_secs(5)).unwrap().request_id.get(), 3);
+        let (kind, fd) = accepted.into_socket().unwrap();
+        let mut adopted = crate::adopt(kind, fd).unwrap();
+        guest.send(&Header::request(Opcode::Hello, 4, 0, 3), b"bye").unwrap();
+        assert_eq!(adopted.recv(&mut got).unwrap().request_id.get(), 4, "after the opening the acceptor read");
+        assert_eq!(got, b"bye");
+        adopted.send(&Header::request(Opcode::Hello, 5, 0, 0), &[]).unwrap();
+        assert_eq!(guest.recv(&mut got).unwrap().request_id.get(), 5);
+    }
+}
