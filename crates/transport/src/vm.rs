@@ -111,7 +111,8 @@ fn map(path: &Path, create: Option<usize>) -> Result<Arc<Region>, TransportError
     let mut options = OpenOptions::new();
     options.read(true).write(true);
     if create.is_some() {
-        options.create(true).mode(0o600);
+        // Never through a link someone else placed where the file goes.
+        options.create(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
     }
     let file = options.open(path)?;
     if let Some(len) = create {
