@@ -309,6 +309,38 @@ fn programs_run_over_tcp_with_the_token() {
     }
 }
 
+/// A guest in a virtual machine, played by a process here that maps the
+/// server's region file as a guest maps its device: each program in a slot
+/// of its own, the host functions of `user_objects` in another.
+#[test]
+fn programs_run_over_the_vm_carrier() {
+    let _serial = serial();
+    let Some(dir) = programs() else { return };
+    let region = std::env::temp_dir().join(format!("gpuplex-test-vm-{}", std::process::id()));
+    let address = format!("vm:{}", region.display());
+    let server = Server::start_with("vm", &["--listen", &address]);
+    // The region is made beside the socket: wait for its header.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !fs::read(&region).is_ok_and(|b| b.starts_with(b"gpuplxvm")) {
+        assert!(Instant::now() < deadline, "no VM region at {}", region.display());
+        thread::sleep(Duration::from_millis(20));
+    }
+    for (program, expected) in [
+        ("streams_events", "streams_events.txt"),
+        ("runtime/vector_add.static", "runtime/vector_add.txt"),
+        ("runtime/user_objects.shared", "runtime/user_objects.txt"),
+    ] {
+        let mut run = Command::new(gpuplex());
+        run.args(["run", "--server", &address, "--"]).arg(dir.join(program));
+        let out = run_to_end(run).stdout;
+        let want = fs::read_to_string(repo_root().join("tests/cuda/expected").join(expected)).expect("expected");
+        assert!(out == want, "{program} over the VM carrier:\n{}", diff(&want, &out));
+    }
+    assert!(server.log().contains("tenant=vm:gpuplex-test-vm-"), "a VM's sessions are its tenant's:\n{}", server.log());
+    drop(server);
+    let _ = fs::remove_file(&region);
+}
+
 /// Needs no nvcc: every refusal comes before the program would start.
 #[test]
 fn tcp_without_the_right_token_is_refused_clearly() {
