@@ -9,11 +9,10 @@
 //! row extent and all.
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{calls, ArraysCalls};
 use gpuplex_protocol::{
-    element_bytes, ArrayDesc, CallError, CopySide, ResourceDesc, COPY_2D, COPY_2D_UNALIGNED, COPY_3D,
-    COPY_ARRAY_LINEAR, MAX_MIP_LEVELS, RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_MIPMAPPED_ARRAY, RESOURCE_PITCH2D,
-    RESOURCE_VIEW_DESC_BYTES, SIDE_ARRAY, SIDE_BLOCK, SIDE_DEVICE, SIDE_INLINE, TEXTURE_DESC_BYTES,
+    calls, element_bytes, ArrayDesc, ArraysCalls, CallError, CopySide, ResourceDesc, COPY_2D, COPY_2D_UNALIGNED,
+    COPY_3D, COPY_ARRAY_LINEAR, MAX_MIP_LEVELS, RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_MIPMAPPED_ARRAY,
+    RESOURCE_PITCH2D, RESOURCE_VIEW_DESC_BYTES, SIDE_ARRAY, SIDE_BLOCK, SIDE_DEVICE, SIDE_INLINE, TEXTURE_DESC_BYTES,
 };
 
 use super::tables::{Entry, HandleMap, Kind, Owner};

@@ -4,7 +4,8 @@
 
 use gpuplex_protocol::{calls, CallError, ContextsCalls, Ctx, CuError, DevicesCalls, ProfilerCalls};
 
-use super::{tables::CtxEntry, Session};
+use super::tables::CtxEntry;
+use super::Session;
 
 type R<T> = Result<T, CallError>;
 

@@ -7,7 +7,7 @@ use gpuplex_protocol::{calls, CallError, CuError, DevPtr, HostMemoryCalls, Memor
 
 use super::tables::{Owner, Region};
 use super::{invalid, Session};
-use crate::backend::{self};
+use crate::backend;
 use crate::sched::Work;
 
 type R<T> = Result<T, CallError>;

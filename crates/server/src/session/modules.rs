@@ -4,9 +4,11 @@
 
 use gpuplex_protocol::{calls, CallError, CuError, DevPtr, Func, FunctionsCalls, LaunchesCalls, ModulesCalls, Seq};
 
+use super::launcher::ReadyLaunch;
+use super::resolve::packed_size;
 use super::tables::{Entry, Kind, Owner, Region};
-use super::{invalid, launcher::ReadyLaunch, resolve::packed_size, Session};
-use crate::backend::{self};
+use super::{invalid, Session};
+use crate::backend;
 
 type R<T> = Result<T, CallError>;
 

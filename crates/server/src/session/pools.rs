@@ -18,9 +18,9 @@
 //! frees it only when the stream gets there, which a guest could put off.
 
 use gpuplex_protocol::calls::*;
-use gpuplex_protocol::{calls, PoolsCalls};
 use gpuplex_protocol::{
-    CallError, CuError, DevPtr, MemPool, PoolProps, ALLOCATION_PINNED, HANDLE_TYPE_NONE, LOCATION_DEVICE,
+    calls, CallError, CuError, DevPtr, MemPool, PoolProps, PoolsCalls, ALLOCATION_PINNED, HANDLE_TYPE_NONE,
+    LOCATION_DEVICE,
 };
 use tracing::warn;
 

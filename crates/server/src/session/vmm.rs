@@ -9,10 +9,10 @@
 //! allocation is charged to the tenant from its creation until it is both
 //! released and unmapped, which is when the driver frees it.
 
-use gpuplex_protocol::{calls, AccessDesc, AllocProp, CallError, CuError, DevPtr, VirtualMemoryCalls, LOCATION_DEVICE};
 use std::collections::BTreeMap;
 
 use gpuplex_protocol::calls::*;
+use gpuplex_protocol::{calls, AccessDesc, AllocProp, CallError, CuError, DevPtr, VirtualMemoryCalls, LOCATION_DEVICE};
 
 use super::tables::{HandleMap, Owner, Region};
 use super::{invalid, Session};

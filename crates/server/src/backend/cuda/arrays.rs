@@ -7,7 +7,6 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
 
 use cudarc::driver::sys::CUstream;
-
 use gpuplex_protocol::{
     ArrayDesc, CallError, CuError, ResourceDesc, COPY_2D, COPY_2D_UNALIGNED, COPY_3D, COPY_ARRAY_LINEAR,
     RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_PITCH2D, RESOURCE_VIEW_DESC_BYTES, TEXTURE_DESC_BYTES,

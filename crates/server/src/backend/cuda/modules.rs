@@ -1,14 +1,16 @@
 //! The backend's modules, libraries, functions and kernels, and their launches.
 
+use std::ffi::{c_int, c_uint, CStr};
+use std::ptr::null_mut;
+
+use cudarc::driver::sys;
+use gpuplex_protocol::{CallError, CuError};
+
 use super::{
     api, c_name, check, enter, global, handle, launch_config, link, obj, query, raw, size, tensor_maps, with_packed,
     Cuda, Image, MAX_PARAMS,
 };
 use crate::backend::{BResult, ClusterQuery, Launch, Linked, Modules, Obj, ParamSlot, TensorMap, TensorMapBytes};
-use cudarc::driver::sys;
-use gpuplex_protocol::{CallError, CuError};
-use std::ffi::{c_int, c_uint, CStr};
-use std::ptr::null_mut;
 
 impl Modules for Cuda {
     fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj> {

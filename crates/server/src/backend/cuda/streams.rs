@@ -1,8 +1,9 @@
 //! The backend's streams and events.
 
+use gpuplex_protocol::{CallError, CuError};
+
 use super::{api, check, enter, graph, handle, or_older, query, raw, sync_stream, Cuda};
 use crate::backend::{BResult, HostFn, Obj, Streams};
-use gpuplex_protocol::{CallError, CuError};
 
 impl Streams for Cuda {
     fn stream_create(&self, ctx: Obj, flags: u32, priority: i32) -> BResult<Obj> {

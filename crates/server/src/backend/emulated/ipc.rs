@@ -1,9 +1,10 @@
 //! Memory and events shared between processes by handle.
 
+use gpuplex_protocol::CuError;
+
 use super::{err, ipc_handle, Emulated, Owner, CU_EVENT_INTERPROCESS};
 use crate::backend::{BResult, Ipc, Obj};
 use crate::ledger::IpcHandle;
-use gpuplex_protocol::CuError;
 
 impl Ipc for Emulated {
     /// An allocation's handle names it by address; opening one is another

@@ -1,13 +1,15 @@
 //! The backend's modules, libraries, functions and kernels, and their launches.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpuplex_protocol::{CuError, LINK_INPUT_CUBIN, LINK_INPUT_FATBIN, LINK_INPUT_PTX};
+
 use super::{
     check_occupancy_flags, device, err, occupancy, tensor_maps, Emulated, Function, KernelRef, Library, Owner, Work,
 };
 use crate::backend::{BResult, ClusterQuery, Launch, Linked, Modules, Obj, ParamSlot, TensorMap, TensorMapBytes};
 use crate::image;
-use gpuplex_protocol::{CuError, LINK_INPUT_CUBIN, LINK_INPUT_FATBIN, LINK_INPUT_PTX};
-use std::collections::HashMap;
-use std::sync::Arc;
 
 impl Modules for Emulated {
     fn module_load(&self, ctx: Obj, image: &[u8]) -> BResult<Obj> {

@@ -1,10 +1,12 @@
 //! The backend's streams and events.
 
-use super::{device, err, Emulated, EventState, StreamState, Work};
-use crate::backend::{BResult, HostFn, Obj, Streams, CU_EVENT_DISABLE_TIMING};
-use gpuplex_protocol::CuError;
 use std::collections::HashMap;
 use std::time::Instant;
+
+use gpuplex_protocol::CuError;
+
+use super::{device, err, Emulated, EventState, StreamState, Work};
+use crate::backend::{BResult, HostFn, Obj, Streams, CU_EVENT_DISABLE_TIMING};
 
 impl Streams for Emulated {
     fn stream_create(&self, ctx: Obj, flags: u32, priority: i32) -> BResult<Obj> {

@@ -40,23 +40,24 @@
 //! that has not come already or the receipt for the oldest chunk it was
 //! sent, ends its session, as a malformed frame would.
 
-use super::{host_calls::HostCalls, invalid, shared::register_once, Session};
-use crate::sched::{Seat, Work};
-use gpuplex_protocol::{
-    calls, codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, LanesCalls, HOST_CALLS_LANE,
-};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use gpuplex_protocol::lane::{ChunkHeader, Cut};
+use gpuplex_protocol::{
+    calls, codec, CallError, CuError, ErrorDetail, Header, LaneJoin, LaneOffer, LanesCalls, HOST_CALLS_LANE,
+};
 use gpuplex_transport::shm::Region;
 use gpuplex_transport::{Carrier, Lane, Peer, Pipe, TransportError};
 use tracing::{debug, warn};
 
+use super::{host_calls::HostCalls, invalid, shared::register_once, Session};
 use crate::backend::{Backend, HostCopy, Obj, Way};
+use crate::sched::{Seat, Work};
 use batches::{Batches, Fences};
+
 /// Chunks from the device a lane's writer keeps unanswered.
 pub use outbox::AHEAD as OUT_AHEAD;
 use outbox::{Next, OutSlot, Outbox};
