@@ -902,8 +902,8 @@ token_file = "carol.token"
         assert_eq!(server("slice = \"2.5 ms\"").unwrap().slice, Some(Duration::from_micros(2500)));
         assert_eq!(server("slice = \"1s\"").unwrap().slice, Some(Duration::from_secs(1)));
         for (text, says) in [
-            ("listen = \"/run/g.sock\"", "expected unix:PATH or tcp:HOST:PORT"),
-            ("listen = \"tcp:host\"", "expected unix:PATH or tcp:HOST:PORT"),
+            ("listen = \"/run/g.sock\"", "expected unix:PATH, tcp:HOST:PORT or vm:PATH"),
+            ("listen = \"tcp:host\"", "expected unix:PATH, tcp:HOST:PORT or vm:PATH"),
             ("metrics = \"9400\"", "metrics must be HOST:PORT"),
             ("metrics = \"localhost\"", "metrics must be HOST:PORT"),
             ("metrics = \"localhost:http\"", "metrics must be HOST:PORT"),
