@@ -206,11 +206,11 @@ impl VmListener {
                 }
                 Some((beat, since)) if c.server_closed.load(SeqCst) != 0 => {
                     let now = c.guest_beat.load(SeqCst);
-                    if now != *beat {
-                        *record = Some((now, Instant::now()));
-                    } else if c.guest_closed.load(SeqCst) != 0 || since.elapsed() >= PEER_SILENCE {
+                    if c.guest_closed.load(SeqCst) != 0 || (now == *beat && since.elapsed() >= PEER_SILENCE) {
                         free(&self.region, slot);
                         *record = None;
+                    } else if now != *beat {
+                        *record = Some((now, Instant::now()));
                     }
                 }
                 _ => {}
@@ -258,6 +258,24 @@ impl Listener for VmListener {
     }
 }
 
+/// The "guest left" words of the slots this process holds as a guest, set
+/// when it exits: a program seldom drops its connection, and without them
+/// the server would hold its session until the heartbeat fell silent.
+static HELD: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static AT_EXIT: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn leave_held() {
+    leave(&HELD.lock().unwrap_or_else(PoisonError::into_inner));
+}
+
+/// Sets "left" words.
+fn leave(words: &[usize]) {
+    for &left in words {
+        // SAFETY: a word of a region its carrier keeps mapped while listed.
+        unsafe { (*(left as *const AtomicU32)).store(1, SeqCst) };
+    }
+}
+
 /// One connection in a slot of a VM region, from either side.
 pub struct VmCarrier {
     rings: Rings,
@@ -298,7 +316,22 @@ impl VmCarrier {
             .find(|&s| control(&region, s).state.compare_exchange(FREE, CLAIMED, SeqCst, SeqCst).is_ok())
             .ok_or_else(|| TransportError::Shared(format!("all {SLOTS} connections of the VM are in use")))?;
         control(&region, slot).guest_pid.store(std::process::id(), SeqCst);
-        VmCarrier::attach(region, slot, Side::Client)
+        let carrier = VmCarrier::attach(region, slot, Side::Client)?;
+        // SAFETY: registers a handler that only stores to listed words.
+        AT_EXIT.call_once(|| unsafe {
+            libc::atexit(leave_held);
+        });
+        HELD.lock().unwrap_or_else(PoisonError::into_inner).push(carrier.left_word());
+        Ok(carrier)
+    }
+
+    /// This side's "left" word, as an address.
+    fn left_word(&self) -> usize {
+        let c = self.control();
+        match self.side {
+            Side::Client => &c.guest_closed as *const AtomicU32 as usize,
+            Side::Server => &c.server_closed as *const AtomicU32 as usize,
+        }
     }
 
     /// A server's connection in a slot another process accepted, handed
@@ -357,13 +390,11 @@ impl VmCarrier {
 impl Drop for VmCarrier {
     fn drop(&mut self) {
         self.beating.store(false, SeqCst);
-        if self.handed_over {
-            return;
-        }
-        let c = self.control();
-        match self.side {
-            Side::Client => c.guest_closed.store(1, SeqCst),
-            Side::Server => c.server_closed.store(1, SeqCst),
+        let left = self.left_word();
+        HELD.lock().unwrap_or_else(PoisonError::into_inner).retain(|&w| w != left);
+        if !self.handed_over {
+            // SAFETY: a word of the region this carrier still maps.
+            unsafe { (*(left as *const AtomicU32)).store(1, SeqCst) };
         }
     }
 }
@@ -494,6 +525,24 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         drop(guest);
         assert!(matches!(waiter.join().unwrap(), Err(TransportError::Closed)));
+    }
+
+    #[test]
+    fn a_guest_process_that_exits_leaves_its_slots() {
+        let (_dir, path) = region();
+        let listener = VmListener::create(&path, MIN_REGION).unwrap();
+        let guest = VmCarrier::connect(&path).unwrap();
+        let mut server = listener.accept().unwrap();
+        // What the exit handler does for this guest, its connection never
+        // dropped (for all, it would end the other tests' guests too).
+        assert!(HELD.lock().unwrap().contains(&guest.left_word()));
+        leave(&[guest.left_word()]);
+        assert!(matches!(server.recv(&mut Vec::new()), Err(TransportError::Closed)));
+        drop(server);
+        assert_eq!(listener.look(), None);
+        let again = VmCarrier::connect(&path).unwrap();
+        assert_eq!(again.slot, 0, "the slot was freed at once, not after the heartbeat fell silent");
+        drop(guest);
     }
 
     #[test]
