@@ -5,7 +5,9 @@
 # PyTorch is installed), natively and through
 # `gpuplex run --backend cuda`, with stdout and exit status compared and both
 # timed; the programs that make large copies again without shared memory, so
-# that those cross bulk lanes (as lanes/NAME); then the cuda-backend checks that a killed client's memory comes
+# that those cross bulk lanes (as lanes/NAME); some in a virtual machine with
+# no NVIDIA driver, over the VM carrier (as vm/NAME, where QEMU is there or
+# $GPUPLEX_VM_KIT names a scripts/vm-bundle.sh folder); then the cuda-backend checks that a killed client's memory comes
 # back, that garbage on the server's socket harms no other client, and that
 # programs running at once on one server each print what they print alone.
 #
@@ -76,8 +78,11 @@ timed() {
     elapsed "$t0" "$t1" >"$logs/$tag.time"
 }
 
+# How a program runs through gpuplex: `gpuplex run`, or in a VM.
+through=("$bin/gpuplex" run --backend cuda --)
+
 # Runs PROG natively and through gpuplex (with the environment $via
-# sets, if any) and prints a row of the table:
+# sets, if any, and as $through runs it) and prints a row of the table:
 # stdout and exit status must match, and match EXPECTED (a file of the
 # expected stdout) where there is one. NAME names the row and the logs.
 declare -A program_of
@@ -91,7 +96,7 @@ compare() {
         return
     fi
     timed "$name.native" "$prog"
-    timed "$name.gpuplex" env ${via:-} "$bin/gpuplex" run --backend cuda -- "$prog"
+    timed "$name.gpuplex" env ${via:-} "${through[@]}" "$prog"
     native_rc=$(cat "$logs/$name.native.rc")
     gpuplex_rc=$(cat "$logs/$name.gpuplex.rc")
     [ "$native_rc" = 0 ] || problems+=("native exit $native_rc")
@@ -173,6 +178,24 @@ if [ -n "${program_of[py/torch_smoke]:-}" ]; then
     compare "lanes/py/torch_smoke" "${program_of[py/torch_smoke]}" ""
 fi
 via=
+
+# Virtual machines: programs in a QEMU guest (TCG) with no NVIDIA driver,
+# over the VM carrier (scripts/vm-demo.sh; $GPUPLEX_VM_KIT: a folder made by
+# scripts/vm-bundle.sh, where this machine has no QEMU). Their times include
+# the guest's boot.
+if [ -n "${GPUPLEX_VM_KIT:-}" ]; then
+    export GPUPLEX_QEMU=$GPUPLEX_VM_KIT/qemu/qemu GPUPLEX_VM_CACHE=$GPUPLEX_VM_KIT/cache
+fi
+if [ -n "${GPUPLEX_QEMU:-}" ] || command -v qemu-system-x86_64 >/dev/null; then
+    through=("$root/scripts/vm-demo.sh" --backend cuda --bin "$bin" --)
+    for name in vector_add rt/vector_add.static rt/matrix_mul.shared rt/runtime_api.static rt/user_objects.static \
+        rt/streams_overlap.static; do
+        compare "vm/$name" "${program_of[$name]}" ""
+    done
+    through=("$bin/gpuplex" run --backend cuda --)
+else
+    say "vm/*: skipped: no QEMU (GPUPLEX_VM_KIT: a folder scripts/vm-bundle.sh made)"
+fi
 
 # The server-side checks, on a server of our own.
 say ""
