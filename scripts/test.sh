@@ -25,7 +25,8 @@ RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 # A runtime-API program in a virtual machine (QEMU, TCG) with no NVIDIA
 # driver, against the emulated server on this host: output as expected.
 vm=$(mktemp -d)
-"$GPUPLEX_NVCC_DIR/nvcc" -o "$vm/vector_add" tests/cuda/runtime/vector_add.cu
+# (PyPI's nvcc keeps its static runtime in lib/, beside bin/.)
+"$GPUPLEX_NVCC_DIR/nvcc" -o "$vm/vector_add" tests/cuda/runtime/vector_add.cu -L "$GPUPLEX_NVCC_DIR/../lib"
 scripts/vm-demo.sh --backend emulated -- "$vm/vector_add" >"$vm/out"
 cmp "$vm/out" tests/cuda/expected/runtime/vector_add.txt || { diff "$vm/out" tests/cuda/expected/runtime/vector_add.txt; exit 1; }
 rm -rf "$vm"
