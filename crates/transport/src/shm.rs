@@ -326,7 +326,8 @@ const NAP: Duration = Duration::from_millis(20);
 const POLL_MIN: Duration = Duration::from_micros(20);
 const POLL_MAX: Duration = Duration::from_millis(2);
 /// A peer across a VM boundary whose heartbeat stood still this long is
-/// gone (its process or its whole VM); a live one beats every 100 ms.
+/// gone (its process or its whole VM): many of [`crate::vm::BEAT`], so
+/// that a busy guest's late beat is not taken for its end.
 pub const PEER_SILENCE: Duration = Duration::from_secs(10);
 
 pub(crate) struct RingEnd {

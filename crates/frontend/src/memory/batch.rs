@@ -151,28 +151,19 @@ unsafe fn batch(
     settle(stream, pinned_during_call)
 }
 
-/// `cuMemcpyBatchAsync` of CUDA 12.8, which also names the copy that
-/// failed: the batch stops at the first copy refused (`usize::MAX` where
-/// the failure is the batch's as a whole). A copy's failure that shows
-/// only as the stream runs is reported later, as natively.
+/// CUDA 12.8's forms of the batches also name the copy that failed: a batch
+/// stops at the first copy refused (`usize::MAX` where the failure is the
+/// batch's as a whole). A copy's failure that shows only as the stream runs
+/// is reported later, as natively.
 ///
 /// # Safety
-/// As [`batch`]; `fail_idx` is NULL or valid for a write.
-#[allow(clippy::too_many_arguments)]
-unsafe fn batch_v1(
-    dsts: *const u64,
-    srcs: *const u64,
-    sizes: *const usize,
-    count: usize,
-    attrs: *const Attributes,
-    idxs: *const usize,
-    num_attrs: usize,
+/// `fail_idx` is NULL or valid for a write.
+unsafe fn naming_failure(
     fail_idx: *mut usize,
-    stream: Stream,
+    run: impl FnOnce(&mut usize) -> Result<(), CuError>,
 ) -> Result<(), CuError> {
     let mut failed = usize::MAX;
-    // SAFETY: per this function's contract.
-    let result = unsafe { batch(dsts, srcs, sizes, count, attrs, idxs, num_attrs, stream, &mut failed) };
+    let result = run(&mut failed);
     if result.is_err() && !fail_idx.is_null() {
         // SAFETY: non-NULL, valid per the contract.
         unsafe { fail_idx.write_unaligned(failed) };
@@ -255,25 +246,6 @@ unsafe fn batch_3d(
     settle(stream, pinned_during_call)
 }
 
-/// # Safety
-/// As [`batch_3d`]; `fail_idx` is NULL or valid for a write.
-unsafe fn batch_3d_v1(
-    count: usize,
-    ops: *const BatchOp,
-    fail_idx: *mut usize,
-    flags: u64,
-    stream: Stream,
-) -> Result<(), CuError> {
-    let mut failed = usize::MAX;
-    // SAFETY: per this function's contract.
-    let result = unsafe { batch_3d(count, ops, flags, stream, &mut failed) };
-    if result.is_err() && !fail_idx.is_null() {
-        // SAFETY: non-NULL, valid per the contract.
-        unsafe { fail_idx.write_unaligned(failed) };
-    }
-    result
-}
-
 exports! {
     cuMemcpyBatchAsync_v2(dsts: *const u64, srcs: *const u64, sizes: *const usize, count: usize, attrs: *const Attributes, idxs: *const usize, n: usize, s: *mut c_void) =>
         // SAFETY: per the export's contract.
@@ -283,10 +255,10 @@ exports! {
         unsafe { batch(dsts, srcs, sizes, count, attrs, idxs, n, ptsz_stream(s), &mut 0) };
     cuMemcpyBatchAsync(dsts: *const u64, srcs: *const u64, sizes: *const usize, count: usize, attrs: *const Attributes, idxs: *const usize, n: usize, fail: *mut usize, s: *mut c_void) =>
         // SAFETY: per the export's contract.
-        unsafe { batch_v1(dsts, srcs, sizes, count, attrs, idxs, n, fail, stream(s)) };
+        unsafe { naming_failure(fail, |f| batch(dsts, srcs, sizes, count, attrs, idxs, n, stream(s), f)) };
     cuMemcpyBatchAsync_ptsz(dsts: *const u64, srcs: *const u64, sizes: *const usize, count: usize, attrs: *const Attributes, idxs: *const usize, n: usize, fail: *mut usize, s: *mut c_void) =>
         // SAFETY: per the export's contract.
-        unsafe { batch_v1(dsts, srcs, sizes, count, attrs, idxs, n, fail, ptsz_stream(s)) };
+        unsafe { naming_failure(fail, |f| batch(dsts, srcs, sizes, count, attrs, idxs, n, ptsz_stream(s), f)) };
     cuMemcpy3DBatchAsync_v2(count: usize, ops: *const BatchOp, flags: u64, s: *mut c_void) =>
         // SAFETY: per the export's contract.
         unsafe { batch_3d(count, ops, flags, stream(s), &mut 0) };
@@ -295,10 +267,10 @@ exports! {
         unsafe { batch_3d(count, ops, flags, ptsz_stream(s), &mut 0) };
     cuMemcpy3DBatchAsync(count: usize, ops: *const BatchOp, fail: *mut usize, flags: u64, s: *mut c_void) =>
         // SAFETY: per the export's contract.
-        unsafe { batch_3d_v1(count, ops, fail, flags, stream(s)) };
+        unsafe { naming_failure(fail, |f| batch_3d(count, ops, flags, stream(s), f)) };
     cuMemcpy3DBatchAsync_ptsz(count: usize, ops: *const BatchOp, fail: *mut usize, flags: u64, s: *mut c_void) =>
         // SAFETY: per the export's contract.
-        unsafe { batch_3d_v1(count, ops, fail, flags, ptsz_stream(s)) };
+        unsafe { naming_failure(fail, |f| batch_3d(count, ops, flags, ptsz_stream(s), f)) };
 }
 
 #[cfg(test)]

@@ -21,6 +21,24 @@ fn not_held(what: &str) -> CallError {
     )
 }
 
+/// The session's table a kind of handle lives in; contexts, pools and user
+/// objects are kept apart.
+fn table_kind(kind: Handle) -> Option<Kind> {
+    Some(match kind {
+        Handle::Stream => Kind::Stream,
+        Handle::Event => Kind::Event,
+        Handle::Func => Kind::Func,
+        Handle::Module => Kind::Module,
+        Handle::Library => Kind::Library,
+        Handle::Kernel => Kind::Kernel,
+        Handle::Graph => Kind::Graph,
+        Handle::GraphExec => Kind::GraphExec,
+        Handle::GraphNode => Kind::GraphNode,
+        Handle::Array => Kind::Array,
+        Handle::Ctx | Handle::MemPool | Handle::UserObject => return None,
+    })
+}
+
 impl Resolver for Session {
     fn pass_context(&mut self) -> Result<u64, CallError> {
         if self.current.0 == 0 {
@@ -35,23 +53,19 @@ impl Resolver for Session {
             let entry = self.tables.get(kind, handle)?;
             Ok((if entry.ctx == 0 { Obj(0) } else { self.ctx_of(&entry)? }, entry.obj))
         };
-        let (in_ctx, obj) = match kind {
-            Handle::Ctx => (Obj(0), self.resolve_ctx(handle)?.1),
-            Handle::Stream => self.stream(Stream(handle))?,
-            Handle::Event => self.event(Event(handle))?,
-            Handle::Func => self.func(Func(handle))?,
-            Handle::Module => {
+        let (in_ctx, obj) = match (kind, table_kind(kind)) {
+            (Handle::Ctx, _) => (Obj(0), self.resolve_ctx(handle)?.1),
+            (Handle::Stream, _) => self.stream(Stream(handle))?,
+            (Handle::Event, _) => self.event(Event(handle))?,
+            (Handle::Func, _) => self.func(Func(handle))?,
+            (Handle::Module, _) => {
                 let (c, entry) = self.module(handle)?;
                 (c, entry.obj)
             }
-            Handle::MemPool => (Obj(0), self.pool_obj(MemPool(handle))?),
-            Handle::Library => table(Kind::Library)?,
-            Handle::Kernel => table(Kind::Kernel)?,
-            Handle::Graph => table(Kind::Graph)?,
-            Handle::GraphExec => table(Kind::GraphExec)?,
-            Handle::GraphNode => table(Kind::GraphNode)?,
-            Handle::Array => table(Kind::Array)?,
-            Handle::UserObject => (Obj(0), self.user_object(handle)?),
+            (Handle::MemPool, _) => (Obj(0), self.pool_obj(MemPool(handle))?),
+            (Handle::UserObject, _) => (Obj(0), self.user_object(handle)?),
+            (_, Some(k)) => table(k)?,
+            (_, None) => unreachable!("every handle outside the tables is matched above"),
         };
         if *ctx == 0 {
             *ctx = in_ctx.0;
@@ -75,25 +89,14 @@ impl Resolver for Session {
     }
 
     fn known(&mut self, kind: Handle, obj: u64) -> Result<u64, CallError> {
-        let kind = match kind {
-            Handle::Ctx => {
-                let found = self.tables.contexts.iter().find(|(_, c)| c.obj == Some(Obj(obj)));
-                return found.map(|(h, _)| *h).ok_or_else(|| not_held("Ctx"));
-            }
-            Handle::MemPool => return Err(not_held("MemPool")),
-            Handle::UserObject => return Err(not_held("UserObject")),
-            Handle::Stream => Kind::Stream,
-            Handle::Event => Kind::Event,
-            Handle::Func => Kind::Func,
-            Handle::Module => Kind::Module,
-            Handle::Library => Kind::Library,
-            Handle::Kernel => Kind::Kernel,
-            Handle::Graph => Kind::Graph,
-            Handle::GraphExec => Kind::GraphExec,
-            Handle::GraphNode => Kind::GraphNode,
-            Handle::Array => Kind::Array,
+        let found = match (kind, table_kind(kind)) {
+            (Handle::Ctx, _) => self.tables.contexts.iter().find(|(_, c)| c.obj == Some(Obj(obj))).map(|(h, _)| *h),
+            (_, Some(k)) => self.tables.handle_of(k, Obj(obj)),
+            // Pools and user objects are kept apart from the tables, and
+            // no row answers with one.
+            (_, None) => None,
         };
-        self.tables.handle_of(kind, Obj(obj)).ok_or_else(|| not_held(&format!("{kind:?}")))
+        found.ok_or_else(|| not_held(&format!("{kind:?}")))
     }
 
     fn passthrough(&self) -> &dyn Passthrough {
