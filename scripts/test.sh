@@ -27,8 +27,10 @@ RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 vm=$(mktemp -d)
 # (PyPI's nvcc keeps its static runtime in lib/, beside bin/.)
 "$GPUPLEX_NVCC_DIR/nvcc" -o "$vm/vector_add" tests/cuda/runtime/vector_add.cu -L "$GPUPLEX_NVCC_DIR/../lib"
-scripts/vm-demo.sh --backend emulated -- "$vm/vector_add" >"$vm/out"
+scripts/vm-demo.sh --backend emulated -- "$vm/vector_add" >"$vm/out" 2>"$vm/err"
 cmp "$vm/out" tests/cuda/expected/runtime/vector_add.txt || { diff "$vm/out" tests/cuda/expected/runtime/vector_add.txt; exit 1; }
+# The front-end in the guest said nothing either (the runtime's calls at exit included).
+if grep '^gpuplex\[' "$vm/err"; then exit 1; fi
 rm -rf "$vm"
 # A minute of coverage-guided fuzzing per decoder of guest input (fuzz/).
 scripts/fuzz.sh

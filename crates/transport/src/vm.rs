@@ -262,7 +262,14 @@ impl Listener for VmListener {
 /// when it exits: a program seldom drops its connection, and without them
 /// the server would hold its session until the heartbeat fell silent.
 static HELD: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-static AT_EXIT: std::sync::Once = std::sync::Once::new();
+
+/// Run as this library is finalized at exit, after the program's exit
+/// handlers: the CUDA runtime's among them still make calls (an `atexit`
+/// handler registered at connect would run before them, and end the
+/// session under their feet).
+#[used]
+#[link_section = ".fini_array"]
+static LEAVE_AT_EXIT: extern "C" fn() = leave_held;
 
 extern "C" fn leave_held() {
     leave(&HELD.lock().unwrap_or_else(PoisonError::into_inner));
@@ -317,10 +324,6 @@ impl VmCarrier {
             .ok_or_else(|| TransportError::Shared(format!("all {SLOTS} connections of the VM are in use")))?;
         control(&region, slot).guest_pid.store(std::process::id(), SeqCst);
         let carrier = VmCarrier::attach(region, slot, Side::Client)?;
-        // SAFETY: registers a handler that only stores to listed words.
-        AT_EXIT.call_once(|| unsafe {
-            libc::atexit(leave_held);
-        });
         HELD.lock().unwrap_or_else(PoisonError::into_inner).push(carrier.left_word());
         Ok(carrier)
     }
