@@ -7,7 +7,8 @@
 # timed; the programs that make large copies again without shared memory, so
 # that those cross bulk lanes (as lanes/NAME); some in a virtual machine with
 # no NVIDIA driver, over the VM carrier (as vm/NAME, where QEMU is there or
-# $GPUPLEX_VM_KIT names a scripts/vm-bundle.sh folder); then the cuda-backend checks that a killed client's memory comes
+# $GPUPLEX_VM_KIT names a scripts/vm-bundle.sh folder), and copy bandwidth
+# and launch times in such a guest beside native (vm/bandwidth); then the cuda-backend checks that a killed client's memory comes
 # back, that garbage on the server's socket harms no other client, and that
 # programs running at once on one server each print what they print alone.
 #
@@ -18,14 +19,22 @@
 # a guest takes to connect, and the status and metrics meanwhile. Last, how
 # tenants share a GPU's time (`gpuplex bench --tenants`).
 #
-# Usage: scripts/gpu-suite.sh [BIN_DIR]
+# Usage: scripts/gpu-suite.sh [--part all|main|vm] [BIN_DIR]
 #   BIN_DIR (or $GPUPLEX_BIN_DIR) holds prebuilt `gpuplex` and `libcuda.so`.
+#   --part vm runs only the virtual machine rows, main everything else (each
+#   fits a machine's ten-minute command limit where the whole does not).
 #   $CUDA_HOME (default /usr/local/cuda) provides nvcc and lib64/stubs.
 #   With $OUT set, the summary and a tarball of all logs are written there.
 # Exits non-zero if anything failed.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+part=all
+if [ "${1:-}" = --part ]; then
+    part=$2
+    shift 2
+fi
+case $part in all|main|vm) ;; *) echo "$0: --part all, main or vm" >&2; exit 2 ;; esac
 bin=${1:-${GPUPLEX_BIN_DIR:-}}
 if [ -z "$bin" ] || [ ! -x "$bin/gpuplex" ] || [ ! -f "$bin/libcuda.so" ]; then
     echo "usage: $0 BIN_DIR (or GPUPLEX_BIN_DIR): a directory with gpuplex and libcuda.so" >&2
@@ -66,13 +75,14 @@ say "gpu suite: $(nvidia-smi -L 2>/dev/null | head -1), gpuplex from $bin"
 PATH="$cuda/bin:$PATH" "$root/scripts/build-cuda-tests.sh" "$progs" "$cuda/lib64/stubs" 2>"$logs/build.log" ||
     { cat "$logs/build.log"; fail "build"; exit 1; }
 
-# Runs PROG ARGS with a time limit; stdout, stderr, status and seconds go to
-# $logs/TAG.{out,err,rc,time}.
+# Runs PROG ARGS with a time limit ($row_limit seconds); stdout, stderr,
+# status and seconds go to $logs/TAG.{out,err,rc,time}.
+row_limit=300
 timed() {
     local tag=$1 t0 t1 rc=0
     shift
     t0=$(now)
-    timeout 300 "$@" >"$logs/$tag.out" 2>"$logs/$tag.err" || rc=$?
+    timeout "$row_limit" "$@" >"$logs/$tag.out" 2>"$logs/$tag.err" || rc=$?
     t1=$(now)
     echo "$rc" >"$logs/$tag.rc"
     elapsed "$t0" "$t1" >"$logs/$tag.time"
@@ -81,13 +91,14 @@ timed() {
 # How a program runs through gpuplex: `gpuplex run`, or in a VM.
 through=("$bin/gpuplex" run --backend cuda --)
 
-# Runs PROG natively and through gpuplex (with the environment $via
+# Runs PROG [ARGS] natively and through gpuplex (with the environment $via
 # sets, if any, and as $through runs it) and prints a row of the table:
 # stdout and exit status must match, and match EXPECTED (a file of the
 # expected stdout) where there is one. NAME names the row and the logs.
 declare -A program_of
 compare() {
     local name=$1 prog=$2 expected=$3 problems=() native_rc gpuplex_rc tn tg ratio result
+    shift 3
     program_of[$name]=$prog
     mkdir -p "$(dirname "$logs/$name")"
     if [ ! -x "$prog" ]; then
@@ -95,8 +106,8 @@ compare() {
         failures=$((failures + 1))
         return
     fi
-    timed "$name.native" "$prog"
-    timed "$name.gpuplex" env ${via:-} "${through[@]}" "$prog"
+    timed "$name.native" "$prog" "$@"
+    timed "$name.gpuplex" env ${via:-} "${through[@]}" "$prog" "$@"
     native_rc=$(cat "$logs/$name.native.rc")
     gpuplex_rc=$(cat "$logs/$name.gpuplex.rc")
     [ "$native_rc" = 0 ] || problems+=("native exit $native_rc")
@@ -115,6 +126,92 @@ compare() {
     say "$(printf '%-28s %10s %10s %7s  %s' "$name" "$tn" "$tg" "$ratio" "$result")"
     [ "$result" = PASS ] || failures=$((failures + 1))
 }
+
+# Virtual machines: programs in a QEMU guest (TCG) with no NVIDIA driver,
+# over the VM carrier (scripts/vm-demo.sh; $GPUPLEX_VM_KIT: a folder made by
+# scripts/vm-bundle.sh, where this machine has no QEMU). Their times include
+# the guest's boot.
+vm_rows() {
+    # A row's program, by its name in the table.
+    path_of() {
+        case $1 in
+            rt/*) echo "$progs/runtime/${1#rt/}" ;;
+            lib/*) echo "$progs/libraries/${1#lib/}" ;;
+            *) echo "$progs/$1" ;;
+        esac
+    }
+    if [ -n "${GPUPLEX_VM_KIT:-}" ]; then
+        export GPUPLEX_QEMU=$GPUPLEX_VM_KIT/qemu/qemu GPUPLEX_VM_CACHE=$GPUPLEX_VM_KIT/cache
+    fi
+    if [ -n "${GPUPLEX_QEMU:-}" ] || command -v qemu-system-x86_64 >/dev/null; then
+        through=("$root/scripts/vm-demo.sh" --backend cuda --bin "$bin" --)
+        for name in vector_add graphs rt/vector_add.static rt/matrix_mul.shared rt/runtime_api.static \
+            rt/user_objects.static rt/streams_overlap.static rt/zero_copy.static lib/cublas_gemm.static \
+            lib/cublas_gemm.shared; do
+            compare "vm/$name" "$(path_of "$name")" ""
+        done
+        through=("$bin/gpuplex" run --backend cuda --)
+        # Copy bandwidth (256 MiB) and launch times in the guest beside native:
+        # the bandwidth program run natively and in a guest in turns, each run
+        # printing the median of its own 5 samples; then the median of the runs.
+        say ""
+        bw_runs=3
+        for i in $(seq $bw_runs); do
+            "$progs/bandwidth" 256 5 >"$logs/bandwidth.native.$i" 2>&1 || fail "bandwidth natively (logs/bandwidth.native.$i)"
+            "$root/scripts/vm-demo.sh" --backend cuda --bin "$bin" -- "$progs/bandwidth" 256 5 \
+                >"$logs/bandwidth.vm.$i" 2>"$logs/bandwidth.vm.$i.err" || fail "bandwidth in the VM (logs/bandwidth.vm.$i.err)"
+        done
+        python3 - "$logs" "$bw_runs" <<'PY' | tee -a "$summary"
+import re, statistics, sys
+logs, runs = sys.argv[1], int(sys.argv[2])
+def rows(side):
+    got = {}
+    for i in range(1, runs + 1):
+        for line in open(f"{logs}/bandwidth.{side}.{i}"):
+            m = re.match(r"(.+?)\s+([\d.]+) (GB/s|us)", line)
+            if m:
+                got.setdefault((m.group(1), m.group(3)), []).append(float(m.group(2)))
+    return got
+native, vm = rows("native"), rows("vm")
+print(f"{'vm/bandwidth (%d runs each, in turns)' % runs:38} {'native':>20} {'in the VM':>20} {'VM/native':>9}")
+for key, n in native.items():
+    v = vm.get(key, [])
+    if not v:
+        print(f"{key[0]:38} no figure from the VM")
+        continue
+    show = lambda xs: f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+    print(f"{key[0] + ' ' + key[1]:38} {show(n):>20} {show(v):>20} {statistics.median(v) / statistics.median(n):9.3f}")
+PY
+        # PyTorch in the guest: the interpreter, its standard library and the
+        # environment holding torch shared read-only, as is the script.
+        # Packing the environment (GiBs) and importing torch on an emulated
+        # CPU take minutes: last, with a longer limit.
+        if python3 -c "import torch" 2>/dev/null; then
+            python=$(python3 -c 'import sys; print(sys.executable)')
+            read -r stdlib env < <(python3 -c 'import os, sys, sysconfig, torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+print(sysconfig.get_paths()["stdlib"], sys.prefix if sys.prefix != sys.base_prefix else site)')
+            through=("$root/scripts/vm-demo.sh" --backend cuda --bin "$bin" --share "$stdlib" --share "$env"
+                --share "$root/tests/python" --)
+            export GPUPLEX_VM_MEMORY=8192
+            row_limit=560
+            compare "vm/py/torch_smoke" "$python" "" "$root/tests/python/torch_smoke.py"
+            row_limit=300
+            unset GPUPLEX_VM_MEMORY
+            through=("$bin/gpuplex" run --backend cuda --)
+        fi
+    else
+        say "vm/*: skipped: no QEMU (GPUPLEX_VM_KIT: a folder scripts/vm-bundle.sh made)"
+    fi
+}
+
+if [ "$part" = vm ]; then
+    vm_rows
+    say ""
+    if [ "$failures" -eq 0 ]; then say "gpu suite (vm): all passed"; else say "gpu suite (vm): $failures failed"; fi
+    [ "$failures" -eq 0 ]
+    exit
+fi
 
 # Driver API: everything but mem_info and hold_memory, whose output is the
 # GPU's state.
@@ -179,23 +276,7 @@ if [ -n "${program_of[py/torch_smoke]:-}" ]; then
 fi
 via=
 
-# Virtual machines: programs in a QEMU guest (TCG) with no NVIDIA driver,
-# over the VM carrier (scripts/vm-demo.sh; $GPUPLEX_VM_KIT: a folder made by
-# scripts/vm-bundle.sh, where this machine has no QEMU). Their times include
-# the guest's boot.
-if [ -n "${GPUPLEX_VM_KIT:-}" ]; then
-    export GPUPLEX_QEMU=$GPUPLEX_VM_KIT/qemu/qemu GPUPLEX_VM_CACHE=$GPUPLEX_VM_KIT/cache
-fi
-if [ -n "${GPUPLEX_QEMU:-}" ] || command -v qemu-system-x86_64 >/dev/null; then
-    through=("$root/scripts/vm-demo.sh" --backend cuda --bin "$bin" --)
-    for name in vector_add rt/vector_add.static rt/matrix_mul.shared rt/runtime_api.static rt/user_objects.static \
-        rt/streams_overlap.static; do
-        compare "vm/$name" "${program_of[$name]}" ""
-    done
-    through=("$bin/gpuplex" run --backend cuda --)
-else
-    say "vm/*: skipped: no QEMU (GPUPLEX_VM_KIT: a folder scripts/vm-bundle.sh made)"
-fi
+[ "$part" = all ] && vm_rows
 
 # The server-side checks, on a server of our own.
 say ""

@@ -51,7 +51,7 @@ cp "$cache"/kernel/boot/vmlinuz-* "$out/cache/kernel/boot/"
 kernel=$(ls -d "$cache"/kernel/lib/modules/*)
 for m in drivers/virtio/virtio drivers/virtio/virtio_ring drivers/virtio/virtio_pci_modern_dev \
     drivers/virtio/virtio_pci_legacy_dev drivers/virtio/virtio_pci net/core/failover drivers/net/net_failover \
-    drivers/net/virtio_net; do
+    drivers/net/virtio_net drivers/block/virtio_blk; do
     mkdir -p "$out/cache/kernel/lib/modules/$(basename "$kernel")/kernel/$(dirname "$m")"
     cp "$kernel/kernel/$m.ko" "$out/cache/kernel/lib/modules/$(basename "$kernel")/kernel/$m.ko"
 done

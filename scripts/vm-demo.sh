@@ -2,7 +2,8 @@
 # Runs a CUDA program in a virtual machine that has no NVIDIA driver and no
 # GPU, against a gpuplex server on this host.
 #
-# Usage: scripts/vm-demo.sh [--backend cuda|emulated] [--bin DIR] [--carrier vm|tcp] -- PROGRAM [ARGS...]
+# Usage: scripts/vm-demo.sh [--backend cuda|emulated] [--bin DIR] [--carrier vm|tcp] [--share DIR]...
+#                           -- PROGRAM [ARGS...]
 #
 # Builds (once, cached in $GPUPLEX_VM_CACHE, default .cache/vm) a minimal
 # guest: Debian's cloud kernel and busybox; then, per run, an initramfs with
@@ -19,6 +20,14 @@
 # user-mode network instead (the guest's 10.0.2.2 is this host's loopback),
 # with a token.
 #
+# --share DIR (any number) gives the guest a host folder read-only at the
+# same path: an interpreter's libraries, a Python environment with PyTorch
+# (`--share /usr/lib/python3.12 --share VENV -- VENV/bin/python3 SCRIPT`).
+# Each is packed into an ext4 image (mke2fs -d) that the guest mounts from
+# a virtio disk: Debian's cloud kernel has neither 9p nor a virtiofsd on
+# hosts without the package. The libraries their shared objects load from
+# outside the shares go into the initramfs with the program's.
+#
 # QEMU comes from Debian (qemu-system-x86, installed with apt-get when
 # missing and run as root) or from $GPUPLEX_QEMU (a qemu-system-x86_64 with
 # its firmware beside it, for machines without a package manager); the
@@ -31,17 +40,21 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 backend=emulated
 bin=$root/target/debug
 carrier=vm
+shares=()
+usage="usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier vm|tcp] [--share DIR]... -- PROGRAM [ARGS...]"
 while [ $# -gt 0 ]; do
     case $1 in
         --backend) backend=$2; shift 2 ;;
         --bin) bin=$2; shift 2 ;;
         --carrier) carrier=$2; shift 2 ;;
+        --share) [ -d "$2" ] || { echo "vm-demo: $2: not a folder" >&2; exit 2; }
+            shares+=("$(cd "$2" && pwd)"); shift 2 ;;
         --) shift; break ;;
-        *) echo "usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier vm|tcp] -- PROGRAM [ARGS...]" >&2; exit 2 ;;
+        *) echo "$usage" >&2; exit 2 ;;
     esac
 done
 if [ $# -lt 1 ]; then
-    echo "usage: $0 [--backend cuda|emulated] [--bin DIR] [--carrier vm|tcp] -- PROGRAM [ARGS...]" >&2
+    echo "$usage" >&2
     exit 2
 fi
 case $carrier in vm|tcp) ;; *) echo "vm-demo: carrier $carrier: vm or tcp" >&2; exit 2 ;; esac
@@ -95,19 +108,66 @@ cleanup() {
 }
 trap cleanup EXIT
 guest=$work/root
-mkdir -p "$guest"/{bin,proc,sys,dev,tmp,modules,gpuplex/lib,program}
+mkdir -p "$guest"/{bin,proc,sys,dev,tmp,modules,gpuplex/lib,program,etc,root}
+# Who root is: libraries ask (Python's getpass, for one).
+echo "root:x:0:0:root:/root:/bin/sh" >"$guest/etc/passwd"
+echo "root:x:0:" >"$guest/etc/group"
 cp "$cache/busybox/bin/busybox" "$guest/bin/"
 for applet in sh mount insmod ip cat mkdir poweroff sync; do ln -s busybox "$guest/bin/$applet"; done
 for m in virtio/virtio virtio/virtio_ring virtio/virtio_pci_modern_dev virtio/virtio_pci_legacy_dev \
-    virtio/virtio_pci ../net/core/failover net/net_failover net/virtio_net; do
+    virtio/virtio_pci ../net/core/failover net/net_failover net/virtio_net block/virtio_blk; do
     cp "$modules/drivers/$m.ko" "$guest/modules/"
 done
-cp "$program" "$guest/program/"
-# Every library the program and the front-end load, at the path the loader
-# looks for it.
-ldd "$program" "$bin/libcuda.so" | awk '/=> \// { print $3 } /^\t\/[^ ]* \(/ { print $1 }' | while read -r lib; do
+shared() { # PATH: whether it lies in a shared folder
+    local dir
+    for dir in "${shares[@]}"; do case $1 in "$dir"/*) return 0 ;; esac; done
+    return 1
+}
+# The program: run from its share where it lies in one (an interpreter in
+# a virtual environment finds the environment by its own path), with each
+# link on the way to its file at its own path; else copied.
+if shared "$program"; then
+    run=$program
+    p=$program
+    while :; do
+        if ! shared "$p"; then mkdir -p "$guest$(dirname "$p")" && cp -P "$p" "$guest$p"; fi
+        [ -L "$p" ] || break
+        t=$(readlink "$p")
+        case $t in /*) p=$t ;; *) p=$(dirname "$p")/$t ;; esac
+    done
+else
+    cp "$program" "$guest/program/"
+    run=./$(basename "$program")
+fi
+# Every library the program, the front-end and the shares' shared objects
+# load from outside the shares, at the path the loader looks for it (never
+# a driver's: the guest has none), and their folders on the guest's library
+# path (the guest has no loader cache).
+objects=("$program" "$bin/libcuda.so")
+for dir in "${shares[@]}"; do
+    while IFS= read -r -d '' so; do objects+=("$so"); done < <(find "$dir" -name '*.so*' -type f -print0)
+done
+printf '%s\0' "${objects[@]}" | xargs -0 ldd 2>/dev/null | awk '/=> \// { print $3 } /^\t\/[^ ]* \(/ { print $1 }' |
+    sort -u | grep -v -e '/libcuda\.so' -e '/libnvidia-' >"$work/libs" || true
+while read -r lib; do
+    shared "$lib" && continue
     mkdir -p "$guest$(dirname "$lib")"
     cp -L "$lib" "$guest$lib"
+done <"$work/libs"
+libdirs=$(xargs -r -n1 dirname <"$work/libs" | sort -u | tr '\n' ':')
+# Each share an ext4 image, a read-only disk of the guest's.
+disks=()
+mounts=""
+letters=(b c d e f g h i j k l m n o p q r s t u v w x y z)
+for i in "${!shares[@]}"; do
+    dir=${shares[$i]}
+    image=$work/share$i.img
+    kib=$(( $(du -sk "$dir" | cut -f1) * 5 / 4 + 65536 ))
+    mke2fs -q -F -t ext4 -O ^has_journal -m 0 -d "$dir" "$image" "${kib}k" >/dev/null ||
+        { say "cannot pack $dir into an image (mke2fs -d)"; exit 1; }
+    disks+=(-drive "file=$image,if=virtio,format=raw,readonly=on")
+    [ "$i" -eq 0 ] && dev=vda || dev=vd${letters[$((i - 1))]}
+    mounts+="mkdir -p '$dir' && mount -t ext4 -o ro /dev/$dev '$dir'"$'\n'
 done
 cp "$bin/libcuda.so" "$guest/gpuplex/lib/libcuda.so.1"
 token=$work/token
@@ -130,8 +190,17 @@ mount -t devtmpfs dev /dev
 mkdir -p /dev/shm
 mount -t tmpfs tmp /tmp
 mount -t tmpfs shm /dev/shm
+if [ $carrier = tcp ] || [ ${#shares[@]} -gt 0 ]; then
+    for m in virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci; do
+        insmod /modules/\$m.ko
+    done
+fi
+if [ ${#shares[@]} -gt 0 ]; then
+    insmod /modules/virtio_blk.ko
+$mounts
+fi
 if [ $carrier = tcp ]; then
-    for m in virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover net_failover virtio_net; do
+    for m in failover net_failover virtio_net; do
         insmod /modules/\$m.ko
     done
     ip link set lo up
@@ -143,8 +212,8 @@ nvidia=no
 ls /dev/nvidia* >/dev/null 2>&1 && nvidia=yes
 echo "==vm-demo== nvidia devices: \$nvidia"
 cd /program
-LD_LIBRARY_PATH=/gpuplex/lib GPUPLEX_SERVER=$guest_server GPUPLEX_TOKEN_FILE=/gpuplex/token \\
-    ./$(basename "$program")$args >/tmp/out 2>/tmp/err
+HOME=/root LD_LIBRARY_PATH=/gpuplex/lib:$libdirs GPUPLEX_SERVER=$guest_server GPUPLEX_TOKEN_FILE=/gpuplex/token \\
+    $run$args >/tmp/out 2>/tmp/err
 rc=\$?
 echo "==vm-demo== stdout"
 cat /tmp/out
@@ -177,9 +246,12 @@ case $carrier in
 esac
 say "guest: $(basename "$vmlinuz"), $accel, carrier $carrier ($guest_server), $backend backend"
 started=$(date +%s.%N)
-timeout 600 "$qemu" -machine "q35,accel=$accel" -m 1024 -nographic -no-reboot -nodefaults -serial stdio \
+# The CPU: all TCG emulates (AVX2 among it, which libraries such as
+# PyTorch's assume), or the host's under KVM.
+[ "$accel" = kvm ] && cpu=host || cpu=max
+timeout 600 "$qemu" -machine "q35,accel=$accel" -cpu "$cpu" -m "${GPUPLEX_VM_MEMORY:-2048}" -nographic -no-reboot -nodefaults -serial stdio \
     -kernel "$vmlinuz" -initrd "$work/initrd.gz" -append "console=ttyS0 quiet loglevel=0 panic=-1" \
-    "${devices[@]}" >"$work/console.log" 2>&1 || true
+    "${devices[@]}" "${disks[@]}" >"$work/console.log" 2>&1 || true
 ended=$(date +%s.%N)
 cp "$work/console.log" "$cache/console.log"
 

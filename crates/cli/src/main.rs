@@ -79,52 +79,7 @@ const EXAMPLES: &str = "Examples:
 #[derive(Subcommand)]
 enum Command {
     /// Run the server: own the GPUs and serve guests' CUDA calls.
-    Serve {
-        /// Where to listen: unix:PATH, tcp:HOST:PORT, or vm:PATH (a file
-        /// of memory to share with a virtual machine, made there, which
-        /// QEMU gives the VM as an ivshmem-plain device); give it again to
-        /// listen in several places. Default:
-        /// $XDG_RUNTIME_DIR/gpuplex.sock, or /tmp/gpuplex-UID.sock.
-        #[arg(long, value_name = "ADDR")]
-        listen: Vec<Address>,
-        /// The secret TCP clients must prove they hold (required with tcp:;
-        /// at least 16 bytes, readable by its owner only). TCP traffic is
-        /// not encrypted: use a trusted network, a VPN or an SSH tunnel.
-        #[arg(long, value_name = "PATH")]
-        token_file: Option<PathBuf>,
-        /// cuda drives the machine's GPUs; emulated is a host-memory test
-        /// device for machines without one (it runs only registered test
-        /// kernels; in builds with --features emulated).
-        #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
-        backend: BackendKind,
-        /// Tenants and server settings (TOML; see docs/configuration.md).
-        /// Without one, every local user is a tenant of its own with no
-        /// limit. SIGHUP reloads it.
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Check a configuration file and exit.
-        #[arg(long, value_name = "FILE", conflicts_with = "config")]
-        check_config: Option<PathBuf>,
-        /// Serve Prometheus metrics at http://HOST:PORT/metrics (every
-        /// tenant's figures: bind it where only the operator can reach it).
-        #[arg(long, value_name = "HOST:PORT")]
-        metrics: Option<String>,
-        /// Worker processes kept started and ready for the next guest
-        /// (default 2).
-        #[arg(long, value_name = "N")]
-        workers: Option<usize>,
-        /// How GPU time is divided among tenants that want it: fair
-        /// (weighted shares of kernel time, the default), band (of kernel
-        /// and copy time), fifo (turns in arrival order), or none (the
-        /// driver's own time-slicing).
-        #[arg(long, value_name = "fair|band|fifo|none")]
-        policy: Option<Policy>,
-        /// How long a tenant keeps a GPU that others wait for, such as
-        /// 10ms (the default): longer wastes less GPU time on hand-overs,
-        /// shorter makes waiters wait less.
-        #[arg(long, value_name = "TIME", value_parser = gpuplex_server::config::parse_slice)]
-        slice: Option<std::time::Duration>,
-    },
+    Serve(serve::Options),
     /// One guest's worker process, started by the server.
     #[command(hide = true)]
     Worker {
@@ -299,19 +254,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, if matches!(cli.command, Command::Serve { .. }) { "info" } else { "warn" });
 
     let result = match cli.command {
-        Command::Serve { listen, token_file, backend, config, check_config, metrics, workers, policy, slice } => {
-            serve::serve(serve::Options {
-                listen,
-                token_file,
-                backend,
-                config,
-                check_config,
-                metrics,
-                workers,
-                policy,
-                slice,
-            })
-        }
+        Command::Serve(options) => serve::serve(options),
         Command::Worker { backend } => return ExitCode::from(gpuplex_server::worker::run(backend) as u8),
         Command::Run { server, token_file, backend, trace, command } => {
             run::run(server, token_file.as_deref(), backend, trace, &command)

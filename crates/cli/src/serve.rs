@@ -15,22 +15,65 @@ use gpuplex_server::config::Config;
 use gpuplex_server::sched::Policy;
 use gpuplex_server::supervisor::status;
 use gpuplex_server::{BackendKind, Placement, Supervisor, WorkerCommand};
-use gpuplex_transport::{Address, Token};
+use gpuplex_transport::{Address, Listener, Token};
 use tracing::{error, info, warn};
 
 use crate::Error;
 
+/// `gpuplex serve`'s arguments. `policy` and `slice` override the
+/// configuration's `[server]` settings, at start and at every reload.
+#[derive(clap::Args)]
 pub struct Options {
+    /// Where to listen: unix:PATH, tcp:HOST:PORT, or vm:PATH (a file
+    /// of memory to share with a virtual machine, made there, which
+    /// QEMU gives the VM as an ivshmem-plain device); give it again to
+    /// listen in several places. Default:
+    /// $XDG_RUNTIME_DIR/gpuplex.sock, or /tmp/gpuplex-UID.sock.
+    #[arg(long, value_name = "ADDR")]
     pub listen: Vec<Address>,
+    /// The secret TCP clients must prove they hold (required with tcp:;
+    /// at least 16 bytes, readable by its owner only). TCP traffic is
+    /// not encrypted: use a trusted network, a VPN or an SSH tunnel.
+    #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// cuda drives the machine's GPUs; emulated is a host-memory test
+    /// device for machines without one (it runs only registered test
+    /// kernels; in builds with --features emulated).
+    #[arg(long, default_value = "cuda", value_name = "cuda|emulated")]
     pub backend: BackendKind,
+    /// Tenants and server settings (TOML; see docs/configuration.md).
+    /// Without one, every local user is a tenant of its own with no
+    /// limit. SIGHUP reloads it.
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Check a configuration file and exit.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
     pub check_config: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (every
+    /// tenant's figures: bind it where only the operator can reach it).
+    #[arg(long, value_name = "HOST:PORT")]
     pub metrics: Option<String>,
+    /// Worker processes kept started and ready for the next guest
+    /// (default 2).
+    #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
-    /// Override `[server] policy` and `slice`, at start and at every reload.
+    /// How GPU time is divided among tenants that want it: fair
+    /// (weighted shares of kernel time, the default), band (of kernel
+    /// and copy time), fifo (turns in arrival order), or none (the
+    /// driver's own time-slicing).
+    #[arg(long, value_name = "fair|band|fifo|none")]
     pub policy: Option<Policy>,
+    /// How long a tenant keeps a GPU that others wait for, such as
+    /// 10ms (the default): longer wastes less GPU time on hand-overs,
+    /// shorter makes waiters wait less.
+    #[arg(long, value_name = "TIME", value_parser = gpuplex_server::config::parse_slice)]
     pub slice: Option<Duration>,
+    /// The size of the file a vm: address makes, a power of two such as
+    /// 1GiB (the default) or 4GiB: give QEMU's memory-backend-file the
+    /// same size. What the connections' rings leave of it holds the
+    /// VM's pinned host memory and staging.
+    #[arg(long, value_name = "SIZE", value_parser = vm_memory)]
+    pub vm_memory: Option<usize>,
 }
 
 pub fn serve(opts: Options) -> Result<ExitCode, Error> {
@@ -75,7 +118,11 @@ pub fn serve(opts: Options) -> Result<ExitCode, Error> {
                 tracing::warn!("frames over TCP are not encrypted: use a trusted network, a VPN or an SSH tunnel");
                 gpuplex_transport::listen_with_keys(address, supervisor.keys())
             }
-            Address::Unix(_) | Address::Vm(_) => gpuplex_transport::listen(address, None),
+            Address::Vm(path) => {
+                let size = opts.vm_memory.unwrap_or(gpuplex_transport::vm::DEFAULT_REGION);
+                gpuplex_transport::vm::VmListener::create(path, size).map(|l| Box::new(l) as Box<dyn Listener>)
+            }
+            Address::Unix(_) => gpuplex_transport::listen(address, None),
         };
         listeners.push(listener.map_err(|e| format!("cannot listen on {address}: {}", crate::chain(&e)))?);
     }
@@ -181,5 +228,16 @@ fn reload(supervisor: &Supervisor, path: Option<&std::path::Path>, scheduling: S
     match loaded.map_err(|e| e.to_string()).and_then(|c| supervisor.reload(c).map_err(|e| e.to_string())) {
         Ok(()) => info!("SIGHUP: reloaded {}", path.display()),
         Err(e) => error!("SIGHUP: kept the configuration in use: {e}"),
+    }
+}
+
+/// A VM region's size: a power of two (a PCI BAR's must be), with room for
+/// every connection's rings.
+fn vm_memory(s: &str) -> Result<usize, String> {
+    let bytes = gpuplex_server::config::parse_size(s)?;
+    let min = gpuplex_transport::vm::MIN_REGION.next_power_of_two();
+    match usize::try_from(bytes) {
+        Ok(b) if b.is_power_of_two() && b >= min => Ok(b),
+        _ => Err(format!("{s}: a power of two of at least {} MiB", min >> 20)),
     }
 }

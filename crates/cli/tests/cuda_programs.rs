@@ -316,7 +316,10 @@ fn programs_run_over_tcp_with_the_token() {
 fn programs_run_over_the_vm_carrier() {
     let _serial = serial();
     let Some(dir) = programs() else { return };
-    let region = std::env::temp_dir().join(format!("gpuplex-test-vm-{}", std::process::id()));
+    // Where QEMU's would be: memory, not a disk, backs the region.
+    let shm = Path::new("/dev/shm");
+    let at = if shm.is_dir() { shm.to_owned() } else { std::env::temp_dir() };
+    let region = at.join(format!("gpuplex-test-vm-{}", std::process::id()));
     let address = format!("vm:{}", region.display());
     let server = Server::start_with("vm", &["--listen", &address]);
     // The region is made beside the socket: wait for its header.
@@ -325,9 +328,16 @@ fn programs_run_over_the_vm_carrier() {
         assert!(Instant::now() < deadline, "no VM region at {}", region.display());
         thread::sleep(Duration::from_millis(20));
     }
+    // Pinned memory lies in the region's heap: copies from it and kernels
+    // reading it through its device pointer (zero_copy), a graph capturing
+    // a copy from it (graphs); pageable copies pass its staging slots.
     for (program, expected) in [
         ("streams_events", "streams_events.txt"),
+        ("copies", "copies.txt"),
+        ("graphs", "graphs.txt"),
         ("runtime/vector_add.static", "runtime/vector_add.txt"),
+        ("runtime/zero_copy.static", "runtime/zero_copy.txt"),
+        ("runtime/managed_alloc.shared", "runtime/managed_alloc.txt"),
         ("runtime/user_objects.shared", "runtime/user_objects.txt"),
     ] {
         let mut run = Command::new(gpuplex());

@@ -5,8 +5,10 @@
 //! device table, so device queries never travel again. A local server is
 //! then asked to share memory: frames move to rings in a shared region and
 //! pageable copies are staged through its slots (`GPUPLEX_CARRIER=socket`
-//! keeps frames on the socket). Without shared memory, the first large copy
-//! opens bulk lanes instead (`memory/lanes.rs`).
+//! keeps frames on the socket). A guest in a VM has its rings in the VM's
+//! region already and claims its staging area and pinned blocks in that
+//! region's heap, naming them to the server. Without shared memory, the
+//! first large copy opens bulk lanes instead (`memory/lanes.rs`).
 //!
 //! Calls go one at a time under one lock, each carrying the calling
 //! thread's current context: waited-for calls ([`call`]) read their reply,
@@ -20,15 +22,18 @@
 //! before the reply to the call that printed it and goes to the program's
 //! own `stdout` or `stderr` ([`device_output`]).
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use gpuplex_protocol::{
-    codec, Call, CuError, DeviceOutput, ErrorDetail, Header, Hello, LaneOffer, Opcode, SharedLayout, Welcome,
+    calls, codec, Call, CuError, DeviceOutput, ErrorDetail, Header, Hello, InPlace, LaneOffer, Opcode, SharedLayout,
+    Welcome,
 };
 use gpuplex_transport::shm::{Layout, Region, Side};
+use gpuplex_transport::vm::Heap;
 use gpuplex_transport::{Address, Carrier, Token};
 
 use crate::memory::lanes::{LaneError, Lanes};
@@ -49,6 +54,10 @@ pub struct Conn {
     broken: bool,
     /// The staging slots, when memory is shared with the server.
     pub staging: Option<Staging>,
+    /// A VM guest's heap, where its pinned blocks are made, and the chunks
+    /// each block holds there (by block).
+    pub heap: Option<Heap>,
+    placed: HashMap<u64, (usize, usize)>,
     /// Where the server is, and its token: lanes connect there too.
     address: Address,
     token: Option<Token>,
@@ -245,6 +254,8 @@ impl Client {
             buf: Vec::new(),
             broken: false,
             staging: None,
+            heap: None,
+            placed: HashMap::new(),
             address: address.clone(),
             token,
             lanes: LaneState::Untried,
@@ -369,6 +380,9 @@ impl Conn {
     /// Asks the server for a shared region and moves frames onto its rings.
     /// An error leaves the connection on the socket, usable.
     fn share_memory(&mut self) -> Result<(), String> {
+        if let Some(heap) = self.carrier.heap() {
+            return self.share_in_place(heap);
+        }
         // A remote server cannot map this process's memory: asking would
         // only earn a refusal (and a warning on the program's stderr).
         if !self.carrier.shares_memory() {
@@ -396,6 +410,74 @@ impl Conn {
             busy: vec![false; reply.slots as usize],
             next: 0,
         });
+        Ok(())
+    }
+
+    /// A VM guest's memory is shared already: it claims its staging area in
+    /// the heap and tells the server where. An error leaves copies inline.
+    fn share_in_place(&mut self, heap: Heap) -> Result<(), String> {
+        /// As much as a local guest's server gives it.
+        const STAGING_BYTES: usize = 16 << 20;
+        let offset = heap.alloc(STAGING_BYTES).ok_or("the VM's shared memory has no room for staging")?;
+        let request = InPlace { offset: offset as u64, bytes: STAGING_BYTES as u64 };
+        let reply = self.exchange::<SharedLayout>(Opcode::ShareInPlace, 0, &codec::encode(&request));
+        let layout = match reply {
+            Ok(l) if l.slots > 0 && l.slot_bytes.saturating_mul(l.slots as u64) <= STAGING_BYTES as u64 => l,
+            other => {
+                heap.free(offset, STAGING_BYTES);
+                return Err(format!("server: {:?}", other.map(|l| (l.slots, l.slot_bytes))));
+            }
+        };
+        self.staging = Some(Staging {
+            region: heap.region().clone(),
+            offset,
+            slot_bytes: layout.slot_bytes as usize,
+            busy: vec![false; layout.slots as usize],
+            next: 0,
+        });
+        self.heap = Some(heap);
+        Ok(())
+    }
+
+    /// A VM guest's new pinned block: `len` bytes of the heap, which the
+    /// server maps at `at` if it is free there (else where this process
+    /// has the view returned).
+    pub fn place_block(
+        &mut self,
+        len: usize,
+        flags: u32,
+        at: u64,
+        mirror: bool,
+    ) -> Result<(u64, u64, Region), CuError> {
+        let heap = self.heap.clone().ok_or(CuError::NOT_SUPPORTED)?;
+        let Some(offset) = heap.alloc(len) else {
+            log::warn(&format!("the VM's shared memory has no {len} bytes free for pinned memory"));
+            return Err(CuError::OUT_OF_MEMORY);
+        };
+        let placed = heap.view(offset, len, std::ptr::null_mut()).map_err(|e| e.to_string()).and_then(|view| {
+            let at = if at != 0 { at } else { view.as_ptr() as u64 };
+            let request = calls::HostPlace::Request { offset: offset as u64, size: len as u64, flags, at, mirror };
+            self.call(request).map(|reply| (reply.block, reply.devptr.0, view)).map_err(|e| format!("{e:?}"))
+        });
+        match placed {
+            Ok(block) => {
+                self.placed.insert(block.0, (offset, len));
+                Ok(block)
+            }
+            Err(why) => {
+                heap.free(offset, len);
+                log::warn(&format!("a pinned block in the VM's shared memory: {why}"));
+                Err(CuError::OUT_OF_MEMORY)
+            }
+        }
+    }
+
+    /// Gives the server's block `id` back, and its chunks of the heap.
+    pub fn free_block(&mut self, id: u64) -> Result<(), CuError> {
+        self.call(calls::HostFree::Request { block: id })?;
+        if let (Some(heap), Some((offset, len))) = (&self.heap, self.placed.remove(&id)) {
+            heap.free(offset, len);
+        }
         Ok(())
     }
 

@@ -60,6 +60,15 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// A VM guest's `ShareInPlace`: its staging area, `bytes` at `offset` of
+    /// the region's heap, which it claimed.
+    pub struct InPlace {
+        pub offset: u64,
+        pub bytes: u64,
+    }
+}
+
+wire_struct! {
     /// The reply to `OpenLanes`: how many lane connections to open, the key
     /// each presents in its `JoinLane`, and the bytes per chunk.
     pub struct LaneOffer {

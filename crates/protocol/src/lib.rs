@@ -30,7 +30,9 @@
 //!
 //! A local client may then ask for `SharedMemory`: the reply (on the
 //! socket) gives a [`SharedLayout`], the region's descriptor follows it,
-//! and from then on frames travel through the region's rings.
+//! and from then on frames travel through the region's rings. A guest in
+//! a VM has its rings in the VM's region from the start and asks for
+//! `ShareInPlace` instead, naming its staging area there ([`InPlace`]).
 //! A client without shared memory may instead ask for `OpenLanes`: the
 //! reply ([`LaneOffer`]) names a key, and the client opens that many more
 //! connections, each starting with `JoinLane`; large copies then travel

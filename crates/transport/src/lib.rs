@@ -5,9 +5,11 @@
 //! ([`unix`]), remote ones over TCP ([`tcp`]), admitted by a shared
 //! [`Token`]. A local connection can then move its frames onto rings in
 //! memory shared with the server ([`shm`]), behind the same trait, so the
-//! client call path and the server session loop do not change; a VM carrier
-//! would do the same. A session without shared memory may open more
-//! connections, [`Lane`]s, and spread large copies over them.
+//! client call path and the server session loop do not change. A VM's
+//! carrier ([`vm`]) has its rings, and a heap for pinned memory, in memory
+//! the VM shares with the host from the start. A session without shared
+//! memory may open more connections, [`Lane`]s, and spread large copies
+//! over them.
 
 mod address;
 mod auth;
@@ -158,6 +160,12 @@ pub trait Carrier: Send {
     /// pass it ([`Carrier::send_fd`], [`Carrier::attach_rings`]).
     fn shares_memory(&self) -> bool {
         false
+    }
+
+    /// The heap of the memory this connection shares with its peer in
+    /// place (a VM's region), where pinned blocks and staging are made.
+    fn heap(&self) -> Option<vm::Heap> {
+        None
     }
 
     /// Moves frames onto the rings of a shared region (see [`shm`]); the

@@ -24,15 +24,20 @@ use std::cell::Cell;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::TransportError;
 
-/// A shared mapping of a sealed memfd; unmapped when dropped.
+/// A shared mapping of a sealed memfd (or of part of a VM's shared file,
+/// [`Region::view`]); unmapped when dropped.
 pub struct Region {
     base: *mut u8,
     len: usize,
-    fd: OwnedFd,
+    /// Shared with the views made of this region.
+    fd: Arc<OwnedFd>,
+    /// Where `base` lies in the file.
+    offset: usize,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; what is written
@@ -102,11 +107,27 @@ impl Region {
     }
 
     fn map(fd: OwnedFd, len: usize, at: *mut u8) -> io::Result<Region> {
+        Region::map_range(Arc::new(fd), 0, len, at)
+    }
+
+    /// Another mapping of `len` bytes at `offset` of this region's file
+    /// (page-aligned, inside the region), placed at `at` if that range is
+    /// free here: how a VM's pinned blocks are mapped one by one, each where
+    /// the peer wants it.
+    pub fn view(&self, offset: usize, len: usize, at: *mut u8) -> io::Result<Region> {
+        let inside = offset.checked_add(len).is_some_and(|end| end <= self.len);
+        if offset % 4096 != 0 || len == 0 || !inside {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a view outside its region"));
+        }
+        Region::map_range(self.fd.clone(), self.offset + offset, len, at)
+    }
+
+    fn map_range(fd: Arc<OwnedFd>, offset: usize, len: usize, at: *mut u8) -> io::Result<Region> {
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let try_map = |flags| {
             // SAFETY: a shared mapping of our own descriptor; with
             // MAP_FIXED_NOREPLACE the kernel refuses to replace anything.
-            unsafe { libc::mmap(at.cast(), len, prot, libc::MAP_SHARED | flags, fd.as_raw_fd(), 0) }
+            unsafe { libc::mmap(at.cast(), len, prot, libc::MAP_SHARED | flags, fd.as_raw_fd(), offset as libc::off_t) }
         };
         let mut p = if at.is_null() { libc::MAP_FAILED } else { try_map(libc::MAP_FIXED_NOREPLACE) };
         if p != libc::MAP_FAILED && p != at.cast() {
@@ -121,7 +142,7 @@ impl Region {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Region { base: p.cast(), len, fd })
+        Ok(Region { base: p.cast(), len, fd, offset })
     }
 
     pub fn as_ptr(&self) -> *mut u8 {
@@ -139,6 +160,11 @@ impl Region {
     pub fn fd(&self) -> BorrowedFd<'_> {
         // SAFETY: trivially a borrow of our own descriptor.
         unsafe { BorrowedFd::borrow_raw(self.fd.as_raw_fd()) }
+    }
+
+    /// Where the mapping starts in its file.
+    pub fn file_offset(&self) -> usize {
+        self.offset
     }
 }
 

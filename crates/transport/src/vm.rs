@@ -17,6 +17,13 @@
 //! in the slot every [`BEAT`], and says when it leaves. The server frees a
 //! slot once both sides have left (or the guest fell silent).
 //!
+//! After the slots comes the *heap*, the rest of the region, in chunks a
+//! guest process claims for its pinned host memory and its staging area
+//! (a word per chunk names the slot that holds it; [`Heap`]). The server
+//! maps each block it is told of where the guest has it, when that address
+//! is free, and registers it with the driver: the GPU reads and writes the
+//! guest's pages directly, and one pointer serves guest and device.
+//!
 //! Everything in the file is the guest's to write. The server never reads
 //! the header back, keeps its own record of which slots it serves, and the
 //! rings keep each side's position privately, so a guest scribbling there
@@ -42,7 +49,7 @@ use crate::{stream, Address, Carrier, Listener, Peer, SocketKind, TransportError
 /// found is gpuplex's.
 pub const MAGIC: [u8; 8] = *b"gpuplxvm";
 /// The region's layout; a guest refuses any other.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Connections one VM may have open at once.
 pub const SLOTS: usize = 16;
 /// The bytes of each ring: frames larger than this cross in pieces.
@@ -53,11 +60,17 @@ const PAGE: usize = 4096;
 pub const BEAT: Duration = Duration::from_millis(100);
 /// How often the listener looks for claimed slots.
 const LOOK: Duration = Duration::from_millis(1);
-/// The smallest region that holds every slot.
+/// The smallest region: every slot, and no heap.
 pub const MIN_REGION: usize = PAGE + SLOTS * slot_bytes();
-/// The region a server makes: every slot, in a power of two (a PCI BAR's
-/// size must be one). QEMU's `memory-backend-file` takes `size=64M`.
-pub const DEFAULT_REGION: usize = MIN_REGION.next_power_of_two();
+/// The region a server makes unless told otherwise: the slots and a heap
+/// that holds a few hundred MiB of pinned memory, in a power of two (a PCI
+/// BAR's size must be one). QEMU's `memory-backend-file` takes `size=1G`.
+pub const DEFAULT_REGION: usize = 1 << 30;
+/// The heap's unit of allocation.
+pub const CHUNK: usize = 64 << 10;
+/// The heap starts on a boundary of this, so that the host may back it
+/// with huge pages.
+const HEAP_ALIGN: usize = 2 << 20;
 
 /// A slot's states: free, claimed by a guest (its first frame may be in
 /// the rings), served.
@@ -66,12 +79,42 @@ const CLAIMED: u32 = 1;
 const OPEN: u32 = 2;
 
 #[repr(C)]
+#[derive(PartialEq, Eq)]
 struct RegionHeader {
     magic: [u8; 8],
     version: u32,
     slots: u32,
     slot_bytes: u64,
     ring_bytes: u64,
+    chunk_bytes: u64,
+    /// Where the chunks' owner words start, and the chunks themselves.
+    map_offset: u64,
+    heap_offset: u64,
+    chunks: u64,
+}
+
+impl RegionHeader {
+    /// What a region of `len` bytes holds: both sides derive it from the
+    /// length alone, and a guest checks that the header says the same.
+    fn of(len: usize) -> RegionHeader {
+        let map = MIN_REGION;
+        let heap = |chunks: usize| (map + 4 * chunks).next_multiple_of(HEAP_ALIGN);
+        let mut chunks = len.saturating_sub(map) / (CHUNK + 4);
+        while chunks > 0 && heap(chunks) + chunks * CHUNK > len {
+            chunks -= 1;
+        }
+        RegionHeader {
+            magic: MAGIC,
+            version: VERSION,
+            slots: SLOTS as u32,
+            slot_bytes: slot_bytes() as u64,
+            ring_bytes: RING_BYTES as u64,
+            chunk_bytes: CHUNK as u64,
+            map_offset: map as u64,
+            heap_offset: heap(chunks) as u64,
+            chunks: chunks as u64,
+        }
+    }
 }
 
 /// A slot's shared words, each side writing only its own (but the state,
@@ -180,13 +223,10 @@ impl VmListener {
         let region = map(path, Some(len))?;
         // SAFETY: the header page lies inside the region.
         unsafe { std::ptr::write_bytes(region.as_ptr(), 0, MIN_REGION) };
-        let header = RegionHeader {
-            magic: MAGIC,
-            version: VERSION,
-            slots: SLOTS as u32,
-            slot_bytes: slot_bytes() as u64,
-            ring_bytes: RING_BYTES as u64,
-        };
+        let header = RegionHeader::of(region.len());
+        // Every chunk free (the heap itself is the guests' business).
+        // SAFETY: the owner words lie between the slots and the heap.
+        unsafe { std::ptr::write_bytes(region.as_ptr().add(MIN_REGION), 0, 4 * header.chunks as usize) };
         // SAFETY: the header fits the first page; nobody reads it but guests.
         unsafe { region.as_ptr().cast::<RegionHeader>().write_unaligned(header) };
         Ok(VmListener { path: path.to_owned(), region, served: Mutex::new([None; SLOTS]) })
@@ -235,12 +275,96 @@ fn identity(region: &Region) -> Result<(u64, String), TransportError> {
     Ok((inode, format!("vm:{file}")))
 }
 
-/// Makes a slot free again: its rings empty, its words zero, the state last.
+/// Makes a slot free again: its rings empty, its words zero, the chunks
+/// its guest held free, the state last.
 fn free(region: &Region, slot: usize) {
     // SAFETY: the slot's control page and its rings' control page lie inside
     // the region; zero is every word's start.
     unsafe { std::ptr::write_bytes(region.as_ptr().add(slot_offset(slot) + 4), 0, 2 * PAGE - 4) };
+    let owner = slot as u32 + 1;
+    for word in owners(region) {
+        let _ = word.compare_exchange(owner, 0, SeqCst, SeqCst);
+    }
     control(region, slot).state.store(FREE, SeqCst);
+}
+
+/// The heap's owner words: 0 for a free chunk, else one more than the slot
+/// whose guest holds it.
+fn owners(region: &Region) -> &[AtomicU32] {
+    let shape = RegionHeader::of(region.len());
+    // SAFETY: the words lie between the slots and the heap (the shape says
+    // so for this length); any bytes are valid atomics.
+    unsafe { std::slice::from_raw_parts(region.as_ptr().add(shape.map_offset as usize).cast(), shape.chunks as usize) }
+}
+
+/// The heap of a VM's region as one connection sees it: a guest claims
+/// chunks in it for its pinned blocks, the server checks and maps what the
+/// guest names. The guests of one VM share the heap (they are one tenant).
+#[derive(Clone)]
+pub struct Heap {
+    region: Arc<Region>,
+    slot: usize,
+    offset: usize,
+    chunks: usize,
+}
+
+impl Heap {
+    fn of(region: Arc<Region>, slot: usize) -> Option<Heap> {
+        let shape = RegionHeader::of(region.len());
+        let (offset, chunks) = (shape.heap_offset as usize, shape.chunks as usize);
+        (chunks > 0).then_some(Heap { region, slot, offset, chunks })
+    }
+
+    /// The whole region, mapped.
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+
+    /// Claims `len` bytes of free chunks for this connection; returns their
+    /// offset in the region.
+    pub fn alloc(&self, len: usize) -> Option<usize> {
+        let n = len.div_ceil(CHUNK).max(1);
+        let words = owners(&self.region);
+        let owner = self.slot as u32 + 1;
+        let mut start = 0;
+        while start + n <= self.chunks {
+            // Skip past the last taken chunk of the window, then try to claim
+            // it whole; another process may claim one first, and we move on.
+            if let Some(taken) = (start..start + n).rev().find(|&i| words[i].load(SeqCst) != 0) {
+                start = taken + 1;
+                continue;
+            }
+            let claimed =
+                (start..start + n).take_while(|&i| words[i].compare_exchange(0, owner, SeqCst, SeqCst).is_ok()).count();
+            if claimed == n {
+                return Some(self.offset + start * CHUNK);
+            }
+            for word in &words[start..start + claimed] {
+                word.store(0, SeqCst);
+            }
+            start += claimed + 1;
+        }
+        None
+    }
+
+    /// Gives back chunks [`Heap::alloc`] claimed.
+    pub fn free(&self, offset: usize, len: usize) {
+        let Some(first) = offset.checked_sub(self.offset).map(|o| o / CHUNK) else { return };
+        let owner = self.slot as u32 + 1;
+        for word in owners(&self.region).iter().skip(first).take(len.div_ceil(CHUNK).max(1)) {
+            let _ = word.compare_exchange(owner, 0, SeqCst, SeqCst);
+        }
+    }
+
+    /// A mapping of `len` bytes at `offset`, which must lie in the heap, at
+    /// `at` if that is free here.
+    pub fn view(&self, offset: usize, len: usize, at: *mut u8) -> Result<Region, TransportError> {
+        let end = offset.checked_add(len);
+        if offset < self.offset || offset % PAGE != 0 || end.is_none_or(|e| e > self.offset + self.chunks * CHUNK) {
+            return Err(TransportError::Shared(format!("{len} bytes at offset {offset:#x} are outside the heap")));
+        }
+        Ok(self.region.view(offset, len, at)?)
+    }
 }
 
 impl Listener for VmListener {
@@ -315,8 +439,7 @@ impl VmCarrier {
         let region = map(path, None)?;
         // SAFETY: the region is at least a page; any bytes are a header.
         let header = unsafe { region.as_ptr().cast::<RegionHeader>().read_unaligned() };
-        let expected = (MAGIC, VERSION, SLOTS as u32, slot_bytes() as u64, RING_BYTES as u64);
-        if (header.magic, header.version, header.slots, header.slot_bytes, header.ring_bytes) != expected {
+        if header != RegionHeader::of(region.len()) {
             return Err(TransportError::Shared(format!("{}: not a gpuplex VM region of this version", path.display())));
         }
         let slot = (0..SLOTS)
@@ -436,6 +559,10 @@ impl Carrier for VmCarrier {
     /// The VM's name (its region file's): the tenant it is served as.
     fn key(&self) -> Option<&str> {
         Some(&self.name)
+    }
+
+    fn heap(&self) -> Option<Heap> {
+        Heap::of(self.region.clone(), self.slot)
     }
 
     fn into_socket(mut self: Box<Self>) -> Result<(SocketKind, OwnedFd), TransportError> {
@@ -567,6 +694,61 @@ mod tests {
         assert!(VmCarrier::connect(&path).is_err(), "no magic");
         std::fs::write(&path, vec![0u8; 4096]).unwrap();
         assert!(VmCarrier::connect(&path).is_err(), "too small");
+    }
+
+    #[test]
+    fn heap_chunks_are_claimed_once_and_freed_with_their_slot() {
+        let (_dir, path) = region();
+        let len = MIN_REGION + 64 * CHUNK + HEAP_ALIGN;
+        let listener = VmListener::create(&path, len).unwrap();
+        let (a, b) = (VmCarrier::connect(&path).unwrap(), VmCarrier::connect(&path).unwrap());
+        let (heap_a, heap_b) = (a.heap().unwrap(), b.heap().unwrap());
+        let chunks = heap_a.chunks;
+        assert!(chunks >= 64, "{chunks} chunks");
+        let x = heap_a.alloc(CHUNK + 1).unwrap();
+        let y = heap_b.alloc(1).unwrap();
+        assert!(y >= x + 2 * CHUNK || y + CHUNK <= x, "two chunks for A, one for B, apart");
+        assert_eq!(heap_a.alloc((chunks - 2) * CHUNK), None, "only chunks-3 are left, together or not");
+        let rest = heap_b.alloc((chunks - 3) * CHUNK).expect("the rest, in one run after y");
+        heap_b.free(rest, (chunks - 3) * CHUNK);
+        // B frees nothing of A's.
+        heap_b.free(x, 2 * CHUNK);
+        assert_eq!(heap_b.alloc((chunks - 1) * CHUNK), None);
+        let _servers = [listener.accept().unwrap(), listener.accept().unwrap()];
+        drop(_servers);
+        drop(a);
+        assert_eq!(listener.look(), None);
+        let again = heap_b.alloc(2 * CHUNK).expect("A's chunks went with its slot");
+        assert_eq!(again, x);
+        drop(b);
+    }
+
+    #[test]
+    fn views_of_the_heap_share_bytes_and_stay_inside_it() {
+        let (_dir, path) = region();
+        let listener = VmListener::create(&path, MIN_REGION + 8 * CHUNK + HEAP_ALIGN).unwrap();
+        let guest = VmCarrier::connect(&path).unwrap();
+        let server = listener.accept().unwrap();
+        let (mine, theirs) = (guest.heap().unwrap(), server.heap().unwrap());
+        let at = mine.alloc(CHUNK).unwrap();
+        let view = mine.view(at, CHUNK, std::ptr::null_mut()).unwrap();
+        // SAFETY: a fresh view of CHUNK bytes.
+        unsafe { view.as_ptr().add(100).write(42) };
+        let other = theirs.view(at, CHUNK, std::ptr::null_mut()).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { other.as_ptr().add(100).read() }, 42);
+        let end = theirs.offset + theirs.chunks * CHUNK;
+        for (offset, len) in [(0, PAGE), (theirs.offset - PAGE, 2 * PAGE), (end - PAGE, 2 * PAGE), (at + 1, PAGE)] {
+            assert!(theirs.view(offset, len, std::ptr::null_mut()).is_err(), "{len} bytes at {offset:#x}");
+        }
+        assert!(theirs.view(usize::MAX - 10, 20, std::ptr::null_mut()).is_err());
+    }
+
+    #[test]
+    fn a_region_without_room_for_a_heap_has_none() {
+        let (_dir, path) = region();
+        let _listener = VmListener::create(&path, MIN_REGION).unwrap();
+        assert!(VmCarrier::connect(&path).unwrap().heap().is_none());
     }
 
     #[test]

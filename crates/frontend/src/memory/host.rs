@@ -119,6 +119,11 @@ pub fn contains(ptr: u64) -> bool {
 /// anywhere, for the caller to move to `at`.
 pub fn new_block(len: u64, flags: u32, at: u64, mirror: bool) -> Result<(SharedBlock, Region), CuError> {
     let mut conn = client::lock()?;
+    if conn.heap.is_some() {
+        let (id, devptr, view) = conn.place_block(len as usize, flags, at, mirror)?;
+        let base = if at != 0 { at } else { view.as_ptr() as u64 };
+        return Ok((SharedBlock { id, devptr, base, len }, view));
+    }
     let reply = conn.call(calls::HostAlloc::Request { size: len, flags, at, mirror })?;
     let fd = conn.recv_fd()?;
     drop(conn);
@@ -189,9 +194,15 @@ fn release(block: SharedBlock) {
 
 /// Frees the server's block `id`; this process's mapping is the caller's.
 pub fn free_block(id: u64) {
-    if let Err(e) = client::call(calls::HostFree::Request { block: id }) {
+    if let Err(e) = client::lock().and_then(|mut conn| conn.free_block(id)) {
         crate::log::warn(&format!("freeing pinned block {id}: {e:?}"));
     }
+}
+
+/// Whether memory is shared in place (a VM's region), where the server
+/// passes no descriptors.
+pub fn in_place() -> bool {
+    client::lock().map(|c| c.heap.is_some()).unwrap_or(false)
 }
 
 /// # Safety
@@ -388,8 +399,9 @@ fn share_in_place(start: u64, len: u64, flags: u32) -> Result<SharedBlock, CuErr
 /// `[at, at + len)` is the caller's to replace: nothing else uses it.
 unsafe fn map_over(at: u64, len: u64, region: &Region) -> bool {
     let (rw, fixed) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_FIXED);
+    let (fd, offset) = (region.fd().as_raw_fd(), region.file_offset() as libc::off_t);
     // SAFETY: per this function's contract.
-    let p = unsafe { libc::mmap(at as *mut c_void, len as usize, rw, fixed, region.fd().as_raw_fd(), 0) };
+    let p = unsafe { libc::mmap(at as *mut c_void, len as usize, rw, fixed, fd, offset) };
     p != libc::MAP_FAILED
 }
 

@@ -166,11 +166,7 @@ impl MemoryCalls for Session {
 #[allow(non_snake_case)]
 impl HostMemoryCalls for Session {
     fn HostAlloc(&mut self, req: calls::HostAlloc::Request) -> R<calls::HostAlloc::Reply> {
-        const KNOWN_FLAGS: u32 = 0x0f;
-        if req.flags & !KNOWN_FLAGS != 0 {
-            return Err(invalid(format!("host allocation flags {:#x}", req.flags)));
-        }
-        let (_, ctx) = self.current_ctx()?;
+        let ctx = self.host_block_context(req.flags)?;
         let alloc = |s: &mut Session| -> R<_> {
             let (block, host) = s.shared.alloc(&*s.backend, ctx, req.size, req.at)?;
             Ok((block, host.region.as_ptr() as u64, host.devptr, host.region.fd().try_clone_to_owned()))
@@ -190,6 +186,18 @@ impl HostMemoryCalls for Session {
         self.tables.add_region(devptr, Region { size: req.size, ctx: 0, owner: Some(Owner::HostBlock(block)) });
         self.fd_after_reply = Some(fd);
         Ok(calls::HostAlloc::Reply { block, address, devptr: DevPtr(devptr) })
+    }
+
+    fn HostPlace(&mut self, req: calls::HostPlace::Request) -> R<calls::HostPlace::Reply> {
+        let ctx = self.host_block_context(req.flags)?;
+        let place = |s: &mut Session| -> R<_> {
+            let (block, host) = s.shared.place(&*s.backend, ctx, req.offset, req.size, req.at)?;
+            Ok((block, host.region.as_ptr() as u64, host.devptr))
+        };
+        // As for HostAlloc: a mirror is registered even while a stream captures.
+        let (block, address, devptr) = if req.mirror { self.relaxed(place) } else { place(self) }?;
+        self.tables.add_region(devptr, Region { size: req.size, ctx: 0, owner: Some(Owner::HostBlock(block)) });
+        Ok(calls::HostPlace::Reply { block, address, devptr: DevPtr(devptr) })
     }
 
     fn HostFree(&mut self, req: calls::HostFree::Request) -> R<calls::HostFree::Reply> {
@@ -240,5 +248,17 @@ impl HostMemoryCalls for Session {
     fn StagingWait(&mut self, req: calls::StagingWait::Request) -> R<calls::StagingWait::Reply> {
         self.shared.wait_slot(&*self.backend, req.slot)?;
         Ok(calls::StagingWait::Reply {})
+    }
+}
+
+impl Session {
+    /// The context a new host block is registered from, once its flags are
+    /// known ones.
+    fn host_block_context(&mut self, flags: u32) -> R<backend::Obj> {
+        const KNOWN_FLAGS: u32 = 0x0f;
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(invalid(format!("host allocation flags {flags:#x}")));
+        }
+        Ok(self.current_ctx()?.1)
     }
 }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use gpuplex_protocol::{
     codec, dispatch, CallError, Ctx, CuError, DecodeError, DeviceInfo, DeviceOutput, ErrorDetail, Header, Hello,
-    Opcode, Seq, Welcome, LANES_VERSION, MAX_PAYLOAD, UNSOLICITED_VERSION,
+    InPlace, Opcode, Seq, Welcome, LANES_VERSION, MAX_PAYLOAD, UNSOLICITED_VERSION,
 };
 use gpuplex_transport::shm::Side;
 use gpuplex_transport::{Carrier, TransportError};
@@ -292,6 +292,7 @@ impl Session {
                     reply_error(line.carrier(), &header, CallError::new(CuError::NOT_SUPPORTED, why))?;
                 }
                 Opcode::SharedMemory => self.share_memory(line.carrier(), &header)?,
+                Opcode::ShareInPlace => self.share_in_place(line.carrier(), &header, buf)?,
                 Opcode::OpenLanes => self.open_lanes(line.carrier(), &header, hubs)?,
                 Opcode::OpenHostCalls => self.open_host_calls(line.carrier(), &header, hubs)?,
                 call if header.is_posted() => {
@@ -426,6 +427,26 @@ impl Session {
         carrier.send_fd(region.fd())?;
         carrier.attach_rings(gpuplex_transport::rings(region, layout, Side::Server)?)?;
         debug!("frames now travel through shared memory");
+        Ok(())
+    }
+
+    /// Answers `ShareInPlace`: a VM guest's staging area, in its region's
+    /// heap. A carrier with no heap gets NOT_SUPPORTED.
+    fn share_in_place(
+        &mut self,
+        carrier: &mut dyn Carrier,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<(), SessionError> {
+        let request: InPlace = codec::decode(payload)?;
+        let Some(heap) = carrier.heap() else {
+            let why = "this carrier shares no memory in place";
+            return Ok(reply_error(carrier, header, CallError::new(CuError::NOT_SUPPORTED, why))?);
+        };
+        match self.shared.connect_in_place(heap, &request) {
+            Ok(layout) => send_reply(carrier, header, &codec::encode(&layout))?,
+            Err(e) => reply_error(carrier, header, e)?,
+        }
         Ok(())
     }
 

@@ -1,11 +1,14 @@
 //! Memory a session shares with its client: the connection's region (rings
 //! and staging slots) and pinned host blocks.
 //!
-//! Every piece is a sealed memfd the server creates, maps and registers
-//! with the driver, then passes to the client. The GPU reads and writes
-//! those pages directly, so a copy from pinned guest memory costs the guest
-//! nothing and runs at the DMA engine's speed. Clients name memory by block
-//! and offset, never by address, and every range is checked here.
+//! For a local guest every piece is a sealed memfd the server creates, maps
+//! and registers with the driver, then passes to the client. A VM guest's
+//! pieces are chunks of its VM's region (`transport::vm`) that it claimed
+//! and names here, mapped and registered the same way. The GPU reads and
+//! writes those pages directly, so a copy from pinned guest memory costs
+//! the guest nothing and runs at the DMA engine's speed. Clients name
+//! memory by block and offset, never by address, and every range is
+//! checked here.
 //!
 //! A staged copy marks its slot busy with an event recorded after it in its
 //! stream; the client waits for that event (`StagingWait`) before reusing
@@ -20,8 +23,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use gpuplex_protocol::{CallError, CuError, SharedLayout};
+use gpuplex_protocol::{CallError, CuError, InPlace, SharedLayout};
 use gpuplex_transport::shm::{Layout, Region};
+use gpuplex_transport::vm::Heap;
 use tracing::warn;
 
 use super::invalid;
@@ -44,6 +48,8 @@ pub const STAGING: u64 = 0;
 pub struct Shared {
     /// The connection's region, once the client asked for one.
     connection: Option<Connection>,
+    /// A VM guest's heap, where its staging and blocks lie.
+    heap: Option<Heap>,
     blocks: HashMap<u64, HostBlock>,
     next_block: u64,
     host_bytes: u64,
@@ -52,6 +58,7 @@ pub struct Shared {
 struct Connection {
     region: Arc<Region>,
     staging: usize,
+    slots: usize,
     /// The context the staging area is registered from, if any.
     registered: Option<Obj>,
     /// Each slot's completion event and its context, once used.
@@ -69,6 +76,21 @@ pub struct HostRange {
     pub ptr: *mut u8,
     /// The staging slot it lies in, for copies through block 0.
     pub slot: Option<usize>,
+}
+
+impl Connection {
+    fn new(region: Arc<Region>, staging: usize, slots: usize) -> Connection {
+        Connection { region, staging, slots, registered: None, slot_events: vec![None; slots] }
+    }
+}
+
+/// `at` as a place to map a block, if it is one (page-aligned).
+fn page(at: u64) -> *mut u8 {
+    if at & 4095 == 0 {
+        at as usize as *mut u8
+    } else {
+        std::ptr::null_mut()
+    }
 }
 
 /// Registers `len` bytes at `ptr` from `ctx`, unless `registered` names the
@@ -93,7 +115,7 @@ pub(super) unsafe fn register_once(
 
 impl Shared {
     pub fn new() -> Shared {
-        Shared { connection: None, blocks: HashMap::new(), next_block: STAGING + 1, host_bytes: 0 }
+        Shared { connection: None, heap: None, blocks: HashMap::new(), next_block: STAGING + 1, host_bytes: 0 }
     }
 
     /// Whether the client shares memory with this process.
@@ -111,14 +133,26 @@ impl Shared {
         let region = Region::create("gpuplex-connection", layout.total())
             .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("shared region: {e}")))?;
         let region = Arc::new(region);
-        self.connection = Some(Connection {
-            region: region.clone(),
-            staging: layout.staging_offset(),
-            registered: None,
-            slot_events: vec![None; SLOTS],
-        });
+        self.connection = Some(Connection::new(region.clone(), layout.staging_offset(), SLOTS));
         let reply = SharedLayout { ring_bytes: RING_BYTES as u64, slot_bytes: SLOT_BYTES as u64, slots: SLOTS as u32 };
         Ok((region, layout, reply))
+    }
+
+    /// Takes a VM guest's staging area, in the heap of its region; its rings
+    /// are the slot's own, already in use.
+    pub fn connect_in_place(&mut self, heap: Heap, req: &InPlace) -> Result<SharedLayout, CallError> {
+        if self.connection.is_some() {
+            return Err(invalid("memory is already shared"));
+        }
+        let slots = req.bytes / SLOT_BYTES as u64;
+        if req.bytes % SLOT_BYTES as u64 != 0 || !(1..=SLOTS as u64).contains(&slots) {
+            return Err(invalid(format!("a staging area of {} bytes", req.bytes)));
+        }
+        let (offset, len) = (usize::try_from(req.offset).unwrap_or(usize::MAX), req.bytes as usize);
+        let view = heap.view(offset, len, std::ptr::null_mut()).map_err(|e| invalid(e.to_string()))?;
+        self.connection = Some(Connection::new(Arc::new(view), 0, slots as usize));
+        self.heap = Some(heap);
+        Ok(SharedLayout { ring_bytes: 0, slot_bytes: SLOT_BYTES as u64, slots: slots as u32 })
     }
 
     /// A new pinned block of `size` bytes, placed at `at` in this process
@@ -131,17 +165,51 @@ impl Shared {
         size: u64,
         at: u64,
     ) -> Result<(u64, &HostBlock), CallError> {
+        let total = self.charge(size)?;
+        let len = usize::try_from(size).map_err(|_| invalid("host block too large"))?;
+        let region = Region::create_at("gpuplex-pinned", len, page(at))
+            .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("host block: {e}")))?;
+        self.add_block(backend, ctx, region, total)
+    }
+
+    /// A VM guest's block: `size` bytes at `offset` of its region's heap,
+    /// mapped at `at` here if that is free.
+    pub fn place(
+        &mut self,
+        backend: &dyn Backend,
+        ctx: Obj,
+        offset: u64,
+        size: u64,
+        at: u64,
+    ) -> Result<(u64, &HostBlock), CallError> {
+        let heap = self.heap.as_ref().ok_or_else(|| invalid("no heap: not a VM's connection"))?;
+        let total = self.charge(size)?;
+        let (offset, len) = (usize::try_from(offset), usize::try_from(size));
+        let (Ok(offset), Ok(len)) = (offset, len) else { return Err(invalid("a host block beyond the heap")) };
+        let region = heap.view(offset, len, page(at)).map_err(|e| invalid(e.to_string()))?;
+        self.add_block(backend, ctx, region, total)
+    }
+
+    /// The pinned bytes the session would hold with `size` more.
+    fn charge(&self, size: u64) -> Result<u64, CallError> {
         if size == 0 {
             return Err(invalid("a host block of 0 bytes"));
         }
         let total = self.host_bytes.checked_add(size).filter(|&t| t <= HOST_BUDGET);
-        let total = total.ok_or_else(|| CallError::new(CuError::OUT_OF_MEMORY, "pinned host memory budget spent"))?;
-        let len = usize::try_from(size).map_err(|_| invalid("host block too large"))?;
-        let at = if at & 4095 == 0 { at as usize as *mut u8 } else { std::ptr::null_mut() };
-        let region = Region::create_at("gpuplex-pinned", len, at)
-            .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("host block: {e}")))?;
+        total.ok_or_else(|| CallError::new(CuError::OUT_OF_MEMORY, "pinned host memory budget spent"))
+    }
+
+    /// Registers a block's memory and keeps it, the session then holding
+    /// `total` pinned bytes.
+    fn add_block(
+        &mut self,
+        backend: &dyn Backend,
+        ctx: Obj,
+        region: Region,
+        total: u64,
+    ) -> Result<(u64, &HostBlock), CallError> {
         // SAFETY: the region lives in `self.blocks` until it is unregistered.
-        let devptr = unsafe { backend.host_register(ctx, region.as_ptr(), len) }?;
+        let devptr = unsafe { backend.host_register(ctx, region.as_ptr(), region.len()) }?;
         let id = self.next_block;
         self.next_block += 1;
         self.host_bytes = total;
@@ -171,7 +239,7 @@ impl Shared {
         let end = offset.checked_add(len).ok_or_else(fail)?;
         let (base, slot) = if id == STAGING {
             let c = self.connection.as_mut().ok_or_else(|| invalid("no staging without shared memory"))?;
-            if end > (SLOT_BYTES * SLOTS) as u64 {
+            if end > (SLOT_BYTES * c.slots) as u64 {
                 return Err(fail());
             }
             // A staged copy stays inside one slot, so that one event covers
@@ -187,7 +255,7 @@ impl Shared {
             let staging = unsafe { c.region.as_ptr().add(c.staging) };
             // SAFETY: the region stays mapped until teardown, which
             // unregisters it first.
-            unsafe { register_once(backend, ctx, &mut c.registered, staging, SLOT_BYTES * SLOTS) }?;
+            unsafe { register_once(backend, ctx, &mut c.registered, staging, SLOT_BYTES * c.slots) }?;
             (staging, slot)
         } else {
             let b = self.blocks.get_mut(&id).ok_or_else(|| invalid(format!("no host block {id}")))?;
@@ -332,5 +400,57 @@ mod tests {
         assert_eq!(shared.mark_slot(&backend, SLOTS, ctx, Obj(0)).unwrap_err().code, CuError::INVALID_VALUE);
         assert_eq!(shared.wait_slot(&backend, SLOTS as u32).unwrap_err().code, CuError::INVALID_VALUE);
         shared.teardown(&backend);
+    }
+
+    /// A VM guest names its staging area and blocks in its region's heap:
+    /// what lies outside it, or is not page-aligned, or is no whole number
+    /// of staging slots, is refused; what lies inside is the guest's bytes.
+    #[test]
+    fn a_vm_guest_s_pieces_are_its_heap_s_or_refused() {
+        use gpuplex_transport::vm::{VmCarrier, VmListener, CHUNK, MIN_REGION};
+        use gpuplex_transport::{Carrier, Listener};
+        let path = std::env::temp_dir().join(format!("gpuplex-shared-vm-{}", std::process::id()));
+        let listener = VmListener::create(&path, MIN_REGION + 4 * SLOT_BYTES * SLOTS).unwrap();
+        let guest = VmCarrier::connect(&path).unwrap();
+        let server = listener.accept().unwrap();
+        let _ = std::fs::remove_file(&path);
+        let (mine, theirs) = (guest.heap().unwrap(), server.heap().unwrap());
+        let backend = Emulated::new();
+        let ctx = backend.ctx_create(0, 0).unwrap();
+
+        let mut shared = Shared::new();
+        let staging = mine.alloc(SLOT_BYTES * SLOTS).unwrap() as u64;
+        for (offset, bytes) in [
+            (staging, 0),
+            (staging, SLOT_BYTES as u64 + 1),
+            (staging, 2 * (SLOT_BYTES * SLOTS) as u64),
+            (0, SLOT_BYTES as u64),
+            (u64::MAX - 4095, SLOT_BYTES as u64),
+        ] {
+            let e = shared.connect_in_place(theirs.clone(), &InPlace { offset, bytes }).unwrap_err();
+            assert_eq!(e.code, CuError::INVALID_VALUE, "{bytes} bytes at {offset:#x}");
+        }
+        let layout = shared
+            .connect_in_place(theirs.clone(), &InPlace { offset: staging, bytes: (2 * SLOT_BYTES) as u64 })
+            .unwrap();
+        assert_eq!((layout.slots, layout.slot_bytes), (2, SLOT_BYTES as u64));
+        assert!(shared.range(&backend, ctx, STAGING, 2 * SLOT_BYTES as u64 - 1, 2).is_err(), "past its two slots");
+
+        let at = mine.alloc(CHUNK).unwrap() as u64;
+        for (offset, size) in [(at + 1, 4096), (at, 0), (0, 4096), (at, u64::MAX), (u64::MAX - 4095, 4096)] {
+            assert!(shared.place(&backend, ctx, offset, size, 0).is_err(), "{size} bytes at {offset:#x}");
+        }
+        let view = mine.view(at as usize, CHUNK, std::ptr::null_mut()).unwrap();
+        // SAFETY: a fresh view of CHUNK bytes.
+        unsafe { view.as_ptr().add(7).write(9) };
+        let (id, block) = shared.place(&backend, ctx, at, CHUNK as u64, 0).unwrap();
+        // SAFETY: the block is CHUNK bytes.
+        assert_eq!(unsafe { block.region.as_ptr().add(7).read() }, 9, "the server sees the guest's bytes");
+        assert!(shared.range(&backend, ctx, id, CHUNK as u64 - 1, 1).is_ok());
+        assert!(shared.range(&backend, ctx, id, CHUNK as u64, 1).is_err());
+        shared.free(&backend, id).unwrap();
+        shared.teardown(&backend);
+        let refused = Shared::new().place(&backend, ctx, at, 4096, 0).map(|_| ()).unwrap_err();
+        assert_eq!(refused.code, CuError::INVALID_VALUE, "no heap: a local guest's session");
     }
 }
