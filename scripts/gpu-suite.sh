@@ -146,7 +146,7 @@ vm_rows() {
     if [ -n "${GPUPLEX_QEMU:-}" ] || command -v qemu-system-x86_64 >/dev/null; then
         through=("$root/scripts/vm-demo.sh" --backend cuda --bin "$bin" --)
         for name in vector_add graphs rt/vector_add.static rt/matrix_mul.shared rt/runtime_api.static \
-            rt/user_objects.static rt/streams_overlap.static rt/zero_copy.static lib/cublas_gemm.static \
+            rt/user_objects.static rt/streams_overlap.static rt/zero_copy.static rt/managed.static lib/cublas_gemm.static \
             lib/cublas_gemm.shared; do
             compare "vm/$name" "$(path_of "$name")" ""
         done

@@ -330,7 +330,8 @@ fn programs_run_over_the_vm_carrier() {
     }
     // Pinned memory lies in the region's heap: copies from it and kernels
     // reading it through its device pointer (zero_copy), a graph capturing
-    // a copy from it (graphs); pageable copies pass its staging slots.
+    // a copy from it (graphs); pageable copies pass its staging slots;
+    // managed memory and `__managed__` variables are mirrored there too.
     for (program, expected) in [
         ("streams_events", "streams_events.txt"),
         ("copies", "copies.txt"),
@@ -338,6 +339,7 @@ fn programs_run_over_the_vm_carrier() {
         ("runtime/vector_add.static", "runtime/vector_add.txt"),
         ("runtime/zero_copy.static", "runtime/zero_copy.txt"),
         ("runtime/managed_alloc.shared", "runtime/managed_alloc.txt"),
+        ("runtime/managed.static", "runtime/managed.txt"),
         ("runtime/user_objects.shared", "runtime/user_objects.txt"),
     ] {
         let mut run = Command::new(gpuplex());

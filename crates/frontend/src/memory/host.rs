@@ -199,12 +199,6 @@ pub fn free_block(id: u64) {
     }
 }
 
-/// Whether memory is shared in place (a VM's region), where the server
-/// passes no descriptors.
-pub fn in_place() -> bool {
-    client::lock().map(|c| c.heap.is_some()).unwrap_or(false)
-}
-
 /// # Safety
 /// `pp` is valid for a write.
 #[no_mangle]
@@ -255,13 +249,51 @@ const PORTABLE_DEVICEMAP: u32 = 0x03;
 /// driver, mapped here at the very address the device knows it by, so that
 /// one pointer serves the program and its kernels. The address is chosen
 /// free here first and the server asked to map the block there too (its
-/// worker has far fewer mappings). None without shared memory.
+/// worker has far fewer mappings); where something of the worker's is
+/// there, another is tried, the refused ones held meanwhile so that each
+/// try offers a new one. None without shared memory.
 pub fn alloc_managed(size: usize) -> Result<Option<u64>, CuError> {
+    const TRIES: usize = 4;
     if !shared_memory() {
         return Ok(None);
     }
     let len = (size as u64).next_multiple_of(PAGE);
-    // SAFETY: an inaccessible anonymous mapping, replaced below or unmapped.
+    // Reservations to give back: all but the one the block is mapped over.
+    let mut held = Vec::new();
+    let placed = loop {
+        let at = match reserve(len) {
+            Ok(at) => at,
+            Err(e) => break Err(e),
+        };
+        held.push(at);
+        let (block, region) = match new_block(len, PORTABLE_DEVICEMAP, at, false) {
+            Ok(b) => b,
+            Err(e) => break Err(e),
+        };
+        // SAFETY: replaces exactly the reservation made above with the block.
+        if block.devptr == at && unsafe { map_over(at, len, &region) } {
+            held.pop();
+            break Ok((at, block));
+        }
+        release(block);
+        if held.len() == TRIES {
+            crate::log::warn("managed memory: its block could not be mapped at one address in both processes");
+            break Err(CuError::OUT_OF_MEMORY);
+        }
+    };
+    for at in held {
+        // SAFETY: a reservation of ours that nothing uses.
+        unsafe { libc::munmap(at as *mut c_void, len as usize) };
+    }
+    let (at, block) = placed?;
+    let block = HostBlock { size, flags: PORTABLE_DEVICEMAP, allocated: true, managed: true, shared: Some(block) };
+    with(|b| b.insert(at, block));
+    Ok(Some(at))
+}
+
+/// `len` bytes of address space nobody may use yet.
+fn reserve(len: u64) -> Result<u64, CuError> {
+    // SAFETY: an inaccessible anonymous mapping of new pages.
     let at = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -275,30 +307,7 @@ pub fn alloc_managed(size: usize) -> Result<Option<u64>, CuError> {
     if at == libc::MAP_FAILED {
         return Err(CuError::OUT_OF_MEMORY);
     }
-    let at = at as u64;
-    let mapped = new_block(len, PORTABLE_DEVICEMAP, at, false).and_then(|(block, region)| {
-        // SAFETY: replaces exactly the reservation made above with the block.
-        if block.devptr == at && unsafe { map_over(at, len, &region) } {
-            Ok(block)
-        } else {
-            release(block);
-            crate::log::warn("managed memory: its block could not be mapped at one address in both processes");
-            Err(CuError::OUT_OF_MEMORY)
-        }
-    });
-    match mapped {
-        Ok(block) => {
-            let block =
-                HostBlock { size, flags: PORTABLE_DEVICEMAP, allocated: true, managed: true, shared: Some(block) };
-            with(|b| b.insert(at, block));
-            Ok(Some(at))
-        }
-        Err(e) => {
-            // SAFETY: the reservation (or the block mapped over it), unused by anything.
-            unsafe { libc::munmap(at as *mut c_void, len as usize) };
-            Err(e)
-        }
-    }
+    Ok(at as u64)
 }
 
 /// Whether `[ptr, ptr + len)` lies in one managed allocation.

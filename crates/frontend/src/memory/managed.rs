@@ -36,38 +36,53 @@ static MIRRORS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 /// its pages mirrored here; None where they cannot be (no shared memory, or
 /// something of this process's own at those addresses).
 pub fn variable(library: u64, name: String) -> Result<Option<(DevPtr, u64)>, CuError> {
-    // A VM guest's server passes no descriptor for the mirror.
-    if !host::shared_memory() || host::in_place() {
+    if !host::shared_memory() {
         return Ok(None);
     }
     let mut conn = client::lock()?;
     // The runtime goes on with whatever pointer it gets, so a failure here
     // leaves the caller's copy of the variable to answer.
-    let reply = match conn.call(calls::LibraryGetManaged::Request { library: Library(library), name }) {
-        Ok(r) => r,
-        Err(e) => {
-            crate::log::warn(&format!("a managed variable cannot be mirrored: {e:?}"));
-            return Ok(None);
-        }
+    let (dptr, bytes, at, len, pages) = match conn.heap.clone() {
+        None => match conn.call(calls::LibraryGetManaged::Request { library: Library(library), name }) {
+            Ok(r) => {
+                let fd = if r.mirrorLen > 0 { Some(conn.recv_fd()?) } else { None };
+                let pages = fd.map(|fd| Region::open_at(fd, r.mirror as usize as *mut u8).map_err(|e| e.to_string()));
+                (r.dptr, r.bytes, r.mirror, r.mirrorLen, pages)
+            }
+            Err(e) => return Ok(unmirrored(e)),
+        },
+        // A VM guest's new pages are chunks of its region's heap.
+        Some(heap) => match conn.call(calls::LibraryGetManagedInPlace::Request { library: Library(library), name }) {
+            Ok(r) => {
+                let at = r.mirror as usize as *mut u8;
+                let pages = (r.mirrorLen > 0)
+                    .then(|| heap.view(r.offset as usize, r.mirrorLen as usize, at).map_err(|e| e.to_string()));
+                (r.dptr, r.bytes, r.mirror, r.mirrorLen, pages)
+            }
+            Err(e) => return Ok(unmirrored(e)),
+        },
     };
-    let fd = if reply.mirrorLen > 0 { Some(conn.recv_fd()?) } else { None };
     drop(conn);
     let mut mirrors = MIRRORS.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(fd) = fd {
-        let (at, end) = (reply.mirror, reply.mirror.saturating_add(reply.mirrorLen));
-        match Region::open_at(fd, at as usize as *mut u8) {
-            Ok(region) if region.as_ptr() as u64 == at && region.len() as u64 == reply.mirrorLen => {
-                // The program keeps the variables' addresses as long as it runs.
-                std::mem::forget(region);
-                mirrors.push((at, end));
-            }
-            _ => crate::log::warn(&format!("a managed variable's pages at {at:#x} are taken in this process")),
+    match pages {
+        Some(Ok(region)) if region.as_ptr() as u64 == at && region.len() as u64 == len => {
+            // The program keeps the variables' addresses as long as it runs.
+            std::mem::forget(region);
+            mirrors.push((at, at.saturating_add(len)));
         }
+        Some(_) => crate::log::warn(&format!("a managed variable's pages at {at:#x} are taken in this process")),
+        None => {}
     }
     let page = |p: u64| mirrors.iter().any(|&(start, end)| start <= p && p < end);
-    let (start, end) = (reply.dptr.0, reply.dptr.0.saturating_add(reply.bytes));
+    let (start, end) = (dptr.0, dptr.0.saturating_add(bytes));
     let whole = (start & !(host::PAGE - 1)..end).step_by(host::PAGE as usize).all(page);
-    Ok(whole.then_some((reply.dptr, reply.bytes)))
+    Ok(whole.then_some((dptr, bytes)))
+}
+
+/// A variable the server would not mirror: the caller's copy answers.
+fn unmirrored(e: CuError) -> Option<(DevPtr, u64)> {
+    crate::log::warn(&format!("a managed variable cannot be mirrored: {e:?}"));
+    None
 }
 
 /// `CU_MEM_ATTACH_GLOBAL`, `_HOST`, `_SINGLE`.

@@ -4,7 +4,8 @@
 //! this process, and its kernels reach them there; the guest's program
 //! reaches them at the same address. So the pages a variable lies in are
 //! mirrored: a shared block the guest maps at those very pages, which this
-//! process maps anywhere. The program reads and writes the mirror; the
+//! process maps anywhere (a memfd, or for a VM guest chunks of its region's
+//! heap, claimed here for it). The program reads and writes the mirror; the
 //! variable is brought up to date from it before every call that reaches
 //! the device (rows marked `device` in the API table), and the mirror from
 //! the variable after every such call the guest waited for. That is the
@@ -20,6 +21,7 @@ use std::os::fd::OwnedFd;
 
 use gpuplex_protocol::{CallError, CuError};
 use gpuplex_transport::shm::{differing_runs, take_changes, Region};
+use gpuplex_transport::vm::Heap;
 use tracing::warn;
 
 use crate::backend::Backend;
@@ -54,11 +56,19 @@ struct Var {
 // SAFETY: `here` points into a mirror this struct's owner keeps mapped.
 unsafe impl Send for Var {}
 
-/// New pages for the guest to map: `len` bytes at `at`, and their block.
+/// New pages for the guest to map: `len` bytes at `at`, and how it reaches
+/// them.
 pub struct NewPages {
     pub at: u64,
     pub len: u64,
-    pub fd: OwnedFd,
+    pub reach: Reach,
+}
+
+pub enum Reach {
+    /// A memfd's descriptor, passed after the reply.
+    Descriptor(OwnedFd),
+    /// Chunks of the VM's heap, at this offset of its region.
+    Heap(usize),
 }
 
 impl ManagedVars {
@@ -67,13 +77,15 @@ impl ManagedVars {
     }
 
     /// Mirrors the variable at `[dptr, dptr + size)` of `library`, whose
-    /// bytes are read here; returns the pages that were not mirrored yet.
+    /// bytes are read here; returns the pages that were not mirrored yet,
+    /// made in `heap` where the guest has one.
     pub fn add(
         &mut self,
         backend: &dyn Backend,
         library: u64,
         dptr: u64,
         size: u64,
+        heap: Option<&Heap>,
     ) -> Result<Option<NewPages>, CallError> {
         if self.vars.iter().any(|v| v.library == library && v.dptr == dptr) || size == 0 {
             return Ok(None);
@@ -91,14 +103,11 @@ impl ManagedVars {
         let new_pages = match new.next() {
             Some(start) => {
                 let stop = new.last().unwrap_or(start) + PAGE;
-                let region = Region::create("gpuplex-managed", (stop - start) as usize)
+                let (region, reach) = pages((stop - start) as usize, heap)
                     .map_err(|e| CallError::new(CuError::OUT_OF_MEMORY, format!("a managed mirror: {e}")))?;
-                let fd = region.fd().try_clone_to_owned().map_err(|e| {
-                    CallError::new(CuError::OUT_OF_MEMORY, format!("a managed mirror's descriptor: {e}"))
-                })?;
                 self.mirrors.push(Mirror { at: start, region });
                 self.bytes += stop - start;
-                Some(NewPages { at: start, len: stop - start, fd })
+                Some(NewPages { at: start, len: stop - start, reach })
             }
             None => None,
         };
@@ -158,6 +167,23 @@ impl ManagedVars {
             }
             true
         });
+    }
+}
+
+/// `len` bytes of mirror, and how the guest reaches them.
+fn pages(len: usize, heap: Option<&Heap>) -> Result<(Region, Reach), String> {
+    let Some(heap) = heap else {
+        let region = Region::create("gpuplex-managed", len).map_err(|e| e.to_string())?;
+        let fd = region.fd().try_clone_to_owned().map_err(|e| format!("its descriptor: {e}"))?;
+        return Ok((region, Reach::Descriptor(fd)));
+    };
+    let offset = heap.alloc(len).ok_or("the VM's shared memory is full")?;
+    match heap.view(offset, len, std::ptr::null_mut()) {
+        Ok(region) => Ok((region, Reach::Heap(offset))),
+        Err(e) => {
+            heap.free(offset, len);
+            Err(e.to_string())
+        }
     }
 }
 

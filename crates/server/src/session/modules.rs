@@ -2,9 +2,12 @@
 //! images charged by what they take on the device, functions' parameter
 //! buffers checked against their layouts.
 
-use gpuplex_protocol::{calls, CallError, CuError, DevPtr, Func, FunctionsCalls, LaunchesCalls, ModulesCalls, Seq};
+use gpuplex_protocol::{
+    calls, CallError, CuError, DevPtr, Func, FunctionsCalls, LaunchesCalls, Library, ModulesCalls, Seq,
+};
 
 use super::launcher::ReadyLaunch;
+use super::managed::{NewPages, Reach};
 use super::resolve::packed_size;
 use super::tables::{Entry, Kind, Owner, Region};
 use super::{invalid, Session};
@@ -15,19 +18,33 @@ type R<T> = Result<T, CallError>;
 #[allow(non_snake_case)]
 impl ModulesCalls for Session {
     fn LibraryGetManaged(&mut self, req: calls::LibraryGetManaged::Request) -> R<calls::LibraryGetManaged::Reply> {
-        if !self.shared.connected() {
-            return Err(CallError::new(CuError::NOT_SUPPORTED, "managed variables are mirrored in shared memory only"));
+        if self.shared.heap().is_some() {
+            return Err(invalid("a VM guest's managed variables are mirrored in its heap (LibraryGetManagedInPlace)"));
         }
-        let lib = self.tables.get(Kind::Library, req.library.0)?;
-        let (ptr, size) = self.backend.library_get_managed(lib.obj, &req.name)?;
-        let new = self.managed.add(&*self.backend, req.library.0, ptr, size)?;
-        // Copies and launches in any context may name it.
-        self.tables.add_region(ptr, Region { size, ctx: 0, owner: Some(Owner::Library(req.library.0)) });
-        let (mirror, mirrorLen) = new.map_or((0, 0), |pages| {
-            self.fd_after_reply = Some(pages.fd);
-            (pages.at, pages.len)
-        });
-        Ok(calls::LibraryGetManaged::Reply { dptr: DevPtr(ptr), bytes: size, mirror, mirrorLen })
+        let (dptr, bytes, new) = self.mirror_managed(req.library, &req.name)?;
+        let (mirror, mirrorLen) = match new {
+            Some(NewPages { at, len, reach: Reach::Descriptor(fd) }) => {
+                self.fd_after_reply = Some(fd);
+                (at, len)
+            }
+            _ => (0, 0),
+        };
+        Ok(calls::LibraryGetManaged::Reply { dptr, bytes, mirror, mirrorLen })
+    }
+
+    fn LibraryGetManagedInPlace(
+        &mut self,
+        req: calls::LibraryGetManagedInPlace::Request,
+    ) -> R<calls::LibraryGetManagedInPlace::Reply> {
+        if self.shared.heap().is_none() {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "only a VM guest's memory is shared in place"));
+        }
+        let (dptr, bytes, new) = self.mirror_managed(req.library, &req.name)?;
+        let (mirror, mirrorLen, offset) = match new {
+            Some(NewPages { at, len, reach: Reach::Heap(offset) }) => (at, len, offset as u64),
+            _ => (0, 0, 0),
+        };
+        Ok(calls::LibraryGetManagedInPlace::Reply { dptr, bytes, mirror, mirrorLen, offset })
     }
 
     fn LibraryManagedValue(
@@ -326,5 +343,21 @@ impl LaunchesCalls for Session {
             ready.run(&*self.backend, &self.seat)?;
         }
         Ok(calls::Launch::Reply {})
+    }
+}
+
+impl Session {
+    /// Mirrors the managed variable `name` of `library` (see `managed.rs`):
+    /// its address and size, and the pages new to the guest.
+    fn mirror_managed(&mut self, library: Library, name: &str) -> R<(DevPtr, u64, Option<NewPages>)> {
+        if !self.shared.connected() {
+            return Err(CallError::new(CuError::NOT_SUPPORTED, "managed variables are mirrored in shared memory only"));
+        }
+        let lib = self.tables.get(Kind::Library, library.0)?;
+        let (ptr, size) = self.backend.library_get_managed(lib.obj, name)?;
+        let new = self.managed.add(&*self.backend, library.0, ptr, size, self.shared.heap())?;
+        // Copies and launches in any context may name it.
+        self.tables.add_region(ptr, Region { size, ctx: 0, owner: Some(Owner::Library(library.0)) });
+        Ok((DevPtr(ptr), size, new))
     }
 }

@@ -118,6 +118,11 @@ impl Shared {
         Shared { connection: None, heap: None, blocks: HashMap::new(), next_block: STAGING + 1, host_bytes: 0 }
     }
 
+    /// A VM guest's heap, once it shares memory in place.
+    pub fn heap(&self) -> Option<&Heap> {
+        self.heap.as_ref()
+    }
+
     /// Whether the client shares memory with this process.
     pub fn connected(&self) -> bool {
         self.connection.is_some()

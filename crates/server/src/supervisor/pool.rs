@@ -167,9 +167,14 @@ impl Pool {
                 Ok(Worker { child, link, ready })
             }
             Err(why) => {
+                // How it ended, if it did, says why more than its silence.
+                let ended = child.try_wait().ok().flatten();
                 let _ = child.kill();
                 let _ = child.wait();
-                Err(why)
+                Err(match ended {
+                    Some(status) => format!("{why} ({status})"),
+                    None => why,
+                })
             }
         }
     }
