@@ -9,7 +9,7 @@
 # guest: Debian's cloud kernel and busybox; then, per run, an initramfs with
 # PROGRAM, the shared libraries it loads, and gpuplex's front-end as the
 # guest's libcuda.so.1. Starts `gpuplex serve` on this host and the guest in
-# QEMU (TCG; KVM with GPUPLEX_VM_ACCEL=kvm where vCPUs run), runs PROGRAM there, prints its
+# QEMU (KVM where vCPUs run under it, else TCG), runs PROGRAM there, prints its
 # stdout and stderr as they were, names the carrier, and exits with
 # PROGRAM's status.
 #
@@ -236,9 +236,21 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
-# TCG unless told otherwise: /dev/kvm may exist where vCPUs cannot run
-# (no nested virtualization), and such a guest hangs rather than failing.
-accel=${GPUPLEX_VM_ACCEL:-tcg}
+# KVM where this machine's vCPUs run, else TCG: /dev/kvm may exist where
+# they cannot (no nested virtualization), and a guest there hangs rather
+# than failing. So the kernel is booted once under KVM for a few seconds:
+# a vCPU that runs prints the kernel's banner. The answer is kept in the
+# cache (GPUPLEX_VM_ACCEL=kvm|tcg decides instead).
+accel=${GPUPLEX_VM_ACCEL:-}
+if [ -z "$accel" ] && [ -s "$cache/accel" ]; then
+    accel=$(cat "$cache/accel")
+elif [ -z "$accel" ] && [ -w /dev/kvm ]; then
+    timeout 10 "$qemu" -machine q35,accel=kvm -cpu host -m 256 -nographic -no-reboot -nodefaults -serial stdio \
+        -kernel "$vmlinuz" -append "console=ttyS0 panic=-1" >"$work/kvm-probe.log" 2>&1 || true
+    grep -q "Linux version" "$work/kvm-probe.log" && accel=kvm || accel=tcg
+    echo "$accel" >"$cache/accel"
+fi
+accel=${accel:-tcg}
 case $carrier in
     vm) devices=(-object "memory-backend-file,id=gpuplex,share=on,mem-path=$region,size=$(stat -c %s "$region")"
         -device ivshmem-plain,memdev=gpuplex) ;;
