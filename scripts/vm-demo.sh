@@ -16,7 +16,7 @@
 # Carrier: `vm` (the default) is memory the VM shares with this host, a
 # file the server makes that QEMU gives the guest as an ivshmem-plain PCI
 # device, which the front-end finds and maps from user space (no network,
-# no kernel module); `tcp` reaches the server over the VM's ordinary
+# no kernel module), and which holds the program's pinned memory; `tcp` reaches the server over the VM's ordinary
 # user-mode network instead (the guest's 10.0.2.2 is this host's loopback),
 # with a token.
 #
@@ -24,9 +24,10 @@
 # same path: an interpreter's libraries, a Python environment with PyTorch
 # (`--share /usr/lib/python3.12 --share VENV -- VENV/bin/python3 SCRIPT`).
 # Each is packed into an ext4 image (mke2fs -d) that the guest mounts from
-# a virtio disk: Debian's cloud kernel has neither 9p nor a virtiofsd on
-# hosts without the package. The libraries their shared objects load from
-# outside the shares go into the initramfs with the program's.
+# a virtio disk: Debian's cloud kernel has no 9p, and virtiofs needs a
+# virtiofsd on the host, which the GPU machines lack. The libraries the
+# shares' shared objects load from outside them go into the initramfs with
+# the program's.
 #
 # QEMU comes from Debian (qemu-system-x86, installed with apt-get when
 # missing and run as root) or from $GPUPLEX_QEMU (a qemu-system-x86_64 with

@@ -15,7 +15,8 @@
 //! looking. Across the VM boundary no futex wakes a sleeper and no socket
 //! tells that the peer is gone: sleepers poll, each side beats a heartbeat
 //! in the slot every [`BEAT`], and says when it leaves. The server frees a
-//! slot once both sides have left (or the guest fell silent).
+//! slot once both sides have left, by saying so or by falling silent (a
+//! killed worker, or a guest process, says nothing).
 //!
 //! After the slots comes the *heap*, the rest of the region, in chunks a
 //! guest process claims for its pinned host memory and its staging area
@@ -212,8 +213,10 @@ pub struct VmListener {
     path: PathBuf,
     region: Arc<Region>,
     /// Which slots the server serves (its own record, never the guest's),
-    /// and for each the guest's beat last seen and when it changed.
-    served: Mutex<[Option<(u64, Instant)>; SLOTS]>,
+    /// and for each the guest's and the server's side's beats.
+    served: Mutex<[Option<[Pulse; 2]>; SLOTS]>,
+    /// How long a side's beat may stand still before it counts as gone.
+    silence: Duration,
 }
 
 impl VmListener {
@@ -229,11 +232,11 @@ impl VmListener {
         unsafe { std::ptr::write_bytes(region.as_ptr().add(MIN_REGION), 0, 4 * header.chunks as usize) };
         // SAFETY: the header fits the first page; nobody reads it but guests.
         unsafe { region.as_ptr().cast::<RegionHeader>().write_unaligned(header) };
-        Ok(VmListener { path: path.to_owned(), region, served: Mutex::new([None; SLOTS]) })
+        Ok(VmListener { path: path.to_owned(), region, served: Mutex::new([None; SLOTS]), silence: PEER_SILENCE })
     }
 
-    /// Frees slots whose connections both sides have left, or whose guest
-    /// fell silent after the server left; returns a newly claimed slot.
+    /// Frees slots both sides have left, each by saying so or by falling
+    /// silent (a worker killed says nothing); returns a newly claimed slot.
     fn look(&self) -> Option<usize> {
         let mut served = self.served.lock().unwrap_or_else(PoisonError::into_inner);
         for (slot, record) in served.iter_mut().enumerate() {
@@ -241,22 +244,44 @@ impl VmListener {
             match record {
                 None if c.state.load(SeqCst) == CLAIMED => {
                     c.state.store(OPEN, SeqCst);
-                    *record = Some((c.guest_beat.load(SeqCst), Instant::now()));
+                    *record = Some([Pulse::new(&c.guest_beat), Pulse::new(&c.server_beat)]);
                     return Some(slot);
                 }
-                Some((beat, since)) if c.server_closed.load(SeqCst) != 0 => {
-                    let now = c.guest_beat.load(SeqCst);
-                    if c.guest_closed.load(SeqCst) != 0 || (now == *beat && since.elapsed() >= PEER_SILENCE) {
+                Some([guest, server]) => {
+                    let guest_gone = guest.gone(&c.guest_closed, &c.guest_beat, self.silence);
+                    let server_gone = server.gone(&c.server_closed, &c.server_beat, self.silence);
+                    if guest_gone && server_gone {
                         free(&self.region, slot);
                         *record = None;
-                    } else if now != *beat {
-                        *record = Some((now, Instant::now()));
                     }
                 }
                 _ => {}
             }
         }
         None
+    }
+}
+
+/// One side's heartbeat as the listener last saw it change.
+#[derive(Clone, Copy)]
+struct Pulse {
+    beat: u64,
+    since: Instant,
+}
+
+impl Pulse {
+    fn new(beat: &AtomicU64) -> Pulse {
+        Pulse { beat: beat.load(SeqCst), since: Instant::now() }
+    }
+
+    /// Whether the side said it left, or its beat has not changed for
+    /// `silence`.
+    fn gone(&mut self, closed: &AtomicU32, beat: &AtomicU64, silence: Duration) -> bool {
+        let now = beat.load(SeqCst);
+        if now != self.beat {
+            *self = Pulse { beat: now, since: Instant::now() };
+        }
+        closed.load(SeqCst) != 0 || self.since.elapsed() >= silence
     }
 }
 
@@ -673,6 +698,32 @@ mod tests {
         let again = VmCarrier::connect(&path).unwrap();
         assert_eq!(again.slot, 0, "the slot was freed at once, not after the heartbeat fell silent");
         drop(guest);
+    }
+
+    #[test]
+    fn a_slot_whose_worker_was_killed_is_freed_once_its_guest_leaves() {
+        let (_dir, path) = region();
+        let mut listener = VmListener::create(&path, MIN_REGION).unwrap();
+        listener.silence = Duration::from_millis(300);
+        let guest = VmCarrier::connect(&path).unwrap();
+        let server = listener.accept().unwrap();
+        // A killed worker: its beat stops, and it never says it left.
+        let (kind, fd) = server.into_socket().unwrap();
+        let worker = match kind {
+            SocketKind::Vm { slot } => VmCarrier::adopt(fd, slot as usize).unwrap(),
+            _ => unreachable!(),
+        };
+        worker.beating.store(false, SeqCst);
+        std::mem::forget(worker);
+        drop(guest);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(listener.look(), None);
+        let other = VmCarrier::connect(&path).unwrap();
+        assert_eq!(other.slot, 1, "the worker's beat has not been silent long enough");
+        let _served = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(listener.look(), None);
+        assert_eq!(VmCarrier::connect(&path).unwrap().slot, 0, "freed once the worker fell silent");
     }
 
     #[test]
