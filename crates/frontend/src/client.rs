@@ -451,7 +451,8 @@ impl Conn {
     ) -> Result<(u64, u64, Region), CuError> {
         let heap = self.heap.clone().ok_or(CuError::NOT_SUPPORTED)?;
         let Some(offset) = heap.alloc(len) else {
-            log::warn(&format!("the VM's shared memory has no {len} bytes free for pinned memory"));
+            let hint = "the server's --vm-memory sizes it";
+            log::warn(&format!("the VM's shared memory has no {len} bytes free for pinned memory ({hint})"));
             return Err(CuError::OUT_OF_MEMORY);
         };
         let placed = heap.view(offset, len, std::ptr::null_mut()).map_err(|e| e.to_string()).and_then(|view| {
