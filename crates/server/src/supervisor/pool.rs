@@ -141,7 +141,7 @@ impl Pool {
         // spawning thread had blocked.
         unsafe {
             command.pre_exec(move || {
-                if libc::dup2(raw, LINK_FD) < 0 || libc::setpgid(0, 0) != 0 {
+                if onto_link_fd(raw) < 0 || libc::setpgid(0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 let first = LINK_FD as libc::c_uint + 1;
@@ -187,6 +187,24 @@ impl Drop for Pool {
         // Idle workers see their link close and exit.
         state.idle.drain(..).for_each(reap);
         self.changed.notify_all();
+    }
+}
+
+/// Puts the worker's end of its link on [`LINK_FD`] without close-on-exec,
+/// between fork and exec. Where the link is there already (the supervisor
+/// had that descriptor free), `dup2` would do nothing and leave the flag
+/// set, and the worker would start without its link.
+///
+/// # Safety
+/// Async-signal-safe, as code between fork and exec must be.
+unsafe fn onto_link_fd(raw: libc::c_int) -> libc::c_int {
+    // SAFETY: plain descriptor calls.
+    unsafe {
+        if raw == LINK_FD {
+            libc::fcntl(raw, libc::F_SETFD, 0)
+        } else {
+            libc::dup2(raw, LINK_FD)
+        }
     }
 }
 
@@ -267,4 +285,39 @@ pub fn serve(
     board: std::os::fd::BorrowedFd<'_>,
 ) -> std::io::Result<()> {
     worker.link.send(Kind::Serve, serve, &[socket.as_fd(), ledger, board])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a child process, where the link may take LINK_FD itself: either
+    /// way the descriptor is there afterwards and survives exec.
+    #[test]
+    fn the_link_survives_exec_even_on_link_fd_already() {
+        for already in [true, false] {
+            // SAFETY: the child calls only async-signal-safe functions and
+            // leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                // SAFETY: the child's own descriptors.
+                let ok = unsafe {
+                    libc::close(LINK_FD);
+                    let at = if already { LINK_FD } else { LINK_FD + 10 };
+                    let fd = libc::fcntl(libc::STDERR_FILENO, libc::F_DUPFD_CLOEXEC, at);
+                    fd >= 0
+                        && (fd == LINK_FD) == already
+                        && onto_link_fd(fd) == if already { 0 } else { LINK_FD }
+                        && libc::fcntl(LINK_FD, libc::F_GETFD) == 0
+                };
+                // SAFETY: leaving the child without running the parent's handlers.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            let mut status = 0;
+            // SAFETY: our own child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "already on LINK_FD: {already}");
+        }
+    }
 }
