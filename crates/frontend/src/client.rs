@@ -450,24 +450,20 @@ impl Conn {
         mirror: bool,
     ) -> Result<(u64, u64, Region), CuError> {
         let heap = self.heap.clone().ok_or(CuError::NOT_SUPPORTED)?;
-        let Some(offset) = heap.alloc(len) else {
-            let hint = "the server's --vm-memory sizes it";
-            log::warn(&format!("the VM's shared memory has no {len} bytes free for pinned memory ({hint})"));
-            return Err(CuError::OUT_OF_MEMORY);
-        };
-        let placed = heap.view(offset, len, std::ptr::null_mut()).map_err(|e| e.to_string()).and_then(|view| {
-            let at = if at != 0 { at } else { view.as_ptr() as u64 };
-            let request = calls::HostPlace::Request { offset: offset as u64, size: len as u64, flags, at, mirror };
-            self.call(request).map(|reply| (reply.block, reply.devptr.0, view)).map_err(|e| format!("{e:?}"))
-        });
-        match placed {
-            Ok(block) => {
-                self.placed.insert(block.0, (offset, len));
-                Ok(block)
+        let (offset, view) = heap.claim(len, std::ptr::null_mut()).map_err(|e| {
+            log::warn(&format!("pinned memory in the VM's shared memory: {e} (the server's --vm-memory sizes it)"));
+            CuError::OUT_OF_MEMORY
+        })?;
+        let at = if at != 0 { at } else { view.as_ptr() as u64 };
+        let request = calls::HostPlace::Request { offset: offset as u64, size: len as u64, flags, at, mirror };
+        match self.call(request) {
+            Ok(reply) => {
+                self.placed.insert(reply.block, (offset, len));
+                Ok((reply.block, reply.devptr.0, view))
             }
-            Err(why) => {
+            Err(e) => {
                 heap.free(offset, len);
-                log::warn(&format!("a pinned block in the VM's shared memory: {why}"));
+                log::warn(&format!("a pinned block in the VM's shared memory: {e:?}"));
                 Err(CuError::OUT_OF_MEMORY)
             }
         }

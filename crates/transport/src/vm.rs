@@ -381,6 +381,15 @@ impl Heap {
         }
     }
 
+    /// Claims `len` bytes of free chunks for this connection and maps them
+    /// (at `at` if that is free here): their offset in the region, and the
+    /// mapping. Chunks that cannot be mapped go back.
+    pub fn claim(&self, len: usize, at: *mut u8) -> Result<(usize, Region), TransportError> {
+        let offset =
+            self.alloc(len).ok_or_else(|| TransportError::Shared(format!("no {len} bytes free in the heap")))?;
+        self.view(offset, len, at).map(|view| (offset, view)).inspect_err(|_| self.free(offset, len))
+    }
+
     /// A mapping of `len` bytes at `offset`, which must lie in the heap, at
     /// `at` if that is free here.
     pub fn view(&self, offset: usize, len: usize, at: *mut u8) -> Result<Region, TransportError> {
@@ -793,6 +802,15 @@ mod tests {
             assert!(theirs.view(offset, len, std::ptr::null_mut()).is_err(), "{len} bytes at {offset:#x}");
         }
         assert!(theirs.view(usize::MAX - 10, 20, std::ptr::null_mut()).is_err());
+        // Claiming is taking chunks and mapping them at once.
+        assert!(mine.claim((mine.chunks + 1) * CHUNK, std::ptr::null_mut()).is_err(), "more than the heap");
+        let (offset, claimed) = mine.claim(2 * CHUNK, std::ptr::null_mut()).unwrap();
+        assert_ne!(offset, at, "a chunk of its own");
+        // SAFETY: the claimed mapping is 2 * CHUNK bytes.
+        unsafe { claimed.as_ptr().write(5) };
+        let seen = theirs.view(offset, CHUNK, std::ptr::null_mut()).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { seen.as_ptr().read() }, 5);
     }
 
     #[test]

@@ -177,14 +177,8 @@ fn pages(len: usize, heap: Option<&Heap>) -> Result<(Region, Reach), String> {
         let fd = region.fd().try_clone_to_owned().map_err(|e| format!("its descriptor: {e}"))?;
         return Ok((region, Reach::Descriptor(fd)));
     };
-    let offset = heap.alloc(len).ok_or("the VM's shared memory is full")?;
-    match heap.view(offset, len, std::ptr::null_mut()) {
-        Ok(region) => Ok((region, Reach::Heap(offset))),
-        Err(e) => {
-            heap.free(offset, len);
-            Err(e.to_string())
-        }
-    }
+    let (offset, region) = heap.claim(len, std::ptr::null_mut()).map_err(|e| e.to_string())?;
+    Ok((region, Reach::Heap(offset)))
 }
 
 impl Var {
