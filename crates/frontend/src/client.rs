@@ -13,7 +13,9 @@
 //! Calls go one at a time under one lock, each carrying the calling
 //! thread's current context: waited-for calls ([`call`]) read their reply,
 //! posted ones ([`post`]) do not, and their errors come back on a later
-//! waited-for call. A lost server is sticky: every later call fails with
+//! waited-for call. On a socket, posted frames leave together: with the
+//! next waited-for call, or from a flusher thread within [`FLUSH_EVERY`].
+//! A lost server is sticky: every later call fails with
 //! `CUDA_ERROR_DEVICE_UNAVAILABLE`, since the server freed everything the
 //! process held when the connection dropped. A server that stops answering
 //! counts as lost after `GPUPLEX_TIMEOUT` seconds of silence ([`patience`]);
@@ -34,7 +36,7 @@ use gpuplex_protocol::{
 };
 use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::vm::Heap;
-use gpuplex_transport::{Address, Carrier, Token};
+use gpuplex_transport::{Address, Carrier, Flusher, Token};
 
 use crate::memory::lanes::{LaneError, Lanes};
 use crate::{context, log, trace};
@@ -280,6 +282,11 @@ impl Client {
         if conn.broken {
             return Err(CuError::NO_DEVICE);
         }
+        match conn.carrier.hold_posted() {
+            Ok(Some(flusher)) => start_flusher(flusher),
+            Ok(None) => {}
+            Err(e) => log::warn(&format!("posted calls will leave one at a time: {e}")),
+        }
         log::info(&format!(
             "connected to {address}: session {}, {} backend, {} device(s), shared memory: {shared}",
             welcome.session,
@@ -294,7 +301,64 @@ impl Client {
     }
 }
 
+/// How long a posted frame may wait in a carrier that holds them
+/// ([`Carrier::hold_posted`]) before the flusher sends it: the delay before
+/// posted work reaches a GPU when the program waits for nothing after it.
+const FLUSH_EVERY: Duration = Duration::from_micros(50);
+/// After this long with nothing to send, the flusher sleeps until a frame
+/// is posted, so an idle program pays nothing for it.
+const FLUSHER_NAPS_AFTER: Duration = Duration::from_millis(20);
+
+static FLUSHER: OnceLock<std::thread::Thread> = OnceLock::new();
+static FLUSHER_NAPPING: AtomicBool = AtomicBool::new(false);
+
+/// Starts the thread that sends the posted frames the carrier holds. It
+/// never takes the connection's lock: a program's thread posting a frame
+/// meanwhile only appends it to what is held.
+fn start_flusher(flusher: Flusher) {
+    let spawned = std::thread::Builder::new().name("gpuplex-flusher".into()).spawn(move || flush_forever(&flusher));
+    match spawned {
+        Ok(handle) => drop(FLUSHER.set(handle.thread().clone())),
+        Err(e) => log::warn(&format!("posted calls will wait for the next waited one: {e}")),
+    }
+}
+
+fn flush_forever(flusher: &Flusher) {
+    // This thread's timer slack only: its short sleeps stay short.
+    // SAFETY: prctl with integer arguments; no memory is passed.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000, 0, 0, 0) };
+    let mut last_sent = Instant::now();
+    loop {
+        std::thread::sleep(FLUSH_EVERY);
+        match flusher.flush() {
+            Ok(true) => last_sent = Instant::now(),
+            Ok(false) => {}
+            // The program's next call finds the connection gone.
+            Err(_) => return,
+        }
+        if last_sent.elapsed() >= FLUSHER_NAPS_AFTER {
+            FLUSHER_NAPPING.store(true, Ordering::SeqCst);
+            // A frame held before the flag was seen is sent now; one held
+            // after it wakes this thread (`Conn::send`).
+            if flusher.flush().is_err() {
+                return;
+            }
+            std::thread::park();
+            last_sent = Instant::now();
+        }
+    }
+}
+
 impl Conn {
+    /// Sends the posted frames the carrier holds.
+    fn flush(&mut self) {
+        if !self.broken {
+            if let Err(e) = self.carrier.flush() {
+                self.lose(&e.to_string());
+            }
+        }
+    }
+
     /// Waits for the reply, with the calling thread's current context.
     pub fn call<C: Call>(&mut self, req: C) -> Result<C::Reply, CuError> {
         let reply = self.exchange(C::OPCODE, context::current(), &codec::encode(&req));
@@ -331,6 +395,8 @@ impl Conn {
     /// The connection's bulk lanes, opened on first use; `None` where memory
     /// is shared or the server offers none.
     pub fn lanes(&mut self) -> Option<&mut Lanes> {
+        // The server reads a copy's chunks once it has the frames before.
+        self.flush();
         if matches!(self.lanes, LaneState::Untried) && self.staging.is_none() && !self.broken {
             self.lanes = match self.open_lanes() {
                 Ok(lanes) => LaneState::Open(lanes),
@@ -511,6 +577,11 @@ impl Conn {
             self.carrier.send(header, payload)
         };
         sent.map_err(|e| self.lose(&e.to_string()))?;
+        if header.is_posted() && FLUSHER_NAPPING.swap(false, Ordering::SeqCst) {
+            if let Some(flusher) = FLUSHER.get() {
+                flusher.unpark();
+            }
+        }
         Ok(header.request_id.get())
     }
 

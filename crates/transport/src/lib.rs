@@ -33,6 +33,7 @@ use gpuplex_protocol::{Header, HeaderError};
 pub use address::Address;
 pub use auth::AuthError;
 pub use lane::{block_sigpipe_on_this_thread, Lane, Pipe};
+pub use stream::Flusher;
 pub use token::{Keyring, Token, MIN_TOKEN_LEN, TOKEN_FILE_ENV};
 
 /// Who is on the other end, as the operating system reports it (never as
@@ -117,6 +118,20 @@ pub trait Carrier: Send {
 
     /// Sends a header and its payload as one frame.
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError>;
+
+    /// From now on, lets posted frames wait in the carrier and leave
+    /// together, with the next frame that is not posted or at a flush;
+    /// returns the flusher where this carrier does so (those whose every
+    /// frame is a system call). Its owner then flushes, from any thread,
+    /// within the delay it accepts for posted work.
+    fn hold_posted(&mut self) -> Result<Option<Flusher>, TransportError> {
+        Ok(None)
+    }
+
+    /// Sends the frames held back; returns whether there were any.
+    fn flush(&mut self) -> Result<bool, TransportError> {
+        Ok(false)
+    }
 
     /// Receives one frame into `payload` (reusing its allocation). The header
     /// is validated before the payload is read, so a hostile length never

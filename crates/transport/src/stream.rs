@@ -1,7 +1,8 @@
 //! Frames over any byte stream: shared by the stream-socket carriers.
 
 use std::io::{ErrorKind, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use gpuplex_protocol::{Header, HEADER_SIZE};
@@ -15,6 +16,91 @@ use crate::TransportError;
 pub(crate) fn send(socket: &impl AsRawFd, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
     debug_assert_eq!(header.payload_len(), payload.len());
     send_parts(socket, &[header.as_bytes(), payload]).map_err(io_error)
+}
+
+/// Posted frames held back to leave together ([`crate::Carrier::hold_posted`]).
+///
+/// On a socket each frame is a system call at both ends, and over TCP a
+/// trip through the network stack too: a framework posting hundreds of
+/// launches a step spent more time sending them than the driver takes to
+/// queue them natively. Held frames leave with the next frame that is not
+/// posted, when [`HOLD_BYTES`] are held, or when a [`Flusher`] sends them
+/// from another thread.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    held: Option<Arc<Held>>,
+}
+
+/// Frames held at most, in bytes: a posted frame that would go past it
+/// leaves at once, with those held before it.
+pub(crate) const HOLD_BYTES: usize = 64 << 10;
+
+/// What an outbox holds, shared with its flusher.
+pub(crate) struct Held {
+    /// The carrier's socket, duplicated for the flusher's thread.
+    socket: OwnedFd,
+    frames: Mutex<Vec<u8>>,
+    /// Held by whoever writes frames to the socket, while it takes what is
+    /// held (swapping in this buffer, which it then empties): frames leave
+    /// in the order they were given, and a frame is only ever appended
+    /// under `frames`, never behind a write.
+    wire: Mutex<Vec<u8>>,
+}
+
+impl Held {
+    /// Sends what is held, then `parts`; returns whether anything went.
+    fn send_with(&self, parts: &[&[u8]]) -> Result<bool, TransportError> {
+        let mut batch = self.wire.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::swap(&mut *batch, &mut *self.frames.lock().unwrap_or_else(PoisonError::into_inner));
+        if batch.is_empty() && parts.iter().all(|p| p.is_empty()) {
+            return Ok(false);
+        }
+        let all: Vec<&[u8]> = std::iter::once(&batch[..]).chain(parts.iter().copied()).collect();
+        let sent = send_parts(&self.socket, &all).map_err(io_error);
+        batch.clear();
+        sent.map(|()| true)
+    }
+}
+
+/// Sends the frames a carrier holds back, from any thread.
+pub struct Flusher(Arc<Held>);
+
+impl Flusher {
+    /// Sends what is held; returns whether anything was.
+    pub fn flush(&self) -> Result<bool, TransportError> {
+        self.0.send_with(&[])
+    }
+}
+
+impl Outbox {
+    pub fn hold_posted(&mut self, socket: &impl AsFd) -> Result<Flusher, TransportError> {
+        let held = Arc::new(Held {
+            socket: socket.as_fd().try_clone_to_owned()?,
+            frames: Mutex::default(),
+            wire: Mutex::default(),
+        });
+        self.held = Some(held.clone());
+        Ok(Flusher(held))
+    }
+
+    pub fn send(&mut self, socket: &impl AsRawFd, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
+        debug_assert_eq!(header.payload_len(), payload.len());
+        let Some(held) = &self.held else { return send(socket, header, payload) };
+        if header.is_posted() {
+            let mut frames = held.frames.lock().unwrap_or_else(PoisonError::into_inner);
+            if frames.len() + HEADER_SIZE + payload.len() <= HOLD_BYTES {
+                frames.extend_from_slice(header.as_bytes());
+                frames.extend_from_slice(payload);
+                return Ok(());
+            }
+        }
+        held.send_with(&[header.as_bytes(), payload]).map(|_| ())
+    }
+
+    /// Sends what is held; returns whether anything was.
+    pub fn flush(&mut self) -> Result<bool, TransportError> {
+        self.held.as_ref().map_or(Ok(false), |held| held.send_with(&[]))
+    }
 }
 
 /// A failed send or receive: a vanished peer is `Closed`.

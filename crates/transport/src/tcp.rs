@@ -25,7 +25,9 @@ use std::time::Duration;
 use gpuplex_protocol::Header;
 
 pub use crate::auth::AuthError;
-use crate::{auth, stream, Address, Carrier, Keyring, Lane, Listener, Peer, SocketKind, Token, TransportError};
+use crate::{
+    auth, stream, Address, Carrier, Flusher, Keyring, Lane, Listener, Peer, SocketKind, Token, TransportError,
+};
 
 /// How long either side waits for the whole opening exchange.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,6 +52,7 @@ pub struct TcpCarrier {
     pending: Option<PendingAuth>,
     /// The name of the key the peer proved (server side).
     key: Option<String>,
+    out: stream::Outbox,
 }
 
 struct PendingAuth {
@@ -83,14 +86,14 @@ impl TcpCarrier {
         socket.set_nodelay(true)?;
         set_buffers(&socket, SOCKET_BUFFER);
         let peer = socket.peer_addr()?;
-        Ok(TcpCarrier { socket, peer, pending, key: None })
+        Ok(TcpCarrier { socket, peer, pending, key: None, out: stream::Outbox::default() })
     }
 
     /// A connection another process accepted and authenticated, handed over.
     pub fn adopt(socket: OwnedFd) -> Result<TcpCarrier, TransportError> {
         let socket = net::TcpStream::from(socket);
         let peer = socket.peer_addr()?;
-        Ok(TcpCarrier { socket, peer, pending: None, key: None })
+        Ok(TcpCarrier { socket, peer, pending: None, key: None, out: stream::Outbox::default() })
     }
 
     /// The underlying socket, for tests that must misbehave on the wire.
@@ -137,24 +140,35 @@ impl Carrier for TcpCarrier {
         self.key.as_deref()
     }
 
-    fn into_socket(self: Box<Self>) -> Result<(SocketKind, OwnedFd), TransportError> {
+    fn into_socket(mut self: Box<Self>) -> Result<(SocketKind, OwnedFd), TransportError> {
         self.ready()?;
+        self.out.flush()?;
         Ok((SocketKind::Tcp, self.socket.into()))
     }
 
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
         self.ready()?;
-        stream::send(&self.socket, header, payload)
+        self.out.send(&self.socket, header, payload)
+    }
+
+    fn hold_posted(&mut self) -> Result<Option<Flusher>, TransportError> {
+        self.out.hold_posted(&self.socket).map(Some)
+    }
+
+    fn flush(&mut self) -> Result<bool, TransportError> {
+        self.out.flush()
     }
 
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
         self.ready()?;
+        self.out.flush()?;
         stream::await_readable(&self.socket);
         stream::recv(&mut self.socket, payload)
     }
 
-    fn into_lane(self: Box<Self>) -> Result<Lane, TransportError> {
+    fn into_lane(mut self: Box<Self>) -> Result<Lane, TransportError> {
         self.ready()?;
+        self.out.flush()?;
         set_buffers(&self.socket, LANE_BUFFER);
         Ok(Lane::new(self.socket.into()))
     }
