@@ -1,5 +1,6 @@
 // queries: the questions programs ask over and over (a context's device, a
-// primary context's state, a function's attributes and occupancy) answer
+// primary context's state, a function's attributes and occupancy, a stream's
+// capture status) answer
 // the same every time, and a change is seen at once: a raised or lowered
 // dynamic shared memory limit, a released and retained primary context.
 // Launches past the default shared memory, once the limit is raised, work;
@@ -130,6 +131,27 @@ int main() {
     printf("max dynamic shared memory after lowering it: %d\n",
            attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES));
     printf("%d bytes after lowering the limit refused: %s\n", SMEM, refused(reverse(fn, in, out, SMEM)));
+
+    // Whether a stream captures, asked as frameworks do before allocating:
+    // none, each time; active while a capture runs, and none again after.
+    CUstream st;
+    CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    same = true;
+    for (int i = 0; i < ROUNDS; i++) {
+        CHECK(cuStreamIsCapturing(st, &cs));
+        same = same && cs == CU_STREAM_CAPTURE_STATUS_NONE;
+    }
+    printf("a stream's capture status asked %d times: none each time: %s\n", ROUNDS, yes_no(same));
+    CHECK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    CHECK(cuStreamIsCapturing(st, &cs));
+    printf("while capturing: active %s\n", yes_no(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE));
+    CUgraph g;
+    CHECK(cuStreamEndCapture(st, &g));
+    CHECK(cuStreamIsCapturing(st, &cs));
+    printf("after the capture: none %s\n", yes_no(cs == CU_STREAM_CAPTURE_STATUS_NONE));
+    CHECK(cuGraphDestroy(g));
+    CHECK(cuStreamDestroy(st));
 
     CHECK(cuMemFree(in));
     CHECK(cuMemFree(out));

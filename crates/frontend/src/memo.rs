@@ -39,7 +39,10 @@ pub static CONTEXTS: Memo = Memo::new(0);
 pub static PRIMARY: Memo = Memo::new(1);
 /// What is known about modules, libraries, kernels and functions.
 pub static FUNCTIONS: Memo = Memo::new(2);
-const MEMOS: usize = 3;
+/// Streams that do not capture, kept only while no stream captures
+/// (`graph::is_capturing_query`).
+pub static CAPTURES: Memo = Memo::new(3);
+const MEMOS: usize = 4;
 
 /// One kind of answers: kept here for every thread, and copied into each
 /// thread that reads them, so that a repeated question takes no lock.

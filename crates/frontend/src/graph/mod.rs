@@ -51,6 +51,9 @@ fn note_capture(s: Stream, on: bool) {
         set.remove(&key(s))
     };
     CAPTURES.store(set.len(), Ordering::Relaxed);
+    // Kept answers hold only while nothing captures; one fetched before
+    // this is not kept after it.
+    crate::memo::CAPTURES.forget();
 }
 
 /// `CU_STREAM_CAPTURE_MODE_GLOBAL`, what the first `cuStreamBeginCapture` had.
@@ -60,6 +63,41 @@ fn begin(s: Stream, mode: u32) -> Result<(), CuError> {
     client::call(calls::StreamBeginCapture::Request { hStream: s, mode })?;
     note_capture(s, true);
     Ok(())
+}
+
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+const NOT_CAPTURING: u32 = 0;
+
+/// `cuStreamIsCapturing`. While no stream of the process captures, none
+/// can (a stream joins a capture only through one that captures), so the
+/// server's first answer for a stream is kept until a capture begins
+/// ([`note_capture`]) or the stream is destroyed; a bad handle still gets
+/// the server's error.
+fn is_capturing_query(s: Stream, status: *mut u32) -> Result<(), CuError> {
+    check_out(status)?;
+    let req = calls::cuStreamIsCapturing::Request { hStream: s };
+    let reply = if capturing() {
+        client::call(req)?
+    } else {
+        crate::memo::CAPTURES.keep_if(0, req, |r| r.captureStatus == NOT_CAPTURING && !capturing())?
+    };
+    // SAFETY: checked non-NULL; the caller vouches for it.
+    unsafe { write_out(status, reply.captureStatus) };
+    Ok(())
+}
+
+/// # Safety
+/// `status` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(s: *mut c_void, status: *mut u32) -> CUresult {
+    entry("cuStreamIsCapturing", || is_capturing_query(stream(s), status))
+}
+
+/// # Safety
+/// `status` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(s: *mut c_void, status: *mut u32) -> CUresult {
+    entry("cuStreamIsCapturing_ptsz", || is_capturing_query(ptsz_stream(s), status))
 }
 
 /// `cuStreamBeginCaptureToGraph`: the capture's work joins the program's
