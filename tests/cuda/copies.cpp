@@ -181,6 +181,42 @@ static void pinned(Bufs &b, HostKind kind) {
         }
         snprintf(what, sizeof what, "dtoh to %s%s", KIND_NAMES[kind], tag);
         report(b, what, dst, b.src, n);
+
+        // Allocated pinned memory is a device address too (unified
+        // addressing): device-to-device copies from and to it.
+        if (kind == HOST_REGISTER) continue;
+        fill_pattern(src, n, next_seed(b));
+        memcpy(b.src, src, n);
+        if (async) {
+            CHECK(cuMemcpyDtoDAsync(b.d2, (CUdeviceptr)src, n, b.s));
+            CHECK(cuStreamSynchronize(b.s));
+        } else {
+            CHECK(cuMemcpyDtoD(b.d2, (CUdeviceptr)src, n));
+        }
+        snprintf(what, sizeof what, "dtod from %s%s", KIND_NAMES[kind], tag);
+        get_check(b, b.d2, what);
+        if (async) {
+            CHECK(cuMemcpyDtoDAsync((CUdeviceptr)dst, b.d2, n, b.s));
+            CHECK(cuStreamSynchronize(b.s));
+        } else {
+            CHECK(cuMemcpyDtoD((CUdeviceptr)dst, b.d2, n));
+            CHECK(cuCtxSynchronize());
+        }
+        snprintf(what, sizeof what, "dtod to %s%s", KIND_NAMES[kind], tag);
+        report(b, what, dst, b.src, n);
+
+        // Host copies to and from it through its device address.
+        fill_pattern(b.src, n, next_seed(b));
+        if (async) {
+            CHECK(cuMemcpyHtoDAsync((CUdeviceptr)src, b.src, n, b.s));
+            CHECK(cuMemcpyDtoHAsync(b.dst, (CUdeviceptr)src, n, b.s));
+            CHECK(cuStreamSynchronize(b.s));
+        } else {
+            CHECK(cuMemcpyHtoD((CUdeviceptr)src, b.src, n));
+            CHECK(cuMemcpyDtoH(b.dst, (CUdeviceptr)src, n));
+        }
+        snprintf(what, sizeof what, "htod and dtoh through %s%s", KIND_NAMES[kind], tag);
+        report(b, what, b.dst, b.src, n);
     }
     host_free(kind, src);
     host_free(kind, dst);

@@ -1,5 +1,5 @@
 // memsets: cuMemsetD8/D16/D32, their Async forms, and the 2D forms on a
-// pitched allocation. A host mirror gets every memset too; after each one the
+// pitched allocation and on pinned host memory. A host mirror gets every memset too; after each one the
 // whole allocation is read back and compared with it, so bytes a memset must
 // not touch are checked as well.
 #include "common.h"
@@ -108,6 +108,29 @@ int main() {
     mirror_set(&want[0], pitch, 0, 4, WIDTH / 4, HEIGHT);
     check_pitched(d, pitch, want, "cuMemsetD2D32Async stream");
 
+    CHECK(cuMemFree(d));
+
+    // Pinned host memory, which the device reaches too: memsets land in
+    // their stream's order, after a copy into the same memory queued before.
+    const size_t HOST = 3 * 4096 + 100;
+    unsigned char *h;
+    CHECK(cuMemHostAlloc((void **)&h, HOST, 0));
+    want.assign(HOST, 0);
+    fill_pattern(want.data(), HOST, 7);
+    CHECK(cuMemAlloc(&d, HOST));
+    CHECK(cuMemcpyHtoD(d, want.data(), HOST));
+    memset(h, 0, HOST);
+    CHECK(cuMemcpyDtoHAsync(h, d, HOST, s));
+    CHECK(cuMemsetD32Async((CUdeviceptr)h + 8, 0x01020304, 2, s));
+    CHECK(cuMemsetD8Async((CUdeviceptr)h + 4097, 0xEE, 999, s));
+    CHECK(cuMemsetD2D16Async((CUdeviceptr)h + 2 * 4096, 64, 0xABCD, 10, 5, s));
+    CHECK(cuStreamSynchronize(s));
+    mirror_set(&want[8], 0, 0x01020304, 4, 2, 1);
+    mirror_set(&want[4097], 0, 0xEE, 1, 999, 1);
+    mirror_set(&want[2 * 4096], 64, 0xABCD, 2, 10, 5);
+    EXPECT(memcmp(h, want.data(), HOST) == 0, "pinned host memsets: content differs");
+    printf("pinned host memsets ok checksum=%016llx\n", (unsigned long long)checksum(h, HOST));
+    CHECK(cuMemFreeHost(h));
     CHECK(cuMemFree(d));
     CHECK(cuStreamDestroy(s));
     CHECK(cuDevicePrimaryCtxRelease(dev));

@@ -35,6 +35,9 @@ pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuEr
     if src.is_empty() {
         return Ok(());
     }
+    if host::contains_range(dst, src.len()) && !crate::graph::capturing() {
+        return host_to_host(dst as *mut u8, src.as_ptr(), src.len(), stream);
+    }
     let known = known_range(dst, src.len());
     if let Some((block, offset)) = host::shared_range(src.as_ptr() as u64, src.len()) {
         let req =
@@ -69,6 +72,9 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
     if dst.is_empty() {
         return Ok(());
     }
+    if host::contains_range(src, dst.len()) && !crate::graph::capturing() {
+        return host_to_host(dst.as_mut_ptr(), src as *const u8, dst.len(), stream);
+    }
     let known = known_range(src, dst.len());
     if let Some((block, offset)) = host::shared_range(dst.as_ptr() as u64, dst.len()) {
         let req =
@@ -99,6 +105,20 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
     Ok(())
 }
 
+/// A copy between host memory and a "device" end that is pinned memory of
+/// this process (a device address too, natively): the device would copy
+/// once the stream's earlier work is done, so that is waited for and the
+/// bytes are copied here, where both ends are. Not while a stream
+/// captures: the copy is then the capture's, made by the server.
+fn host_to_host(dst: *mut u8, src: *const u8, n: usize, stream: Stream) -> Result<(), CuError> {
+    client::call(calls::cuStreamSynchronize::Request { hStream: stream })?;
+    // SAFETY: the caller's pinned end lies in a host block of this process
+    // (`host::local_only`) and its other end is the program's, valid for n
+    // bytes per the CUDA call's contract; `copy` allows them to overlap.
+    unsafe { std::ptr::copy(src, dst, n) };
+    Ok(())
+}
+
 /// The mirror block and offset of an asynchronous copy's host end in
 /// ordinary memory, when its stream captures (see [`super::mirrors`]).
 fn captured_end(
@@ -115,6 +135,24 @@ fn captured_end(
 }
 
 pub fn dtod(dst: u64, src: u64, n: usize, stream: Stream, sync: bool) -> Result<(), CuError> {
+    // Pinned memory the server cannot reach (a remote guest's) is a device
+    // address natively too: its end of the copy is done here (a capture
+    // cannot record that, and the server refuses it as out of its reach).
+    match (host::local_only(dst, n), host::local_only(src, n)) {
+        _ if crate::graph::capturing() => {}
+        (false, false) => {}
+        (false, true) => {
+            // SAFETY: `local_only` found all n bytes in a host block of this process.
+            let src = unsafe { std::slice::from_raw_parts(src as *const u8, n) };
+            return htod(dst, src, stream, sync);
+        }
+        (true, false) => {
+            // SAFETY: as above, for the destination.
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) };
+            return dtoh(dst, src, stream, sync);
+        }
+        (true, true) => return host_to_host(dst as *mut u8, src as *const u8, n, stream),
+    }
     let req = calls::MemcpyDtoD::Request { dst: DevPtr(dst), src: DevPtr(src), size: n as u64, stream, sync };
     if !sync && known_range(dst, n) && known_range(src, n) {
         return client::post(req);

@@ -19,7 +19,8 @@
 //! from it are staged, and it has no device pointer.
 //!
 //! Without shared memory (the socket carrier, a remote server), host
-//! memory is ordinary memory tracked here, copies carry its bytes, and
+//! memory is ordinary memory tracked here, copies carry its bytes, memsets
+//! of it are done here in their stream's order (`memory::memset`), and
 //! mapping it for the device is refused.
 
 use std::collections::BTreeMap;
@@ -107,6 +108,21 @@ pub fn block_address(id: u64, offset: u64) -> Option<u64> {
 /// address of ptr if mapped, whether it is managed memory)`.
 pub fn lookup(ptr: u64) -> Option<(u64, u64, Option<u64>, bool)> {
     containing(ptr, |start, b| (start, b.size as u64, b.device_address(ptr), b.managed))
+}
+
+/// Whether all of `[ptr, ptr + len)` is host memory known here that the
+/// server cannot reach (no shared memory: a remote guest's pinned memory).
+pub fn local_only(ptr: u64, len: usize) -> bool {
+    containing(ptr, |start, b| {
+        b.shared.is_none() && ptr.checked_add(len as u64).is_some_and(|end| end <= start + b.size as u64)
+    })
+    .unwrap_or(false)
+}
+
+/// Whether all of `[ptr, ptr + len)` is in one block of host memory known here.
+pub fn contains_range(ptr: u64, len: usize) -> bool {
+    containing(ptr, |start, b| ptr.checked_add(len as u64).is_some_and(|end| end <= start + b.size as u64))
+        .unwrap_or(false)
 }
 
 /// Whether `ptr` lies in host memory known here.

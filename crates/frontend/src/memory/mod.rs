@@ -332,6 +332,34 @@ fn unified_copy(dst: u64, src: u64, n: usize, stream: Stream, sync: bool) -> Res
     }
 }
 
+/// A memset of pinned memory the server cannot reach (a remote guest's):
+/// the device would write it once the stream's earlier work is done, so
+/// that is waited for and the rows are written here. Later work on the
+/// stream reads this memory only as later calls send it, which is after.
+fn memset_here(
+    dst: u64,
+    value: u32,
+    element_size: u32,
+    [row, height, pitch]: [usize; 3],
+    stream: Stream,
+) -> Result<(), CuError> {
+    if !dst.is_multiple_of(element_size as u64) || (height > 1 && !pitch.is_multiple_of(element_size as usize)) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    client::call(calls::cuStreamSynchronize::Request { hStream: stream })?;
+    let bytes = &value.to_ne_bytes()[..element_size as usize];
+    for r in 0..height {
+        let start = (dst as usize + r * pitch) as *mut u8;
+        // SAFETY: the whole extent lies in one host block of this process
+        // (`host::local_only`), and `row` bytes from each row start are in it.
+        let row = unsafe { std::slice::from_raw_parts_mut(start, row) };
+        for (i, b) in row.iter_mut().enumerate() {
+            *b = bytes[i % bytes.len()];
+        }
+    }
+    Ok(())
+}
+
 /// Sets `height` rows of `width` elements, `pitch` bytes apart.
 fn memset(
     dst: u64,
@@ -354,6 +382,11 @@ fn memset(
     let row = width.checked_mul(element_size as usize);
     let extent = row.and_then(|row| pitch.checked_mul(height.saturating_sub(1))?.checked_add(row));
     let checkable = height <= 1 || pitch >= row.unwrap_or(usize::MAX);
+    if let (Some(row), Some(extent)) = (row, extent) {
+        if checkable && extent > 0 && host::local_only(dst, extent) && !crate::graph::capturing() {
+            return memset_here(dst, value, element_size, [row, height, pitch], stream);
+        }
+    }
     if !sync && checkable && extent.is_some_and(|e| known_range(dst, e)) {
         return client::post(req);
     }
