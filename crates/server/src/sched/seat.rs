@@ -397,6 +397,7 @@ impl Shared {
         while self.submitting.load(SeqCst) > 0 {
             std::thread::yield_now();
         }
+        self.board.heads_up(gpu, self.seat);
         self.drain(gpu);
         self.board.release(gpu, self.seat);
     }

@@ -90,6 +90,34 @@ fn an_uncontended_gpu_is_taken_and_a_waiter_gets_it_when_released() {
     assert_eq!(board.waiters(0, Class::Low), (false, false), "the waiter stopped waiting");
 }
 
+#[test]
+fn the_waiter_told_it_is_next_gets_the_turn() {
+    let board = board(Policy::Fifo);
+    for seat in 0..3 {
+        board.occupy(seat, seat);
+    }
+    assert!(board.try_take(0, 0));
+    let first = wait(&board, 1);
+    let second = {
+        let board = board.clone();
+        thread::spawn(move || board.wait_turn(0, 2))
+    };
+    while board.gpu(0).waiting_total() < 2 {
+        thread::yield_now();
+    }
+    board.heads_up(0, 0);
+    assert_eq!(board.told_next(0), Some(1), "the first to wait goes next under fifo");
+    // Told, it waits awake; the release still decides.
+    thread::sleep(Duration::from_millis(5));
+    board.release(0, 0);
+    first.join().unwrap();
+    assert!(board.holds(0, 1));
+    assert_eq!(board.told_next(0), None, "the hand-over clears it");
+    board.release(0, 1);
+    second.join().unwrap();
+    assert!(board.holds(0, 2));
+}
+
 /// Has `seats` wait for GPU 0 (held by seat 0) one after another, runs
 /// `meanwhile`, then releases the GPU: the order the turns went in, each
 /// waiter releasing to the next as it gets its turn.
