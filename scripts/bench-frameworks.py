@@ -15,8 +15,8 @@ loss matched native's exactly.
 Usage: scripts/bench-frameworks.py [BIN_DIR] [--carriers shm,socket,tcp]
            [--rounds N] [--steps N] [--only NAME,...] [--trace DIR] [--json FILE]
 BIN_DIR (default target/release) holds gpuplex and libcuda.so. With
---trace, one more run per workload through the shared-memory carrier
-writes its `gpuplex run --trace` table to DIR/NAME.txt.
+--trace, one more run per workload through each carrier writes its
+`gpuplex run --trace` table to DIR/CARRIER/NAME.txt.
 """
 import argparse
 import json
@@ -316,14 +316,15 @@ def main():
                         medians[col].setdefault(name, []).append(statistics.median(res["ms"]))
                         losses[col].setdefault(name, []).append(res["losses"])
                     print(f"round {r + 1}/{a.rounds}: {suite} {col} done", file=sys.stderr, flush=True)
-        if a.trace:
-            os.makedirs(a.trace, exist_ok=True)
+        for carrier in carriers if a.trace else []:
+            os.makedirs(os.path.join(a.trace, carrier), exist_ok=True)
+            cenv = dict(env, GPUPLEX_CARRIER="socket") if carrier == "socket" else env
             for suite in a.suites.split(","):
                 for name in SUITES[suite]:
                     if only and name not in only:
                         continue
-                    _, stderr = run_suite(servers.prefix("shm", trace=True), env, suite, a.steps, [name], a.timeout)
-                    with open(os.path.join(a.trace, name + ".txt"), "w") as f:
+                    _, stderr = run_suite(servers.prefix(carrier, trace=True), cenv, suite, a.steps, [name], a.timeout)
+                    with open(os.path.join(a.trace, carrier, name + ".txt"), "w") as f:
                         f.write(stderr)
     finally:
         servers.stop()
