@@ -305,47 +305,27 @@ impl Client {
 /// ([`Carrier::hold_posted`]) before the flusher sends it: the delay before
 /// posted work reaches a GPU when the program waits for nothing after it.
 const FLUSH_EVERY: Duration = Duration::from_micros(50);
-/// After this long with nothing to send, the flusher sleeps until a frame
-/// is posted, so an idle program pays nothing for it.
-const FLUSHER_NAPS_AFTER: Duration = Duration::from_millis(20);
-
-static FLUSHER: OnceLock<std::thread::Thread> = OnceLock::new();
-static FLUSHER_NAPPING: AtomicBool = AtomicBool::new(false);
 
 /// Starts the thread that sends the posted frames the carrier holds. It
-/// never takes the connection's lock: a program's thread posting a frame
-/// meanwhile only appends it to what is held.
+/// sleeps while nothing is held and never takes the connection's lock: a
+/// program's thread posting a frame only appends it to what is held.
 fn start_flusher(flusher: Flusher) {
-    let spawned = std::thread::Builder::new().name("gpuplex-flusher".into()).spawn(move || flush_forever(&flusher));
-    match spawned {
-        Ok(handle) => drop(FLUSHER.set(handle.thread().clone())),
-        Err(e) => log::warn(&format!("posted calls will wait for the next waited one: {e}")),
-    }
-}
-
-fn flush_forever(flusher: &Flusher) {
-    // This thread's timer slack only: its short sleeps stay short.
-    // SAFETY: prctl with integer arguments; no memory is passed.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000, 0, 0, 0) };
-    let mut last_sent = Instant::now();
-    loop {
-        std::thread::sleep(FLUSH_EVERY);
-        match flusher.flush() {
-            Ok(true) => last_sent = Instant::now(),
-            Ok(false) => {}
-            // The program's next call finds the connection gone.
-            Err(_) => return,
-        }
-        if last_sent.elapsed() >= FLUSHER_NAPS_AFTER {
-            FLUSHER_NAPPING.store(true, Ordering::SeqCst);
-            // A frame held before the flag was seen is sent now; one held
-            // after it wakes this thread (`Conn::send`).
+    let spawned = std::thread::Builder::new().name("gpuplex-flusher".into()).spawn(move || {
+        // This thread's timer slack only: its short sleeps stay short.
+        // SAFETY: prctl with integer arguments; no memory is passed.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000, 0, 0, 0) };
+        loop {
+            flusher.wait_until_held();
+            // Frames posted meanwhile leave with these.
+            std::thread::sleep(FLUSH_EVERY);
+            // On an error the program's next call finds the connection gone.
             if flusher.flush().is_err() {
                 return;
             }
-            std::thread::park();
-            last_sent = Instant::now();
         }
+    });
+    if let Err(e) = spawned {
+        log::warn(&format!("posted calls will wait for the next waited one: {e}"));
     }
 }
 
@@ -577,11 +557,6 @@ impl Conn {
             self.carrier.send(header, payload)
         };
         sent.map_err(|e| self.lose(&e.to_string()))?;
-        if header.is_posted() && FLUSHER_NAPPING.swap(false, Ordering::SeqCst) {
-            if let Some(flusher) = FLUSHER.get() {
-                flusher.unpark();
-            }
-        }
         Ok(header.request_id.get())
     }
 

@@ -2,7 +2,10 @@
 
 use std::io::{ErrorKind, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use gpuplex_protocol::{Header, HEADER_SIZE};
@@ -25,10 +28,15 @@ pub(crate) fn send(socket: &impl AsRawFd, header: &Header, payload: &[u8]) -> Re
 /// launches a step spent more time sending them than the driver takes to
 /// queue them natively. Held frames leave with the next frame that is not
 /// posted, when [`HOLD_BYTES`] are held, or when a [`Flusher`] sends them
-/// from another thread.
+/// from another thread. The first posted frame after a waited one leaves at
+/// once: the peer has answered and is idle, and a launch followed by a
+/// synchronize then overlaps the peer's work with the sending of the next.
 #[derive(Default)]
 pub(crate) struct Outbox {
     held: Option<Arc<Held>>,
+    /// Whether the last frame sent was waited for, so the next posted one
+    /// goes at once.
+    after_waited: bool,
 }
 
 /// Frames held at most, in bytes: a posted frame that would go past it
@@ -45,30 +53,50 @@ pub(crate) struct Held {
     /// in the order they were given, and a frame is only ever appended
     /// under `frames`, never behind a write.
     wire: Mutex<Vec<u8>>,
+    /// The flusher's thread, and whether it sleeps until a frame is held.
+    flusher: OnceLock<Thread>,
+    sleeping: AtomicBool,
 }
 
 impl Held {
-    /// Sends what is held, then `parts`; returns whether anything went.
-    fn send_with(&self, parts: &[&[u8]]) -> Result<bool, TransportError> {
+    /// Sends what is held, then `frame` (a header and payload, or nothing);
+    /// returns whether anything went.
+    fn send_with(&self, frame: [&[u8]; 2]) -> Result<bool, TransportError> {
         let mut batch = self.wire.lock().unwrap_or_else(PoisonError::into_inner);
         std::mem::swap(&mut *batch, &mut *self.frames.lock().unwrap_or_else(PoisonError::into_inner));
-        if batch.is_empty() && parts.iter().all(|p| p.is_empty()) {
+        if batch.is_empty() && frame[0].is_empty() {
             return Ok(false);
         }
-        let all: Vec<&[u8]> = std::iter::once(&batch[..]).chain(parts.iter().copied()).collect();
-        let sent = send_parts(&self.socket, &all).map_err(io_error);
+        let sent = send_parts(&self.socket, &[&batch[..], frame[0], frame[1]]).map_err(io_error);
         batch.clear();
         sent.map(|()| true)
     }
 }
 
-/// Sends the frames a carrier holds back, from any thread.
+/// Sends the frames a carrier holds back, from a thread of its own.
 pub struct Flusher(Arc<Held>);
 
 impl Flusher {
     /// Sends what is held; returns whether anything was.
     pub fn flush(&self) -> Result<bool, TransportError> {
-        self.0.send_with(&[])
+        self.0.send_with([&[], &[]])
+    }
+
+    /// Returns once a frame is held, sleeping until then: the first frame
+    /// held wakes the thread that waits here, which must be one thread.
+    pub fn wait_until_held(&self) {
+        let held = &self.0;
+        held.flusher.get_or_init(std::thread::current);
+        loop {
+            held.sleeping.store(true, SeqCst);
+            // A frame held before the flag was seen is found here; one held
+            // after it unparks this thread (`Outbox::send`).
+            if !held.frames.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
+                held.sleeping.store(false, SeqCst);
+                return;
+            }
+            std::thread::park();
+        }
     }
 }
 
@@ -78,6 +106,8 @@ impl Outbox {
             socket: socket.as_fd().try_clone_to_owned()?,
             frames: Mutex::default(),
             wire: Mutex::default(),
+            flusher: OnceLock::new(),
+            sleeping: AtomicBool::new(false),
         });
         self.held = Some(held.clone());
         Ok(Flusher(held))
@@ -86,20 +116,28 @@ impl Outbox {
     pub fn send(&mut self, socket: &impl AsRawFd, header: &Header, payload: &[u8]) -> Result<(), TransportError> {
         debug_assert_eq!(header.payload_len(), payload.len());
         let Some(held) = &self.held else { return send(socket, header, payload) };
-        if header.is_posted() {
+        let eager = std::mem::replace(&mut self.after_waited, !header.is_posted());
+        if header.is_posted() && !eager {
             let mut frames = held.frames.lock().unwrap_or_else(PoisonError::into_inner);
             if frames.len() + HEADER_SIZE + payload.len() <= HOLD_BYTES {
+                let first = frames.is_empty();
                 frames.extend_from_slice(header.as_bytes());
                 frames.extend_from_slice(payload);
+                drop(frames);
+                if first && held.sleeping.swap(false, SeqCst) {
+                    if let Some(flusher) = held.flusher.get() {
+                        flusher.unpark();
+                    }
+                }
                 return Ok(());
             }
         }
-        held.send_with(&[header.as_bytes(), payload]).map(|_| ())
+        held.send_with([header.as_bytes(), payload]).map(|_| ())
     }
 
     /// Sends what is held; returns whether anything was.
     pub fn flush(&mut self) -> Result<bool, TransportError> {
-        self.held.as_ref().map_or(Ok(false), |held| held.send_with(&[]))
+        self.held.as_ref().map_or(Ok(false), |held| held.send_with([&[], &[]]))
     }
 }
 
@@ -264,10 +302,19 @@ pub(crate) fn set_recv_timeout(socket: &impl AsRawFd, timeout: Option<Duration>)
 pub(crate) fn read_exact<R: Read>(r: &mut R, buf: &mut [u8], at_frame_start: bool) -> Result<(), TransportError> {
     let mut done = 0;
     while done < buf.len() {
-        match r.read(&mut buf[done..]) {
-            Ok(0) if done == 0 && at_frame_start => return Err(TransportError::Closed),
+        done += read_some(r, &mut buf[done..], done == 0 && at_frame_start)?;
+    }
+    Ok(())
+}
+
+/// One read of at least a byte; a clean close is `Closed` where nothing of
+/// a frame has been read yet (`nothing_yet`), else an unexpected end.
+fn read_some<R: Read>(r: &mut R, buf: &mut [u8], nothing_yet: bool) -> Result<usize, TransportError> {
+    loop {
+        match r.read(buf) {
+            Ok(0) if nothing_yet => return Err(TransportError::Closed),
             Ok(0) => return Err(std::io::Error::from(ErrorKind::UnexpectedEof).into()),
-            Ok(n) => done += n,
+            Ok(n) => return Ok(n),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if is_disconnect(&e) => return Err(TransportError::Closed),
             // A receive timeout (a client's patience) ran out.
@@ -277,7 +324,68 @@ pub(crate) fn read_exact<R: Read>(r: &mut R, buf: &mut [u8], at_frame_start: boo
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+}
+
+/// Frames read from a socket through a buffer, so that frames that arrived
+/// together (posted ones sent as one batch) cost one read, not two each.
+/// Only a connection's frames after its opening go through it: the
+/// opening is read exactly, so that a socket handed to another process
+/// leaves nothing behind here.
+#[derive(Default)]
+pub(crate) struct Inbox {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+/// Bytes read ahead at most; a larger payload's rest is read straight
+/// into it.
+const INBOX_BYTES: usize = 64 << 10;
+
+impl Inbox {
+    /// Whether bytes of a frame not yet received are here.
+    pub fn has_bytes(&self) -> bool {
+        self.end > self.start
+    }
+
+    /// [`recv`], reading ahead whatever has arrived.
+    pub fn recv<R: Read>(&mut self, r: &mut R, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
+        self.fill(r, HEADER_SIZE)?;
+        let raw: &[u8; HEADER_SIZE] =
+            self.buf[self.start..self.start + HEADER_SIZE].try_into().expect("a header's bytes");
+        let header = Header::parse(raw)?;
+        let len = header.payload_len();
+        if len > gpuplex_protocol::MAX_PAYLOAD {
+            return Err(gpuplex_protocol::HeaderError::TooLong(len).into());
+        }
+        self.start += HEADER_SIZE;
+        let here = len.min(self.end - self.start);
+        payload.clear();
+        payload.extend_from_slice(&self.buf[self.start..self.start + here]);
+        self.start += here;
+        if here < len {
+            payload.resize(len, 0);
+            read_exact(r, &mut payload[here..], false)?;
+        }
+        Ok(header)
+    }
+
+    /// Reads until at least `n` bytes (at most [`INBOX_BYTES`]) are here.
+    fn fill<R: Read>(&mut self, r: &mut R, n: usize) -> Result<(), TransportError> {
+        if self.end - self.start >= n {
+            return Ok(());
+        }
+        if self.buf.is_empty() {
+            self.buf = vec![0; INBOX_BYTES];
+        }
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+        while self.end < n {
+            self.end += read_some(r, &mut self.buf[self.end..], self.end == 0)?;
+        }
+        Ok(())
+    }
 }
 
 pub(crate) fn is_disconnect(e: &std::io::Error) -> bool {

@@ -53,6 +53,7 @@ pub struct TcpCarrier {
     /// The name of the key the peer proved (server side).
     key: Option<String>,
     out: stream::Outbox,
+    inbox: stream::Inbox,
 }
 
 struct PendingAuth {
@@ -86,14 +87,28 @@ impl TcpCarrier {
         socket.set_nodelay(true)?;
         set_buffers(&socket, SOCKET_BUFFER);
         let peer = socket.peer_addr()?;
-        Ok(TcpCarrier { socket, peer, pending, key: None, out: stream::Outbox::default() })
+        Ok(TcpCarrier {
+            socket,
+            peer,
+            pending,
+            key: None,
+            out: stream::Outbox::default(),
+            inbox: stream::Inbox::default(),
+        })
     }
 
     /// A connection another process accepted and authenticated, handed over.
     pub fn adopt(socket: OwnedFd) -> Result<TcpCarrier, TransportError> {
         let socket = net::TcpStream::from(socket);
         let peer = socket.peer_addr()?;
-        Ok(TcpCarrier { socket, peer, pending: None, key: None, out: stream::Outbox::default() })
+        Ok(TcpCarrier {
+            socket,
+            peer,
+            pending: None,
+            key: None,
+            out: stream::Outbox::default(),
+            inbox: stream::Inbox::default(),
+        })
     }
 
     /// The underlying socket, for tests that must misbehave on the wire.
@@ -143,6 +158,9 @@ impl Carrier for TcpCarrier {
     fn into_socket(mut self: Box<Self>) -> Result<(SocketKind, OwnedFd), TransportError> {
         self.ready()?;
         self.out.flush()?;
+        if self.inbox.has_bytes() {
+            return Err(TransportError::Unsupported("hand over a connection with frames read ahead"));
+        }
         Ok((SocketKind::Tcp, self.socket.into()))
     }
 
@@ -162,13 +180,22 @@ impl Carrier for TcpCarrier {
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
         self.ready()?;
         self.out.flush()?;
-        stream::await_readable(&self.socket);
-        stream::recv(&mut self.socket, payload)
+        if !self.inbox.has_bytes() {
+            stream::await_readable(&self.socket);
+        }
+        self.inbox.recv(&mut self.socket, payload)
+    }
+
+    fn frame_waiting(&self) -> bool {
+        self.inbox.has_bytes()
     }
 
     fn into_lane(mut self: Box<Self>) -> Result<Lane, TransportError> {
         self.ready()?;
         self.out.flush()?;
+        if self.inbox.has_bytes() {
+            return Err(TransportError::Unsupported("carry a lane with frames read ahead"));
+        }
         set_buffers(&self.socket, LANE_BUFFER);
         Ok(Lane::new(self.socket.into()))
     }
@@ -250,6 +277,7 @@ mod tests {
     use hmac::Mac;
     use std::io::{Read, Write};
     use std::time::Instant;
+    use zerocopy::IntoBytes;
 
     fn token(s: &str) -> Token {
         Token::new(s.as_bytes()).unwrap()
@@ -326,6 +354,39 @@ mod tests {
         assert_eq!(seen_by_server, Peer::Remote(c.socket().local_addr().unwrap()));
         assert_eq!(seen_by_server.pid(), None);
         assert!(matches!(c.peer(), Peer::Remote(a) if a.to_string() == host_port));
+    }
+
+    #[test]
+    fn frames_that_arrive_together_are_read_ahead_in_order() {
+        let (l, host_port) = listener(right());
+        let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let sent = big.clone();
+        let server = std::thread::spawn(move || {
+            let mut s = l.accept().unwrap();
+            s.authenticate().unwrap();
+            let (_, fd) = s.into_socket().unwrap();
+            let mut socket = net::TcpStream::from(fd);
+            let mut wire = Vec::new();
+            for (id, payload) in [(1u64, &b"one"[..]), (2, &sent[..]), (3, b"three")] {
+                wire.extend_from_slice(Header::request(Opcode::Hello, id, 0, payload.len()).as_bytes());
+                wire.extend_from_slice(payload);
+            }
+            // Then half a header and the end: not a clean close.
+            wire.extend_from_slice(&Header::request(Opcode::Hello, 4, 0, 0).as_bytes()[..10]);
+            socket.write_all(&wire).unwrap();
+        });
+        let mut c = TcpCarrier::connect(&host_port, &right()).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(c.recv(&mut buf).unwrap().request_id.get(), 1);
+        assert_eq!(buf, b"one");
+        assert!(c.frame_waiting(), "the next frame was read ahead");
+        assert_eq!(c.recv(&mut buf).unwrap().request_id.get(), 2);
+        assert_eq!(buf, big, "a payload larger than the read-ahead arrives whole");
+        assert_eq!(c.recv(&mut buf).unwrap().request_id.get(), 3);
+        assert_eq!(buf, b"three");
+        server.join().unwrap();
+        assert!(matches!(c.recv(&mut buf), Err(TransportError::Io(_))));
+        assert!(Box::new(c).into_lane().is_err(), "a connection with bytes read ahead is not handed over");
     }
 
     #[test]

@@ -74,6 +74,8 @@ impl Carrier for UnixCarrier {
             Some(rings) => stream::recv(&mut rings.reader, payload),
             None => {
                 self.out.flush()?;
+                // Read exactly, never ahead: descriptors ride on the bytes
+                // that follow some replies, and a plain read drops them.
                 stream::await_readable(&self.socket);
                 stream::recv(&mut self.socket, payload)
             }
@@ -247,18 +249,37 @@ mod tests {
             assert_eq!(b.recv(&mut buf).unwrap().request_id.get(), id);
             assert_eq!(buf, [id as u8]);
         }
+        // The first posted frame after a waited one leaves at once, the next is held.
         a.send(&Header::request(Opcode::Hello, 5, 0, 1).posted(), &[5]).unwrap();
+        assert_eq!(b.recv(&mut buf).unwrap().request_id.get(), 5);
+        a.send(&Header::request(Opcode::Hello, 6, 0, 1).posted(), &[6]).unwrap();
         assert!(!readable(&b));
         assert!(flusher.flush().unwrap(), "a flush sends what is held");
         assert!(!a.flush().unwrap(), "and then nothing is");
-        assert_eq!(b.recv(&mut buf).unwrap().request_id.get(), 5);
-        // A posted frame past what may be held leaves at once, after those held.
-        a.send(&Header::request(Opcode::Hello, 6, 0, 1).posted(), &[6]).unwrap();
-        let big = vec![7u8; stream::HOLD_BYTES];
-        a.send(&Header::request(Opcode::Hello, 7, 0, big.len()).posted(), &big).unwrap();
         assert_eq!(b.recv(&mut buf).unwrap().request_id.get(), 6);
+        // A posted frame past what may be held leaves at once, after those held.
+        a.send(&Header::request(Opcode::Hello, 7, 0, 1).posted(), &[7]).unwrap();
+        let big = vec![8u8; stream::HOLD_BYTES];
+        a.send(&Header::request(Opcode::Hello, 8, 0, big.len()).posted(), &big).unwrap();
         assert_eq!(b.recv(&mut buf).unwrap().request_id.get(), 7);
+        assert_eq!(b.recv(&mut buf).unwrap().request_id.get(), 8);
         assert_eq!(buf, big);
+    }
+
+    #[test]
+    fn the_flusher_sleeps_until_a_frame_is_held() {
+        let (mut a, mut b) = UnixCarrier::pair().unwrap();
+        let flusher = a.hold_posted().unwrap().expect("a socket holds posted frames");
+        let waiter = std::thread::spawn(move || {
+            flusher.wait_until_held();
+            flusher.flush().unwrap()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!waiter.is_finished(), "nothing is held yet");
+        a.send(&Header::request(Opcode::Hello, 1, 0, 1).posted(), &[1]).unwrap();
+        assert!(waiter.join().unwrap(), "the held frame woke the flusher, which sent it");
+        let mut buf = Vec::new();
+        assert_eq!(b.recv(&mut buf).unwrap().request_id.get(), 1);
     }
 
     #[test]
