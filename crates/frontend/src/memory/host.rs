@@ -20,8 +20,9 @@
 //!
 //! Without shared memory (the socket carrier, a remote server), host
 //! memory is ordinary memory tracked here, copies carry its bytes, memsets
-//! of it are done here in their stream's order (`memory::memset`), and
-//! mapping it for the device is refused.
+//! and copies that name it as a device address are done here in their
+//! stream's order (`memory::memset`, `copy::dtod`), and mapping it for the
+//! device is refused: no kernel can reach it.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
