@@ -86,29 +86,18 @@ impl TcpCarrier {
     fn new(socket: net::TcpStream, pending: Option<PendingAuth>) -> Result<TcpCarrier, TransportError> {
         socket.set_nodelay(true)?;
         set_buffers(&socket, SOCKET_BUFFER);
-        let peer = socket.peer_addr()?;
-        Ok(TcpCarrier {
-            socket,
-            peer,
-            pending,
-            key: None,
-            out: stream::Outbox::default(),
-            inbox: stream::Inbox::default(),
-        })
+        TcpCarrier::over(socket, pending)
     }
 
     /// A connection another process accepted and authenticated, handed over.
     pub fn adopt(socket: OwnedFd) -> Result<TcpCarrier, TransportError> {
-        let socket = net::TcpStream::from(socket);
+        TcpCarrier::over(net::TcpStream::from(socket), None)
+    }
+
+    fn over(socket: net::TcpStream, pending: Option<PendingAuth>) -> Result<TcpCarrier, TransportError> {
         let peer = socket.peer_addr()?;
-        Ok(TcpCarrier {
-            socket,
-            peer,
-            pending: None,
-            key: None,
-            out: stream::Outbox::default(),
-            inbox: stream::Inbox::default(),
-        })
+        let (out, inbox) = (stream::Outbox::default(), stream::Inbox::default());
+        Ok(TcpCarrier { socket, peer, pending, key: None, out, inbox })
     }
 
     /// The underlying socket, for tests that must misbehave on the wire.

@@ -114,15 +114,17 @@ pub fn lookup(ptr: u64) -> Option<(u64, u64, Option<u64>, bool)> {
 /// Whether all of `[ptr, ptr + len)` is host memory known here that the
 /// server cannot reach (no shared memory: a remote guest's pinned memory).
 pub fn local_only(ptr: u64, len: usize) -> bool {
-    containing(ptr, |start, b| {
-        b.shared.is_none() && ptr.checked_add(len as u64).is_some_and(|end| end <= start + b.size as u64)
-    })
-    .unwrap_or(false)
+    within_one(ptr, len, |b| b.shared.is_none())
 }
 
 /// Whether all of `[ptr, ptr + len)` is in one block of host memory known here.
 pub fn contains_range(ptr: u64, len: usize) -> bool {
-    containing(ptr, |start, b| ptr.checked_add(len as u64).is_some_and(|end| end <= start + b.size as u64))
+    within_one(ptr, len, |_| true)
+}
+
+/// Whether all of `[ptr, ptr + len)` lies in one block known here that `which` accepts.
+fn within_one(ptr: u64, len: usize, which: impl FnOnce(&HostBlock) -> bool) -> bool {
+    containing(ptr, |start, b| which(b) && ptr.checked_add(len as u64).is_some_and(|end| end <= start + b.size as u64))
         .unwrap_or(false)
 }
 
