@@ -274,6 +274,12 @@ done
 if [ -n "${program_of[py/torch_smoke]:-}" ]; then
     compare "lanes/py/torch_smoke" "${program_of[py/torch_smoke]}" ""
 fi
+# Mapped pinned memory with no shared memory: kernels reach it through a
+# block of the server's kept in step with the program's (zero_copy), and a
+# kernel waiting for a flag the host sets is released (host_flag).
+for name in rt/zero_copy.static rt/host_flag.static; do
+    compare "mapped/$name" "${program_of[$name]}" ""
+done
 via=
 
 [ "$part" = all ] && vm_rows

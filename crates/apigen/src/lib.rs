@@ -369,6 +369,7 @@ const TYPES: &[Type] = &[
     Type { name: "Seq<u64>", wire: "Seq<u64>", c: "", from_c: "", to_c: "" },
     Type { name: "AllocProp", wire: "AllocProp", c: "", from_c: "", to_c: "" },
     Type { name: "Seq<AccessDesc>", wire: "Seq<AccessDesc>", c: "", from_c: "", to_c: "" },
+    Type { name: "Seq<MappedRun>", wire: "Seq<MappedRun>", c: "", from_c: "", to_c: "" },
     Type { name: "PoolProps", wire: "PoolProps", c: "", from_c: "", to_c: "" },
     Type { name: "ArrayDesc", wire: "ArrayDesc", c: "", from_c: "", to_c: "" },
     Type { name: "Copy3D", wire: "Copy3D", c: "", from_c: "", to_c: "" },

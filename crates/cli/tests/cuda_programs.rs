@@ -143,6 +143,7 @@ fn device_query() {
 const RUNTIME_UNSUPPORTED: &[(&str, &str)] = &[
     ("managed_kernels", "its kernels reach __managed__ variables by name; the emulated device runs reference kernels"),
     ("ipc", "its child process maps the parent's memory, which one worker's emulated device cannot reach in another's"),
+    ("host_flag", "its kernel waits for the host while the program runs on; the emulated device runs a kernel to its end at launch"),
 ];
 
 /// Runs `runtime/NAME.LINKAGE` (LINKAGE: `static` or `shared` cudart) on an
@@ -305,10 +306,15 @@ fn programs_run_over_tcp_with_the_token() {
     let Some(dir) = programs() else { return };
     let server = TcpServer::start();
     // memsets: those of pinned memory, which the server cannot reach, are
-    // done by the front-end in their stream's order.
-    for (program, expected) in
-        [("copies", "copies.txt"), ("memsets", "memsets.txt"), ("runtime/vector_add.shared", "runtime/vector_add.txt")]
-    {
+    // done by the front-end in their stream's order. zero_copy: kernels
+    // read and write pinned memory through its device address, a block of
+    // the server's kept in step with it.
+    for (program, expected) in [
+        ("copies", "copies.txt"),
+        ("memsets", "memsets.txt"),
+        ("runtime/vector_add.shared", "runtime/vector_add.txt"),
+        ("runtime/zero_copy.static", "runtime/zero_copy.txt"),
+    ] {
         let out = run_to_end(server.run(Some(&server.token), &dir.join(program))).stdout;
         let want = fs::read_to_string(repo_root().join("tests/cuda/expected").join(expected)).expect("expected");
         assert!(out == want, "{program} over TCP:\n{}", diff(&want, &out));

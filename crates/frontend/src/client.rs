@@ -206,6 +206,9 @@ pub fn client() -> Result<&'static Client, CuError> {
     if !INITIALIZED.load(Ordering::Acquire) {
         return Err(CuError::NOT_INITIALIZED);
     }
+    if crate::host_calls::in_host_function() {
+        return Err(CuError::NOT_PERMITTED);
+    }
     connection()
 }
 
@@ -341,13 +344,31 @@ impl Conn {
 
     /// Waits for the reply, with the calling thread's current context.
     pub fn call<C: Call>(&mut self, req: C) -> Result<C::Reply, CuError> {
+        self.before(C::OPCODE);
         let reply = self.exchange(C::OPCODE, context::current(), &codec::encode(&req));
-        if C::OPCODE.reaches_device() {
-            // The device's work this call waited for may have written
-            // ordinary memory a graph copies to.
+        self.waited(C::OPCODE);
+        reply
+    }
+
+    /// Before a call is sent: the device's work it queues or waits for
+    /// sees what the program wrote to memory the device reads through a
+    /// copy of it (a graph's ordinary memory, mapped pinned memory).
+    fn before(&mut self, opcode: Opcode) {
+        if opcode == Opcode::cuGraphLaunch {
+            crate::memory::mirrors::to_device();
+        }
+        if opcode.reaches_device() {
+            crate::memory::mapped::to_device(self);
+        }
+    }
+
+    /// After a waited call: the device's work it waited for may have written
+    /// ordinary memory a graph copies to. (What it wrote to mapped pinned
+    /// memory came before the reply.)
+    fn waited(&mut self, opcode: Opcode) {
+        if opcode.reaches_device() {
             crate::memory::mirrors::from_device();
         }
-        reply
     }
 
     pub fn post<C: Call>(&mut self, req: C) -> Result<(), CuError> {
@@ -357,10 +378,7 @@ impl Conn {
     /// Sends a call; unless it is `posted`, its reply is then due
     /// ([`Conn::await_reply`]) with the id returned.
     pub fn send_call<C: Call>(&mut self, req: C, posted: bool) -> Result<u64, CuError> {
-        if C::OPCODE == Opcode::cuGraphLaunch {
-            // The graph copies from the program's ordinary memory as it is now.
-            crate::memory::mirrors::to_device();
-        }
+        self.before(C::OPCODE);
         let payload = codec::encode(&req);
         let header = self.header(C::OPCODE, context::current(), payload.len());
         let header = if posted { header.posted() } else { header };
@@ -369,7 +387,9 @@ impl Conn {
 
     /// The reply to call `id`, sent by [`Conn::send_call`].
     pub fn await_reply<C: Call>(&mut self, id: u64) -> Result<C::Reply, CuError> {
-        self.recv(C::OPCODE, id)
+        let reply = self.recv(C::OPCODE, id);
+        self.waited(C::OPCODE);
+        reply
     }
 
     /// The connection's bulk lanes, opened on first use; `None` where memory
@@ -567,12 +587,14 @@ impl Conn {
         }
         const HEARTBEAT: u16 = Opcode::Heartbeat as u16;
         const DEVICE_OUTPUT: u16 = Opcode::DeviceOutput as u16;
+        const MAPPED_RUNS: u16 = Opcode::MappedRuns as u16;
         let start = trace::on().then(Instant::now);
         let header = loop {
             let header = self.carrier.recv(&mut self.buf).map_err(|e| self.lose(&e.to_string()))?;
             match header.opcode.get() {
                 HEARTBEAT => continue,
                 DEVICE_OUTPUT => device_output(&self.buf),
+                MAPPED_RUNS => crate::memory::mapped::from_device(&self.buf),
                 _ => break header,
             }
         };

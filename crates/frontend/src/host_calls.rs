@@ -1,8 +1,17 @@
 //! Host functions the server's driver runs in this process: a graph's host
-//! nodes, and host functions launched into a capturing stream. Each is
-//! registered here under a number, which is all the server holds; a thread
-//! of its own answers the server's `HostCall`s, on a connection opened for
-//! them at the first registration, by running the function numbered.
+//! nodes, and host functions launched into a stream. Each is registered
+//! here under a number, which is all the server holds; a thread of its own
+//! answers the server's `HostCall`s, on a connection opened for them at the
+//! first registration, by running the function numbered. The driver holds
+//! the stream until the answer comes, and the program's thread goes on
+//! meanwhile, as natively.
+//!
+//! A graph's functions keep their numbers, since the graph may run them
+//! again. One launched into a stream runs once: its number is given back
+//! as it runs, for the next such launch, so that the server's records stay
+//! as many as run at once. A host function must make no CUDA call (CUDA's
+//! rule): one that does gets `CUDA_ERROR_NOT_PERMITTED` instead of waiting
+//! for a connection its program's thread may hold.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -22,6 +31,25 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 /// Each function and data's number.
 static NUMBERS: Mutex<Option<HashMap<(usize, usize), u64>>> = Mutex::new(None);
 static OPENED: OnceLock<Result<(), CuError>> = OnceLock::new();
+/// Functions launched into a stream, each to run once, and the numbers
+/// free for them.
+static ONCE: Mutex<Once> = Mutex::new(Once { pending: Vec::new(), free: Vec::new() });
+
+struct Once {
+    pending: Vec<(u64, HostFn, usize)>,
+    free: Vec<u64>,
+}
+
+thread_local! {
+    /// Whether this thread runs a host function now.
+    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread runs a host function, where CUDA calls are
+/// not permitted.
+pub fn in_host_function() -> bool {
+    IN_HOST_FN.with(|f| f.get())
+}
 
 fn fns<T>(f: impl FnOnce(&mut HashMap<u64, (HostFn, usize)>) -> T) -> T {
     f(FNS.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashMap::new))
@@ -40,9 +68,26 @@ pub fn register(f: HostFn, data: *mut c_void) -> Result<u64, CuError> {
     Ok(id)
 }
 
-/// What number `id` runs, if registered.
+/// A number for `f(data)`, launched into a stream to run once.
+pub fn register_once(f: HostFn, data: *mut c_void) -> Result<u64, CuError> {
+    (*OPENED.get_or_init(open))?;
+    let mut once = ONCE.lock().unwrap_or_else(PoisonError::into_inner);
+    let id = once.free.pop().unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed));
+    once.pending.push((id, f, data as usize));
+    Ok(id)
+}
+
+/// What number `id` runs, if registered: a graph's function, or the
+/// stream's function waiting under it, whose number is free from now.
 pub fn registered(id: u64) -> Option<(HostFn, *mut c_void)> {
-    fns(|m| m.get(&id).map(|&(f, data)| (f, data as *mut c_void)))
+    if let Some(found) = fns(|m| m.get(&id).map(|&(f, data)| (f, data as *mut c_void))) {
+        return Some(found);
+    }
+    let mut once = ONCE.lock().unwrap_or_else(PoisonError::into_inner);
+    let i = once.pending.iter().position(|&(n, _, _)| n == id)?;
+    let (_, f, data) = once.pending.swap_remove(i);
+    once.free.push(id);
+    Some((f, data as *mut c_void))
 }
 
 fn open() -> Result<(), CuError> {
@@ -65,21 +110,21 @@ fn serve(mut carrier: Box<dyn Carrier>) {
             return log::warn("an undecodable host call; host functions end");
         };
         let posted = header.is_posted();
-        match registered(call.id) {
-            // A user object's destructor: no stream's work is before or
-            // after it, and the server waits for no answer.
-            // SAFETY: the program's function and data, as it gave them.
-            Some((f, data)) if posted => unsafe { f(data) },
-            Some((f, data)) => {
-                // The function sees what the graph's copies wrote to ordinary
-                // memory, and the graph's copies after it see what it wrote.
+        if let Some((f, data)) = registered(call.id) {
+            // A user object's destructor (posted) has no stream's work before
+            // or after it. Another function sees what the graph's copies wrote
+            // to ordinary memory, and the graph's copies after it see what it wrote.
+            if !posted {
                 crate::memory::mirrors::from_device();
-                // SAFETY: the program's function and data, run as CUDA runs a
-                // host function: after the work before it, before the work after.
-                unsafe { f(data) };
+            }
+            IN_HOST_FN.with(|flag| flag.set(true));
+            // SAFETY: the program's function and data, run as CUDA runs a host
+            // function: after the work before it, before the work after.
+            unsafe { f(data) };
+            IN_HOST_FN.with(|flag| flag.set(false));
+            if !posted {
                 crate::memory::mirrors::to_device();
             }
-            None => {}
         }
         if !posted && carrier.send(&Header::reply(&header, 0, 0), &[]).is_err() {
             return;

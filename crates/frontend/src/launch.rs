@@ -549,10 +549,10 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
     })
 }
 
-/// Host functions run in this process, in stream order: the stream's
-/// earlier work is waited for, then the function runs before the call
-/// returns, so nothing queued after it can start early. The caller blocks
-/// for that long, which CUDA allows (only the order is promised).
+/// A callback runs in this process, in stream order: the stream's earlier
+/// work is waited for, then the callback runs before the call returns, so
+/// nothing queued after it can start early. The caller blocks for that
+/// long, which CUDA allows (only the order is promised).
 fn run_in_stream_order(stream: Stream) -> Result<(), CuError> {
     client::call(calls::cuStreamSynchronize::Request { hStream: stream }).map(|_| ())
 }
@@ -568,10 +568,19 @@ fn launch_host_func(stream: Stream, f: Option<HostFn>, user_data: *mut c_void) -
         let id = crate::host_calls::register(f, user_data)?;
         return client::call(calls::LaunchHostFunc::Request { stream, id }).map(drop);
     }
-    run_in_stream_order(stream)?;
-    // SAFETY: the caller's function and data, called as CUDA would.
-    unsafe { f(user_data) };
-    Ok(())
+    // Into a stream, the server's driver runs it once when the stream gets
+    // there, while this thread goes on; posted, as a launch is.
+    match crate::host_calls::register_once(f, user_data) {
+        Ok(id) => client::post(calls::LaunchHostFunc::Request { stream, id }),
+        // No connection for host calls (a server that offers none): it runs
+        // here, after the stream's work, before the call returns.
+        Err(_) => {
+            run_in_stream_order(stream)?;
+            // SAFETY: the caller's function and data, called as CUDA would.
+            unsafe { f(user_data) };
+            Ok(())
+        }
+    }
 }
 
 fn add_callback(

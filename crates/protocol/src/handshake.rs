@@ -69,6 +69,16 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// Bytes one side of a mapped host block (`HostMirror`) changed since
+    /// both sides last agreed: `data` at `offset` of block `block`.
+    pub struct MappedRun {
+        pub block: u64,
+        pub offset: u64,
+        pub data: Vec<u8>,
+    }
+}
+
+wire_struct! {
     /// The reply to `OpenLanes`: how many lane connections to open, the key
     /// each presents in its `JoinLane`, and the bytes per chunk.
     pub struct LaneOffer {
@@ -242,8 +252,60 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// What the device wrote to a guest's mapped host blocks, as runs of
+    /// bytes, while the call this frame precedes ran or before.
+    pub struct MappedRuns {
+        pub runs: Seq<MappedRun>,
+    }
+}
+
+/// Runs of changed bytes gathered into frames' worth, each at most
+/// [`MappedFrames::BYTES`] of data; a longer run is split across frames.
+#[derive(Default)]
+pub struct MappedFrames {
+    pub frames: Vec<Vec<MappedRun>>,
+    bytes: usize,
+}
+
+impl MappedFrames {
+    pub const BYTES: usize = crate::MAX_PAYLOAD / 2;
+
+    /// Adds `data`, changed at `offset` of `block`.
+    pub fn add(&mut self, block: u64, offset: u64, data: &[u8]) {
+        for (i, part) in data.chunks(Self::BYTES).enumerate() {
+            if self.frames.is_empty() || self.bytes + part.len() > Self::BYTES {
+                self.frames.push(Vec::new());
+                self.bytes = 0;
+            }
+            self.bytes += part.len();
+            let offset = offset + (i * Self::BYTES) as u64;
+            let frame = self.frames.last_mut().expect("one pushed above");
+            frame.push(MappedRun { block, offset, data: part.to_vec() });
+        }
+    }
+}
+
+wire_struct! {
     /// The payload of a failed reply.
     pub struct ErrorDetail {
         pub detail: String,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_runs_fill_frames_and_a_long_run_is_split() {
+        let max = MappedFrames::BYTES;
+        let mut out = MappedFrames::default();
+        out.add(1, 0, &[1; 10]);
+        out.add(2, 100, &vec![2; max + 5]);
+        out.add(3, 7, &[3; 4]);
+        let shape: Vec<Vec<(u64, u64, usize)>> =
+            out.frames.iter().map(|f| f.iter().map(|r| (r.block, r.offset, r.data.len())).collect()).collect();
+        assert_eq!(shape, vec![vec![(1, 0, 10)], vec![(2, 100, max)], vec![(2, 100 + max as u64, 5), (3, 7, 4)],]);
+        assert!(MappedFrames::default().frames.is_empty(), "nothing changed, no frame");
     }
 }

@@ -22,9 +22,11 @@
 //! is the CUDA error the caller sees, with an [`ErrorDetail`] for logs.
 //! Before a reply the server may send frames the client did not ask for:
 //! `DeviceOutput` (what the guest's kernels printed while the call ran,
-//! [`DeviceOutput`]) and, while a call runs long, `Heartbeat` (no payload),
-//! which tells a waiting client that the server is alive. Both carry the
-//! request id of the call they precede (a heartbeat may carry 0).
+//! [`DeviceOutput`]), `MappedRuns` (what the device wrote to the guest's
+//! mapped host blocks, [`MappedRuns`]) and, while a call runs long,
+//! `Heartbeat` (no payload), which tells a waiting client that the server
+//! is alive. They carry the request id of the call they precede (a
+//! heartbeat may carry 0).
 //! A request flagged [`POSTED`] gets no reply; its error, if any, answers
 //! the next request that does wait.
 //!

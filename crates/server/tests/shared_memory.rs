@@ -338,3 +338,49 @@ fn random_frames_never_hurt_the_server() {
         panic!("{e}");
     }
 }
+
+/// A remote guest's mapped pinned memory: a block of the server's that the
+/// guest's runs write, whose device-written bytes come before the reply to
+/// the next waited device call, once, and whose bad runs are refused
+/// without touching it.
+#[test]
+fn mapped_blocks_take_the_guests_runs_and_return_the_devices() {
+    use gpuplex_protocol::{MappedRun, Seq};
+    let address = start_server("mapped");
+    let mut c = Client::connect(&address);
+    let mapped = c.call(HostMirror::Request { size: 8192, at: 0 }).unwrap();
+    let run = |offset: u64, data: &[u8]| MappedRun { block: mapped.block, offset, data: data.to_vec() };
+
+    // The guest's bytes reach the device through the block's address.
+    c.call(MappedWrite::Request { runs: Seq(vec![run(100, b"guest"), run(8190, b"!!")]) }).unwrap();
+    let dev = c.alloc(8192);
+    let copy =
+        |dst: DevPtr, src: DevPtr| MemcpyDtoD::Request { dst, src, size: 8192, stream: Stream::NULL, sync: true };
+    c.call(copy(dev, mapped.devptr)).unwrap();
+    let seen = c.read(dev, 8192);
+    assert_eq!((&seen[100..105], &seen[8190..]), (&b"guest"[..], &b"!!"[..]));
+    assert!(c.mapped.is_empty(), "what the guest wrote is not sent back");
+
+    // The device's bytes come back once, as runs of what changed, before
+    // the reply to the call that wrote them.
+    c.write(DevPtr(dev.0 + 4000), b"device");
+    c.call(copy(mapped.devptr, dev)).unwrap();
+    assert_eq!(std::mem::take(&mut c.mapped), vec![run(4000, b"device")]);
+    c.call(cuCtxSynchronize::Request {}).unwrap();
+    assert!(c.mapped.is_empty(), "agreed once sent");
+
+    // Runs outside the block, or of a block not mapped, are refused.
+    for bad in
+        [run(8191, b"ab"), run(u64::MAX, b"a"), run(8193, b""), MappedRun { block: 77, offset: 0, data: vec![1] }]
+    {
+        assert_eq!(err(c.call(MappedWrite::Request { runs: Seq(vec![bad]) })), CuError::INVALID_VALUE);
+    }
+    assert_eq!(err(c.call(HostMirror::Request { size: 2 << 30, at: 0 })), CuError::OUT_OF_MEMORY, "past the budget");
+    c.call(copy(dev, mapped.devptr)).unwrap();
+    assert_eq!(&c.read(dev, 8192)[8190..], b"!!", "a refused run wrote nothing");
+
+    c.call(HostFree::Request { block: mapped.block }).unwrap();
+    assert_eq!(err(c.call(MappedWrite::Request { runs: Seq(vec![run(0, b"x")]) })), CuError::INVALID_VALUE, "freed");
+    c.call(cuCtxSynchronize::Request {}).unwrap();
+    assert!(c.mapped.is_empty());
+}

@@ -3,7 +3,8 @@
 // cudaHostAlloc(cudaHostAllocMapped) and cudaHostRegister(cudaHostRegisterMapped)
 // of malloc'd memory, each with cudaHostGetDevicePointer: a kernel reads and
 // writes host memory through the device pointers, and the host reads the
-// results after cudaDeviceSynchronize, with no copy.
+// results after cudaDeviceSynchronize, with no copy; then small pinned
+// buffers through their host pointers, as unified addressing allows.
 #include "check.h"
 
 #include <cstdlib>
@@ -17,14 +18,14 @@ __global__ void scaleAdd(int *out, const int *in, int scale, int offset, int n) 
 static const int N = 1 << 16;
 static const int THREADS = 256;
 
-// Checks out[i] == in[i] * scale + offset; prints a line with the sum.
-static void check(const char *what, const int *in, const int *out, int scale, int offset) {
+// Checks out[i] == in[i] * scale + offset for i < n; prints a line with the sum.
+static void check(const char *what, const int *in, const int *out, int scale, int offset, int n = N) {
     long long sum = 0;
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < n; i++) {
         EXPECT(out[i] == in[i] * scale + offset, "%s: out[%d] = %d", what, i, out[i]);
         sum += out[i];
     }
-    printf("%s: %d elements ok, sum=%lld\n", what, N, sum);
+    printf("%s: %d elements ok, sum=%lld\n", what, n, sum);
 }
 
 int main() {
@@ -69,6 +70,32 @@ int main() {
     check("cudaHostRegisterMapped", in, plain, -2, 5);
     CHECK(cudaHostUnregister(plain));
     free(plain);
+
+    // Small pinned buffers handed to a kernel as their host pointers, as
+    // unified addressing allows with no cudaHostGetDevicePointer (flags and
+    // counters are used so): allocated, used and freed three times, so that
+    // later rounds may get the memory of earlier ones; in the last round the
+    // host writes the input again after a first kernel.
+    const int SMALL = 1000;
+    for (int round = 0; round < 3; round++) {
+        int *sin, *sout;
+        CHECK(cudaMallocHost(&sin, SMALL * sizeof(int)));
+        CHECK(cudaMallocHost(&sout, SMALL * sizeof(int)));
+        for (int i = 0; i < SMALL; i++) sin[i] = i * (round + 1) - 500;
+        scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);
+        CHECK_LAUNCH();
+        CHECK(cudaDeviceSynchronize());
+        if (round == 2) {
+            for (int i = 0; i < SMALL; i += 2) sin[i] = -i;
+            scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);
+            CHECK_LAUNCH();
+            CHECK(cudaDeviceSynchronize());
+        }
+        printf("round %d: ", round);
+        check("small, host pointer", sin, sout, 7, round, SMALL);
+        CHECK(cudaFreeHost(sin));
+        CHECK(cudaFreeHost(sout));
+    }
 
     CHECK(cudaFree(dev));
     CHECK(cudaFreeHost(in));

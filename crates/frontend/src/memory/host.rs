@@ -16,13 +16,14 @@
 //! swap is invisible; a write by another thread during the swap would be
 //! lost, as it would be if the program freed memory it was using. Other
 //! memory (file mappings, shared memory) is registered only locally: copies
-//! from it are staged, and it has no device pointer.
+//! from it are staged.
 //!
 //! Without shared memory (the socket carrier, a remote server), host
-//! memory is ordinary memory tracked here, copies carry its bytes, memsets
-//! and copies that name it as a device address are done here in their
-//! stream's order (`memory::memset`, `copy::dtod`), and mapping it for the
-//! device is refused: no kernel can reach it.
+//! memory is ordinary memory tracked here, copies carry its bytes, and
+//! memsets and copies that name it as a device address are done here in
+//! their stream's order (`memory::memset`, `copy::dtod`). Memory that has
+//! no shared block gets a device address on request from a block of the
+//! server's kept in step with it (`mapped`), so kernels reach it too.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -179,6 +180,8 @@ fn alloc_host(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CuErr
         // The mapping is the program's now; cuMemFreeHost unmaps it.
         std::mem::forget(region);
         (p.cast::<c_void>(), Some(block))
+    } else if let Some(p) = super::mapped::alloc(size)? {
+        (p as *mut c_void, None)
     } else {
         (anonymous(size)?, None)
     };
@@ -188,7 +191,7 @@ fn alloc_host(pp: *mut *mut c_void, size: usize, flags: u32) -> Result<(), CuErr
     Ok(())
 }
 
-fn anonymous(size: usize) -> Result<*mut c_void, CuError> {
+pub(super) fn anonymous(size: usize) -> Result<*mut c_void, CuError> {
     // SAFETY: an anonymous private mapping; no existing memory is touched.
     let p = unsafe {
         libc::mmap(
@@ -204,6 +207,24 @@ fn anonymous(size: usize) -> Result<*mut c_void, CuError> {
         return Err(CuError::OUT_OF_MEMORY);
     }
     Ok(p)
+}
+
+/// Maps `len` bytes of new anonymous memory at exactly `at`, if nothing is there.
+pub(super) fn anonymous_at(at: u64, len: usize) -> bool {
+    let (rw, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+    // SAFETY: MAP_FIXED_NOREPLACE replaces nothing: the call fails where
+    // anything is mapped in the range.
+    let p = unsafe { libc::mmap(at as *mut c_void, len, rw, flags | libc::MAP_FIXED_NOREPLACE, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    if p as u64 != at {
+        // A kernel older than the flag took it as a hint.
+        // SAFETY: the mapping just made, which nothing uses.
+        unsafe { libc::munmap(p, len) };
+        return false;
+    }
+    true
 }
 
 /// Gives a block back to the server (after which its pages are only ours).
@@ -252,6 +273,9 @@ pub fn free_allocated(p: u64, managed: bool) -> Result<(), CuError> {
         _ => None,
     });
     let block = block.ok_or(CuError::INVALID_VALUE)?;
+    if block.shared.is_none() && super::mapped::release(p) {
+        return Ok(());
+    }
     // SAFETY: the program's mapping of the block (or its anonymous memory),
     // now forgotten here, so nothing refers to it through us.
     unsafe { libc::munmap(p as *mut c_void, block.shared.as_ref().map_or(block.size, |s| s.len as usize)) };
@@ -359,19 +383,15 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(pdptr: *mut u64, p: *mut c
         if flags != 0 {
             return Err(CuError::INVALID_VALUE);
         }
-        let found = containing(p as u64, |_, b| b.device_address(p as u64));
-        match found {
-            Some(Some(dptr)) => {
-                // SAFETY: checked non-NULL; the caller vouches for it.
-                unsafe { write_out(pdptr, dptr) };
-                Ok(())
-            }
-            Some(None) => {
-                crate::log::warn("cuMemHostGetDevicePointer: host memory is mapped for the device only with shared memory (a local server)");
-                Err(CuError::NOT_SUPPORTED)
-            }
-            None => Err(CuError::INVALID_VALUE),
-        }
+        let found = containing(p as u64, |start, b| (start, b.size, b.device_address(p as u64)));
+        let dptr = match found {
+            Some((_, _, Some(dptr))) => dptr,
+            Some((start, size, None)) => super::mapped::device_address(start, size, p as u64)?,
+            None => return Err(CuError::INVALID_VALUE),
+        };
+        // SAFETY: checked non-NULL; the caller vouches for it.
+        unsafe { write_out(pdptr, dptr) };
+        Ok(())
     })
 }
 
@@ -522,9 +542,14 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
             _ => None,
         });
         let block = block.ok_or(NOT_REGISTERED)?;
-        if let Some(shared) = block.shared {
-            unshare_in_place(&shared);
-            release(shared);
+        match block.shared {
+            Some(shared) => {
+                unshare_in_place(&shared);
+                release(shared);
+            }
+            None => {
+                super::mapped::release(p as u64);
+            }
         }
         Ok(())
     })

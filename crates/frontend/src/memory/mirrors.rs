@@ -157,7 +157,7 @@ impl Mirror {
 }
 
 /// Reads this process's memory at `addr`, failing instead of faulting.
-fn read_own(addr: u64, out: &mut [u8]) -> bool {
+pub(super) fn read_own(addr: u64, out: &mut [u8]) -> bool {
     let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: out.len() };
     let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: out.len() };
     // SAFETY: `local` is our buffer; the kernel checks `remote` and fails
@@ -167,7 +167,7 @@ fn read_own(addr: u64, out: &mut [u8]) -> bool {
 }
 
 /// Writes this process's memory at `addr`, failing instead of faulting.
-fn write_own(addr: u64, data: &[u8]) -> bool {
+pub(super) fn write_own(addr: u64, data: &[u8]) -> bool {
     let local = libc::iovec { iov_base: data.as_ptr().cast_mut().cast(), iov_len: data.len() };
     let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: data.len() };
     // SAFETY: as for reading; the range is the program's memory that a

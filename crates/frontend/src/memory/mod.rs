@@ -15,6 +15,7 @@ mod host;
 mod ipc;
 pub mod lanes;
 pub mod managed;
+pub(crate) mod mapped;
 mod mem_ops;
 pub mod mirrors;
 mod parallel;

@@ -202,6 +202,7 @@ impl HostMemoryCalls for Session {
 
     fn HostFree(&mut self, req: calls::HostFree::Request) -> R<calls::HostFree::Reply> {
         let block = self.shared.free(&*self.backend, req.block)?;
+        self.mapped.forget(req.block);
         self.tables.remove_region(block.devptr);
         if self.made_graphs {
             block.region.unmap_leaving_guard();

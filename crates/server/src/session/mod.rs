@@ -24,6 +24,7 @@ mod launcher;
 mod line;
 mod link;
 mod managed;
+mod mapped;
 mod memory;
 mod modules;
 mod nodes;
@@ -43,7 +44,7 @@ use std::sync::Arc;
 
 use gpuplex_protocol::{
     codec, dispatch, CallError, Ctx, CuError, DecodeError, DeviceInfo, DeviceOutput, ErrorDetail, Header, Hello,
-    InPlace, Opcode, Seq, Welcome, LANES_VERSION, MAX_PAYLOAD, UNSOLICITED_VERSION,
+    InPlace, MappedRuns, Opcode, Seq, Welcome, LANES_VERSION, MAX_PAYLOAD, UNSOLICITED_VERSION,
 };
 use gpuplex_transport::shm::Side;
 use gpuplex_transport::{Carrier, TransportError};
@@ -109,6 +110,8 @@ pub struct Session {
     device_output: bool,
     lane_key: LaneKey,
     shared: shared::Shared,
+    /// A remote guest's pinned memory that its kernels reach.
+    mapped: mapped::Mapped,
     /// Pinned memory for short device-to-host reads.
     scratch: scratch::Scratch,
     /// Bulk lanes, once the client opened them.
@@ -191,6 +194,7 @@ impl Session {
             device_output: guest.device_output,
             lane_key: guest.lane_key,
             shared: shared::Shared::new(),
+            mapped: mapped::Mapped::default(),
             scratch: scratch::Scratch::default(),
             lanes: None,
             fd_after_reply: None,
@@ -284,7 +288,12 @@ impl Session {
                 self.drain_launches();
             }
             match opcode {
-                Opcode::Hello | Opcode::JoinLane | Opcode::Heartbeat | Opcode::DeviceOutput | Opcode::HostCall => {
+                Opcode::Hello
+                | Opcode::JoinLane
+                | Opcode::Heartbeat
+                | Opcode::DeviceOutput
+                | Opcode::MappedRuns
+                | Opcode::HostCall => {
                     return Err(SessionError::Protocol(format!("{} inside a session", opcode.name())))
                 }
                 Opcode::ServerInfo | Opcode::Status => {
@@ -332,6 +341,9 @@ impl Session {
                     };
                     let carrier = line.carrier();
                     self.send_device_output(carrier, &header)?;
+                    if call.reaches_device() {
+                        self.send_mapped_runs(carrier, &header)?;
+                    }
                     match outcome {
                         Ok(reply) => {
                             send_reply(carrier, &header, &reply)?;
@@ -402,6 +414,17 @@ impl Session {
                     Header { opcode: (Opcode::DeviceOutput as u16).into(), ..Header::reply(to, 0, payload.len()) };
                 carrier.send(&header, &payload)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Sends what the device wrote to the guest's mapped host blocks, ahead
+    /// of the reply to a waited call that reaches the device (see [`mapped`]).
+    fn send_mapped_runs(&mut self, carrier: &mut dyn Carrier, to: &Header) -> Result<(), TransportError> {
+        for runs in self.mapped.changes(&self.shared) {
+            let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
+            let header = Header { opcode: (Opcode::MappedRuns as u16).into(), ..Header::reply(to, 0, payload.len()) };
+            carrier.send(&header, &payload)?;
         }
         Ok(())
     }

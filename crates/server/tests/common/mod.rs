@@ -75,6 +75,8 @@ pub struct Client {
     pub next: u64,
     pub ctx: Ctx,
     pub thread: u64,
+    /// What `MappedRuns` frames before replies brought.
+    pub mapped: Vec<gpuplex_protocol::MappedRun>,
 }
 
 impl Client {
@@ -97,7 +99,7 @@ impl Client {
         carrier.recv(&mut buf).unwrap();
         let welcome: Welcome = codec::decode(&buf).unwrap();
         assert_eq!(welcome.backend, "emulated");
-        let mut c = Client { carrier, next: 2, ctx: Ctx(0), thread: 1 };
+        let mut c = Client { carrier, next: 2, ctx: Ctx(0), thread: 1, mapped: Vec::new() };
         c.ctx = c.call(cuDevicePrimaryCtxRetain::Request { dev: 0 }).unwrap().pctx;
         c
     }
@@ -119,11 +121,16 @@ impl Client {
 
     pub fn reply_detail<C: Call>(&mut self) -> Result<C::Reply, (CuError, String)> {
         let mut buf = Vec::new();
-        // A call that runs long is preceded by heartbeats.
+        // A call that runs long is preceded by heartbeats; one that reached
+        // the device, by what it wrote to mapped host blocks.
         let h = loop {
             let h = self.carrier.recv(&mut buf).unwrap();
-            if h.opcode.get() != Opcode::Heartbeat as u16 {
-                break h;
+            match h.opcode.get() {
+                op if op == Opcode::Heartbeat as u16 => {}
+                op if op == Opcode::MappedRuns as u16 => {
+                    self.mapped.extend(codec::decode::<gpuplex_protocol::MappedRuns>(&buf).unwrap().runs.0)
+                }
+                _ => break h,
             }
         };
         assert_eq!(h.request_id.get(), self.next, "a reply to another request");
