@@ -81,6 +81,12 @@ int main() {
         int *sin, *sout;
         CHECK(cudaMallocHost(&sin, SMALL * sizeof(int)));
         CHECK(cudaMallocHost(&sout, SMALL * sizeof(int)));
+        if (round == 0) {
+            cudaPointerAttributes a;
+            CHECK(cudaPointerGetAttributes(&a, sin));
+            printf("small: host memory: %s, its device pointer is its host pointer: %s\n",
+                   yes_no(a.type == cudaMemoryTypeHost), yes_no(a.devicePointer == sin && a.hostPointer == sin));
+        }
         for (int i = 0; i < SMALL; i++) sin[i] = i * (round + 1) - 500;
         scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);
         CHECK_LAUNCH();

@@ -109,7 +109,11 @@ pub fn block_address(id: u64, offset: u64) -> Option<u64> {
 /// The host memory known here that holds `ptr`: `(start, size, device
 /// address of ptr if mapped, whether it is managed memory)`.
 pub fn lookup(ptr: u64) -> Option<(u64, u64, Option<u64>, bool)> {
-    containing(ptr, |start, b| (start, b.size as u64, b.device_address(ptr), b.managed))
+    let (start, size, devptr, managed, shared) =
+        containing(ptr, |start, b| (start, b.size as u64, b.device_address(ptr), b.managed, b.shared.is_some()))?;
+    // Without shared memory, a range is mapped once the server holds a block for it.
+    let devptr = if shared { devptr } else { super::mapped::mapped_address(start, ptr) };
+    Some((start, size, devptr, managed))
 }
 
 /// Whether all of `[ptr, ptr + len)` is host memory known here that the

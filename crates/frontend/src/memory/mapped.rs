@@ -168,6 +168,15 @@ pub fn device_address(start: u64, size: usize, ptr: u64) -> Result<u64, CuError>
     Ok(devptr + (ptr - start))
 }
 
+/// The device address of `ptr` in the range at `start`, if it is mapped:
+/// asking maps nothing.
+pub fn mapped_address(start: u64, ptr: u64) -> Option<u64> {
+    if !ANY.load(Ordering::Acquire) {
+        return None;
+    }
+    state().live.iter().find(|m| m.start == start).map(|m| m.devptr + (ptr - start))
+}
+
 /// Ends the mapping of the range at `start`, before the program's memory
 /// is freed or unregistered. True where the memory is kept mapped for a
 /// later allocation: the caller must leave it be.
