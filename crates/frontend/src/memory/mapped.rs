@@ -41,9 +41,11 @@ use super::host::PAGE;
 use super::mirrors::{read_own, write_own};
 use crate::client::{self, Conn};
 
-/// Pinned allocations up to this size are mapped from the start: comparing
-/// them at every device call costs little.
-const EAGER_BYTES: usize = 64 << 10;
+/// Pinned allocations up to this size are mapped from the start, at most
+/// this many at once: every device call compares them, so only flags and
+/// counters are, not the staging buffers some programs keep by the hundred.
+const EAGER_BYTES: usize = 4 << 10;
+const EAGER_LIVE: usize = 32;
 /// Addresses tried for one small allocation before it goes unmapped.
 const TRIES: usize = 4;
 /// Freed small allocations kept for reuse, at most.
@@ -66,7 +68,6 @@ struct Mapping {
     small: bool,
 }
 
-#[derive(Default)]
 struct State {
     live: Vec<Mapping>,
     /// Freed small allocations, still mapped here and in the server.
@@ -106,6 +107,9 @@ pub fn alloc(size: usize) -> Result<Option<u64>, CuError> {
     let mut conn = client::lock()?;
     {
         let mut state = state();
+        if state.live.iter().filter(|m| m.small).count() >= EAGER_LIVE {
+            return Ok(None);
+        }
         if let Some(i) = state.kept.iter().position(|m| m.agreed.len() == len) {
             let m = state.kept.swap_remove(i);
             let at = m.start;
@@ -119,7 +123,8 @@ pub fn alloc(size: usize) -> Result<Option<u64>, CuError> {
     let mut held = Vec::new();
     let mut placed = None;
     while placed.is_none() && held.len() < TRIES {
-        let at = super::host::anonymous(len)? as u64;
+        let Ok(at) = super::host::anonymous(len) else { break };
+        let at = at as u64;
         held.push(at);
         let Ok(reply) = conn.call(calls::HostMirror::Request { size: len as u64, at }) else { break };
         let theirs = reply.devptr.0;
