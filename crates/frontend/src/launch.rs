@@ -90,6 +90,20 @@ fn max_dynamic_shared(func: u64) -> Result<u64, CuError> {
     Ok(memo::FUNCTIONS.keep(memo::group_of(func), req)?.pi.max(0) as u64)
 }
 
+/// Whether the driver is sure to take `func` launched so, with `params`
+/// bytes of parameters, in the current context: what lets a kernel node's
+/// change be posted as a launch is.
+pub(crate) fn surely_launchable(
+    func: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    params: usize,
+) -> Result<bool, CuError> {
+    let g = Grid { grid, block, shared_mem, stream: Stream::NULL };
+    surely_accepted(func, &*info(func)?, &g, params)
+}
+
 /// Whether the driver is sure to accept this launch (so it can be posted).
 fn surely_accepted(func: u64, info: &FuncInfo, g: &Grid, params: usize) -> Result<bool, CuError> {
     let Some([threads, bx, by, bz, gx, gy, gz]) = device_limits()? else {
