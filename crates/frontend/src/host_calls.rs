@@ -18,7 +18,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use gpuplex_protocol::{codec, CuError, Header, HostCallRun, Opcode};
+use gpuplex_protocol::{codec, CuError, Header, HostCallRun, MappedRuns, Opcode, Seq};
 use gpuplex_transport::Carrier;
 
 use crate::{client, log};
@@ -103,6 +103,11 @@ fn serve(mut carrier: Box<dyn Carrier>) {
     gpuplex_transport::block_sigpipe_on_this_thread();
     let mut buf = Vec::new();
     while let Ok(header) = carrier.recv(&mut buf) {
+        // What the device wrote to mapped pinned memory, before the function.
+        if header.opcode.get() == Opcode::MappedRuns as u16 {
+            crate::memory::mapped::from_device(&buf);
+            continue;
+        }
         if header.opcode.get() != Opcode::HostCall as u16 {
             return log::warn("the server sent something other than a host call; host functions end");
         }
@@ -110,6 +115,9 @@ fn serve(mut carrier: Box<dyn Carrier>) {
             return log::warn("an undecodable host call; host functions end");
         };
         let posted = header.is_posted();
+        if !posted {
+            crate::memory::mapped::host_function(true);
+        }
         if let Some((f, data)) = registered(call.id) {
             // A user object's destructor (posted) has no stream's work before
             // or after it. Another function sees what the graph's copies wrote
@@ -126,8 +134,22 @@ fn serve(mut carrier: Box<dyn Carrier>) {
                 crate::memory::mirrors::to_device();
             }
         }
-        if !posted && carrier.send(&Header::reply(&header, 0, 0), &[]).is_err() {
-            return;
+        if !posted {
+            let answered = answer(&mut *carrier, &header);
+            crate::memory::mapped::host_function(false);
+            if answered.is_err() {
+                return;
+            }
         }
     }
+}
+
+/// Answers a host call, after what the function wrote to mapped pinned
+/// memory, which the device's work after it reads.
+fn answer(carrier: &mut dyn Carrier, call: &Header) -> Result<(), gpuplex_transport::TransportError> {
+    for runs in crate::memory::mapped::program_changes() {
+        let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
+        carrier.send(&Header::request(Opcode::MappedRuns, call.request_id.get(), 0, payload.len()), &payload)?;
+    }
+    carrier.send(&Header::reply(call, 0, 0), &[])
 }

@@ -15,6 +15,20 @@ __global__ void scaleAdd(int *out, const int *in, int scale, int offset, int n) 
     if (i < n) out[i] = in[i] * scale + offset;
 }
 
+// What a host function between two kernels saw of the first's output
+// (out[5]) before it wrote the second's input (in[5] = 1000).
+struct HostSeen {
+    const int *out;
+    int *in;
+    int saw;
+};
+
+static void CUDART_CB seeAndWrite(void *p) {
+    HostSeen *s = (HostSeen *)p;
+    s->saw = s->out[5];
+    s->in[5] = 1000;
+}
+
 static const int N = 1 << 16;
 static const int THREADS = 256;
 
@@ -91,6 +105,17 @@ int main() {
         scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);
         CHECK_LAUNCH();
         CHECK(cudaDeviceSynchronize());
+        if (round == 1) {
+            // A host function between two kernels sees what the first wrote,
+            // and the second sees what it wrote.
+            HostSeen seen = {sout, sin, 0};
+            CHECK(cudaLaunchHostFunc(0, seeAndWrite, &seen));
+            scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);
+            CHECK_LAUNCH();
+            CHECK(cudaDeviceSynchronize());
+            printf("host function between kernels: saw the first's output: %s\n",
+                   yes_no(seen.saw == (5 * 2 - 500) * 7 + 1));
+        }
         if (round == 2) {
             for (int i = 0; i < SMALL; i += 2) sin[i] = -i;
             scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);

@@ -24,8 +24,8 @@
 //! neither undoes a newer write of the other's. While such memory exists,
 //! a device call costs a compare of it on each side, and no round trip;
 //! a write of the program's while a kernel runs, with no call after it, is
-//! not seen. A host function the stream runs does not see what the device
-//! wrote before it either: that comes with the reply the program waits for.
+//! not seen. A host function the stream runs gets what the device wrote
+//! before it on its own connection, and its writes go back with its answer.
 //!
 //! Freed small allocations keep their pages and blocks for the next ones:
 //! some programs (XLA) allocate and free a few bytes of pinned memory every
@@ -72,11 +72,25 @@ struct State {
     live: Vec<Mapping>,
     /// Freed small allocations, still mapped here and in the server.
     kept: Vec<Mapping>,
+    /// Host functions running ([`host_function`]).
+    host_functions: usize,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { live: Vec::new(), kept: Vec::new() });
+static STATE: Mutex<State> = Mutex::new(State { live: Vec::new(), kept: Vec::new(), host_functions: 0 });
 /// Whether any mapping is live: what every device call checks first.
 static ANY: AtomicBool = AtomicBool::new(false);
+
+/// Marks a host function running (`true`) or answered (`false`). What the
+/// program writes meanwhile goes with the function's answer, which the
+/// device's work after it waits for, rather than on the main connection,
+/// which the server may read too late.
+pub fn host_function(running: bool) {
+    let mut state = state();
+    match running {
+        true => state.host_functions += 1,
+        false => state.host_functions = state.host_functions.saturating_sub(1),
+    }
+}
 
 fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(PoisonError::into_inner)
@@ -211,12 +225,29 @@ pub fn release(start: u64) -> bool {
 /// Before a call that reaches the device: what the program wrote, to the
 /// server's blocks (posted, ahead of the call).
 pub fn to_device(conn: &mut Conn) {
+    for runs in changes(false) {
+        // An error comes back with the next waited call; a lost connection ends it.
+        let _ = conn.post(calls::MappedWrite::Request { runs: Seq(runs) });
+    }
+}
+
+/// For a host function's answer: what the program wrote since the two
+/// sides last agreed, as frames' worth of runs; they agree on it from now.
+pub fn program_changes() -> Vec<Vec<MappedRun>> {
+    changes(true)
+}
+
+fn changes(for_host_function: bool) -> Vec<Vec<MappedRun>> {
     if !ANY.load(Ordering::Acquire) {
-        return;
+        return Vec::new();
+    }
+    let mut state = state();
+    if !for_host_function && state.host_functions > 0 {
+        return Vec::new();
     }
     let mut out = MappedFrames::default();
     let mut now = Vec::new();
-    for m in state().live.iter_mut() {
+    for m in state.live.iter_mut() {
         now.resize(m.size, 0);
         if !m.read(m.start, &mut now) {
             // Registered memory the program unmapped: the device keeps what it had.
@@ -228,21 +259,18 @@ pub fn to_device(conn: &mut Conn) {
             out.add(m.block, (m.offset + start) as u64, &now[start..start + n]);
         }
     }
-    for runs in out.frames {
-        // An error comes back with the next waited call; a lost connection ends it.
-        let _ = conn.post(calls::MappedWrite::Request { runs: Seq(runs) });
-    }
+    out.frames
 }
 
-/// Before the reply to a waited call that reached the device: what the
-/// device wrote (a `MappedRuns` frame), into the program's memory where the
-/// program has not written since.
+/// Before the reply to a waited call that reached the device, or before a
+/// host function: what the device wrote (a `MappedRuns` frame), into the
+/// program's memory where the program has not written since.
 pub fn from_device(payload: &[u8]) {
     let Ok(frame) = codec::decode::<MappedRuns>(payload) else {
         return crate::log::warn("undecodable mapped memory from the server");
     };
     let mut state = state();
-    let State { live, kept } = &mut *state;
+    let State { live, kept, .. } = &mut *state;
     for run in &frame.runs.0 {
         if let Some(m) = live.iter_mut().chain(kept.iter_mut()).find(|m| m.block == run.block) {
             m.take(run);

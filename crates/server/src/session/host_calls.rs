@@ -16,11 +16,14 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, HostCallRun, LaneJoin, Opcode};
+use gpuplex_protocol::{
+    codec, CallError, CuError, ErrorDetail, Header, HostCallRun, LaneJoin, MappedRuns, Opcode, Seq,
+};
 use gpuplex_transport::{Carrier, Peer, TransportError};
 use tracing::{debug, warn};
 
 use super::lanes::{same_origin, Hubs};
+use super::mapped::Mapped;
 use crate::backend::HostFn;
 
 /// A session's connection for host calls.
@@ -33,10 +36,14 @@ pub struct HostCalls {
     socket: Mutex<Option<OwnedFd>>,
     connected: AtomicBool,
     next: AtomicU64,
+    /// The session's mapped blocks: what the device wrote to them goes to
+    /// the guest before a host function, what the function wrote comes back
+    /// with its answer.
+    mapped: Mapped,
 }
 
 impl HostCalls {
-    pub fn new(session: u64, peer: Peer) -> HostCalls {
+    pub fn new(session: u64, peer: Peer, mapped: Mapped) -> HostCalls {
         HostCalls {
             session,
             peer,
@@ -44,6 +51,7 @@ impl HostCalls {
             socket: Mutex::new(None),
             connected: AtomicBool::new(false),
             next: AtomicU64::new(1),
+            mapped,
         }
     }
 
@@ -92,7 +100,11 @@ impl HostCalls {
             return;
         }
         let mut reply = Vec::new();
-        let answered = match carrier.send(&header, &payload).and_then(|()| carrier.recv(&mut reply)) {
+        let answered = match self
+            .send_mapped(&mut **carrier, request)
+            .and_then(|()| carrier.send(&header, &payload))
+            .and_then(|()| self.recv_answer(&mut **carrier, &mut reply))
+        {
             Ok(h) if h.request_id.get() == request && h.status.get() == 0 => true,
             Ok(_) => {
                 warn!(session = self.session, "the guest answered a host call wrongly; no more host calls");
@@ -106,6 +118,33 @@ impl HostCalls {
         if !answered {
             *channel = None;
             self.connected.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl HostCalls {
+    /// What the device wrote to mapped blocks, ahead of a host function.
+    fn send_mapped(&self, carrier: &mut dyn Carrier, request: u64) -> Result<(), TransportError> {
+        for runs in self.mapped.changes() {
+            let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
+            carrier.send(&Header::request(Opcode::MappedRuns, request, 0, payload.len()), &payload)?;
+        }
+        Ok(())
+    }
+
+    /// The guest's answer, after what its function wrote to mapped memory.
+    fn recv_answer(&self, carrier: &mut dyn Carrier, buf: &mut Vec<u8>) -> Result<Header, TransportError> {
+        loop {
+            let h = carrier.recv(buf)?;
+            if h.opcode.get() != Opcode::MappedRuns as u16 {
+                return Ok(h);
+            }
+            let written = codec::decode::<MappedRuns>(buf)
+                .map_err(|e| e.to_string())
+                .and_then(|m| self.mapped.write(m.runs.0).map_err(|e| e.detail));
+            if let Err(why) = written {
+                warn!(session = self.session, "mapped memory from a host function refused: {why}");
+            }
         }
     }
 }

@@ -10,11 +10,11 @@
 //! costs a compare of the blocks per such call, and no round trip.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use gpuplex_protocol::{calls, CallError, CuError, DevPtr, MappedFrames, MappedHostCalls, MappedRun};
 use gpuplex_transport::shm::differing_runs;
 
-use super::shared::Shared;
 use super::tables::{Owner, Region};
 use super::{invalid, Session};
 
@@ -25,37 +25,78 @@ type R<T> = Result<T, CallError>;
 /// counters and small zero-copy buffers, not bulk data.
 const BUDGET: u64 = 1 << 30;
 
-/// What the guest and this side last agreed each mapped block holds.
-#[derive(Default)]
-pub struct Mapped {
-    agreed: HashMap<u64, Vec<u8>>,
+/// A block's memory here, and what the guest and this side last agreed it holds.
+struct Block {
+    memory: usize,
+    agreed: Vec<u8>,
 }
 
+/// The session's mapped blocks, shared with the driver's threads that run
+/// the guest's host functions: the guest's function sees what the device
+/// wrote before it, and the device's work after it what the function wrote.
+#[derive(Clone, Default)]
+pub struct Mapped(Arc<Mutex<HashMap<u64, Block>>>);
+
 impl Mapped {
-    /// Forgets block `id` (freed), if it was a mapped one.
-    pub fn forget(&mut self, id: u64) {
-        self.agreed.remove(&id);
+    fn blocks(&self) -> MutexGuard<'_, HashMap<u64, Block>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets block `id` (to be freed), if it was a mapped one.
+    pub fn forget(&self, id: u64) {
+        self.blocks().remove(&id);
+    }
+
+    /// Forgets every block, before they are freed.
+    pub fn clear(&self) {
+        self.blocks().clear();
     }
 
     fn bytes(&self) -> u64 {
-        self.agreed.values().map(|a| a.len() as u64).sum()
+        self.blocks().values().map(|b| b.agreed.len() as u64).sum()
     }
 
     /// What the device changed in the blocks since the guest and this side
     /// last agreed, as frames' worth of runs; they agree on it from now.
-    pub fn changes(&mut self, shared: &Shared) -> Vec<Vec<MappedRun>> {
+    pub fn changes(&self) -> Vec<Vec<MappedRun>> {
         let mut out = MappedFrames::default();
-        for (&block, agreed) in &mut self.agreed {
-            let Some(memory) = shared.memory(block) else { continue };
-            // SAFETY: the block's live mapping, as long as its agreed copy.
-            // The device may be writing it: the copy is what it held then.
-            let now = unsafe { std::slice::from_raw_parts(memory, agreed.len()) }.to_vec();
-            for (start, n) in differing_runs(agreed, &now) {
-                agreed[start..start + n].copy_from_slice(&now[start..start + n]);
-                out.add(block, start as u64, &now[start..start + n]);
+        for (&id, block) in self.blocks().iter_mut() {
+            // SAFETY: the block's live mapping, as long as its agreed copy
+            // (blocks are forgotten before they are freed). The device may
+            // be writing it: the copy is what it held then.
+            let now = unsafe { std::slice::from_raw_parts(block.memory as *const u8, block.agreed.len()) }.to_vec();
+            for (start, n) in differing_runs(&block.agreed, &now) {
+                block.agreed[start..start + n].copy_from_slice(&now[start..start + n]);
+                out.add(id, start as u64, &now[start..start + n]);
             }
         }
         out.frames
+    }
+
+    /// Takes what the guest wrote, each run checked against its block first.
+    pub fn write(&self, runs: Vec<MappedRun>) -> Result<(), CallError> {
+        let mut blocks = self.blocks();
+        for run in runs {
+            let block = blocks.get_mut(&run.block);
+            let block = block.ok_or_else(|| invalid(format!("host block {} is not mapped", run.block)))?;
+            let len = block.agreed.len();
+            let start = usize::try_from(run.offset).ok().filter(|&s| s <= len);
+            let range = start.and_then(|s| Some(s..s.checked_add(run.data.len()).filter(|&e| e <= len)?));
+            let range = range.ok_or_else(|| {
+                invalid(format!("{} bytes at {} are outside host block {}", run.data.len(), run.offset, run.block))
+            })?;
+            // SAFETY: a range of the block's live mapping, checked against
+            // its length above (the agreed copy is as long as the block).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    run.data.as_ptr(),
+                    (block.memory as *mut u8).add(range.start),
+                    run.data.len(),
+                )
+            };
+            block.agreed[range].copy_from_slice(&run.data);
+        }
+        Ok(())
     }
 }
 
@@ -67,28 +108,15 @@ impl MappedHostCalls for Session {
         }
         let (_, ctx) = self.current_ctx()?;
         let (block, host) = self.shared.alloc(&*self.backend, ctx, req.size, req.at)?;
-        let devptr = host.devptr;
+        let (devptr, memory) = (host.devptr, host.region.as_ptr() as usize);
         // A fresh block is zeros, which is what the guest starts from too.
-        self.mapped.agreed.insert(block, vec![0; req.size as usize]);
+        self.mapped.blocks().insert(block, Block { memory, agreed: vec![0; req.size as usize] });
         self.tables.add_region(devptr, Region { size: req.size, ctx: 0, owner: Some(Owner::HostBlock(block)) });
         Ok(calls::HostMirror::Reply { block, devptr: DevPtr(devptr) })
     }
 
     fn MappedWrite(&mut self, req: calls::MappedWrite::Request) -> R<calls::MappedWrite::Reply> {
-        for run in req.runs.0 {
-            let agreed = self.mapped.agreed.get_mut(&run.block);
-            let agreed = agreed.ok_or_else(|| invalid(format!("host block {} is not mapped", run.block)))?;
-            let start = usize::try_from(run.offset).ok().filter(|&s| s <= agreed.len());
-            let range = start.and_then(|s| Some(s..s.checked_add(run.data.len()).filter(|&e| e <= agreed.len())?));
-            let range = range.ok_or_else(|| {
-                invalid(format!("{} bytes at {} are outside host block {}", run.data.len(), run.offset, run.block))
-            })?;
-            let memory = self.shared.memory(run.block).ok_or_else(|| invalid("a mapped block without memory"))?;
-            // SAFETY: a range of the block's live mapping, checked against
-            // its length above (the agreed copy is as long as the block).
-            unsafe { std::ptr::copy_nonoverlapping(run.data.as_ptr(), memory.add(range.start), run.data.len()) };
-            agreed[range].copy_from_slice(&run.data);
-        }
+        self.mapped.write(req.runs.0)?;
         Ok(calls::MappedWrite::Reply {})
     }
 }

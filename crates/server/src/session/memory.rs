@@ -201,8 +201,9 @@ impl HostMemoryCalls for Session {
     }
 
     fn HostFree(&mut self, req: calls::HostFree::Request) -> R<calls::HostFree::Reply> {
-        let block = self.shared.free(&*self.backend, req.block)?;
+        // Forgotten first: a host function's thread may read mapped blocks.
         self.mapped.forget(req.block);
+        let block = self.shared.free(&*self.backend, req.block)?;
         self.tables.remove_region(block.devptr);
         if self.made_graphs {
             block.region.unmap_leaving_guard();

@@ -421,7 +421,7 @@ impl Session {
     /// Sends what the device wrote to the guest's mapped host blocks, ahead
     /// of the reply to a waited call that reaches the device (see [`mapped`]).
     fn send_mapped_runs(&mut self, carrier: &mut dyn Carrier, to: &Header) -> Result<(), TransportError> {
-        for runs in self.mapped.changes(&self.shared) {
+        for runs in self.mapped.changes() {
             let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
             let header = Header { opcode: (Opcode::MappedRuns as u16).into(), ..Header::reply(to, 0, payload.len()) };
             carrier.send(&header, &payload)?;
@@ -500,7 +500,7 @@ impl Session {
             let again = CallError::new(CuError::INVALID_VALUE, "host calls are open already");
             return Ok(reply_error(carrier, header, again)?);
         }
-        let calls = Arc::new(host_calls::HostCalls::new(self.id, carrier.peer()));
+        let calls = Arc::new(host_calls::HostCalls::new(self.id, carrier.peer(), self.mapped.clone()));
         hubs.host_calls().insert(self.lane_key, calls.clone());
         self.host_calls = Some(calls);
         Ok(send_reply(carrier, header, &codec::encode(&gpuplex_protocol::HostCallsOffer { key: self.lane_key }))?)
@@ -532,6 +532,8 @@ impl Drop for Session {
         if let Some(calls) = &self.host_calls {
             calls.close();
         }
+        // Nothing reads the mapped blocks once they go below.
+        self.mapped.clear();
         // No launch may still run, and no stream be timed, while its context goes.
         self.launcher.stop();
         self.seat.stop();

@@ -275,11 +275,6 @@ impl Shared {
         Ok(HostRange { ptr: unsafe { base.add(offset as usize) }, slot })
     }
 
-    /// Where host block `id` (not the staging area) is mapped here.
-    pub fn memory(&self, id: u64) -> Option<*mut u8> {
-        self.blocks.get(&id).map(|b| b.region.as_ptr())
-    }
-
     /// The host block (not the staging area) holding `ptr` in this process,
     /// as `(block, offset)`.
     pub fn block_at(&self, ptr: u64) -> Option<(u64, u64)> {
