@@ -116,7 +116,7 @@ fn serve(mut carrier: Box<dyn Carrier>) {
         };
         let posted = header.is_posted();
         if !posted {
-            crate::memory::mapped::host_function(true);
+            crate::memory::mapped::host_function_runs();
         }
         if let Some((f, data)) = registered(call.id) {
             // A user object's destructor (posted) has no stream's work before
@@ -134,12 +134,8 @@ fn serve(mut carrier: Box<dyn Carrier>) {
                 crate::memory::mirrors::to_device();
             }
         }
-        if !posted {
-            let answered = answer(&mut *carrier, &header);
-            crate::memory::mapped::host_function(false);
-            if answered.is_err() {
-                return;
-            }
+        if !posted && answer(&mut *carrier, &header).is_err() {
+            return;
         }
     }
 }
@@ -147,7 +143,7 @@ fn serve(mut carrier: Box<dyn Carrier>) {
 /// Answers a host call, after what the function wrote to mapped pinned
 /// memory, which the device's work after it reads.
 fn answer(carrier: &mut dyn Carrier, call: &Header) -> Result<(), gpuplex_transport::TransportError> {
-    for runs in crate::memory::mapped::program_changes() {
+    for runs in crate::memory::mapped::host_function_done() {
         let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
         carrier.send(&Header::request(Opcode::MappedRuns, call.request_id.get(), 0, payload.len()), &payload)?;
     }

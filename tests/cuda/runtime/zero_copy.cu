@@ -104,10 +104,9 @@ int main() {
         for (int i = 0; i < SMALL; i++) sin[i] = i * (round + 1) - 500;
         scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);
         CHECK_LAUNCH();
-        CHECK(cudaDeviceSynchronize());
         if (round == 1) {
-            // A host function between two kernels sees what the first wrote,
-            // and the second sees what it wrote.
+            // A host function between two kernels, with no wait before it,
+            // sees what the first wrote, and the second sees what it wrote.
             HostSeen seen = {sout, sin, 0};
             CHECK(cudaLaunchHostFunc(0, seeAndWrite, &seen));
             scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);
@@ -116,6 +115,7 @@ int main() {
             printf("host function between kernels: saw the first's output: %s\n",
                    yes_no(seen.saw == (5 * 2 - 500) * 7 + 1));
         }
+        CHECK(cudaDeviceSynchronize());
         if (round == 2) {
             for (int i = 0; i < SMALL; i += 2) sin[i] = -i;
             scaleAdd<<<(SMALL + THREADS - 1) / THREADS, THREADS>>>(sout, sin, 7, round, SMALL);

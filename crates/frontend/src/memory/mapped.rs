@@ -80,16 +80,12 @@ static STATE: Mutex<State> = Mutex::new(State { live: Vec::new(), kept: Vec::new
 /// Whether any mapping is live: what every device call checks first.
 static ANY: AtomicBool = AtomicBool::new(false);
 
-/// Marks a host function running (`true`) or answered (`false`). What the
-/// program writes meanwhile goes with the function's answer, which the
-/// device's work after it waits for, rather than on the main connection,
-/// which the server may read too late.
-pub fn host_function(running: bool) {
-    let mut state = state();
-    match running {
-        true => state.host_functions += 1,
-        false => state.host_functions = state.host_functions.saturating_sub(1),
-    }
+/// Marks a host function running. What the program writes meanwhile goes
+/// with the function's answer ([`host_function_done`]), which the device's
+/// work after it waits for, rather than on the main connection, which the
+/// server may read too late.
+pub fn host_function_runs() {
+    state().host_functions += 1;
 }
 
 fn state() -> MutexGuard<'static, State> {
@@ -225,24 +221,34 @@ pub fn release(start: u64) -> bool {
 /// Before a call that reaches the device: what the program wrote, to the
 /// server's blocks (posted, ahead of the call).
 pub fn to_device(conn: &mut Conn) {
-    for runs in changes(false) {
+    if !ANY.load(Ordering::Acquire) {
+        return;
+    }
+    let frames = {
+        let mut state = state();
+        match state.host_functions {
+            0 => changes(&mut state),
+            _ => Vec::new(),
+        }
+    };
+    for runs in frames {
         // An error comes back with the next waited call; a lost connection ends it.
         let _ = conn.post(calls::MappedWrite::Request { runs: Seq(runs) });
     }
 }
 
-/// For a host function's answer: what the program wrote since the two
-/// sides last agreed, as frames' worth of runs; they agree on it from now.
-pub fn program_changes() -> Vec<Vec<MappedRun>> {
-    changes(true)
+/// A host function has run: what the program wrote since the two sides
+/// last agreed, for its answer, as frames' worth of runs. From now the
+/// program's writes go on the main connection again, before the answer
+/// lets the device's work go on.
+pub fn host_function_done() -> Vec<Vec<MappedRun>> {
+    let mut state = state();
+    state.host_functions = state.host_functions.saturating_sub(1);
+    changes(&mut state)
 }
 
-fn changes(for_host_function: bool) -> Vec<Vec<MappedRun>> {
+fn changes(state: &mut State) -> Vec<Vec<MappedRun>> {
     if !ANY.load(Ordering::Acquire) {
-        return Vec::new();
-    }
-    let mut state = state();
-    if !for_host_function && state.host_functions > 0 {
         return Vec::new();
     }
     let mut out = MappedFrames::default();
