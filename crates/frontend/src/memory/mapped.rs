@@ -72,7 +72,7 @@ struct State {
     live: Vec<Mapping>,
     /// Freed small allocations, still mapped here and in the server.
     kept: Vec<Mapping>,
-    /// Host functions running ([`host_function`]).
+    /// Host functions running ([`host_function_runs`]).
     host_functions: usize,
 }
 
@@ -167,8 +167,8 @@ pub fn alloc(size: usize) -> Result<Option<u64>, CuError> {
 pub fn device_address(start: u64, size: usize, ptr: u64) -> Result<u64, CuError> {
     // Held throughout, so that two threads asking at once map it once.
     let mut conn = client::lock()?;
-    if let Some(devptr) = state().live.iter().find(|m| m.start == start).map(|m| m.devptr) {
-        return Ok(devptr + (ptr - start));
+    if let Some(devptr) = mapped_address(start, ptr) {
+        return Ok(devptr);
     }
     let base = start & !(PAGE - 1);
     let offset = (start - base) as usize;

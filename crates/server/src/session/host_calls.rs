@@ -16,9 +16,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use gpuplex_protocol::{
-    codec, CallError, CuError, ErrorDetail, Header, HostCallRun, LaneJoin, MappedRuns, Opcode, Seq,
-};
+use gpuplex_protocol::{codec, CallError, CuError, ErrorDetail, Header, HostCallRun, LaneJoin, MappedRuns, Opcode};
 use gpuplex_transport::{Carrier, Peer, TransportError};
 use tracing::{debug, warn};
 
@@ -100,8 +98,11 @@ impl HostCalls {
             return;
         }
         let mut reply = Vec::new();
+        // What the device wrote to mapped blocks goes ahead of the function.
+        let mapped = |len| Header::request(Opcode::MappedRuns, request, 0, len);
         let answered = match self
-            .send_mapped(&mut **carrier, request)
+            .mapped
+            .send_changes(&mut **carrier, mapped)
             .and_then(|()| carrier.send(&header, &payload))
             .and_then(|()| self.recv_answer(&mut **carrier, &mut reply))
         {
@@ -119,17 +120,6 @@ impl HostCalls {
             *channel = None;
             self.connected.store(false, Ordering::Release);
         }
-    }
-}
-
-impl HostCalls {
-    /// What the device wrote to mapped blocks, ahead of a host function.
-    fn send_mapped(&self, carrier: &mut dyn Carrier, request: u64) -> Result<(), TransportError> {
-        for runs in self.mapped.changes() {
-            let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
-            carrier.send(&Header::request(Opcode::MappedRuns, request, 0, payload.len()), &payload)?;
-        }
-        Ok(())
     }
 
     /// The guest's answer, after what its function wrote to mapped memory.

@@ -12,8 +12,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use gpuplex_protocol::{calls, CallError, CuError, DevPtr, MappedFrames, MappedHostCalls, MappedRun};
+use gpuplex_protocol::{
+    calls, codec, CallError, CuError, DevPtr, Header, MappedFrames, MappedHostCalls, MappedRun, MappedRuns, Seq,
+};
 use gpuplex_transport::shm::differing_runs;
+use gpuplex_transport::{Carrier, TransportError};
 
 use super::tables::{Owner, Region};
 use super::{invalid, Session};
@@ -58,7 +61,7 @@ impl Mapped {
 
     /// What the device changed in the blocks since the guest and this side
     /// last agreed, as frames' worth of runs; they agree on it from now.
-    pub fn changes(&self) -> Vec<Vec<MappedRun>> {
+    fn changes(&self) -> Vec<Vec<MappedRun>> {
         let mut out = MappedFrames::default();
         for (&id, block) in self.blocks().iter_mut() {
             // SAFETY: the block's live mapping, as long as its agreed copy
@@ -71,6 +74,20 @@ impl Mapped {
             }
         }
         out.frames
+    }
+
+    /// Sends what the device changed as `MappedRuns` frames, each under the
+    /// header `header` makes for its payload's length.
+    pub fn send_changes(
+        &self,
+        carrier: &mut dyn Carrier,
+        header: impl Fn(usize) -> Header,
+    ) -> Result<(), TransportError> {
+        for runs in self.changes() {
+            let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
+            carrier.send(&header(payload.len()), &payload)?;
+        }
+        Ok(())
     }
 
     /// Takes what the guest wrote, each run checked against its block first.

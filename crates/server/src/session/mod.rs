@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 use gpuplex_protocol::{
     codec, dispatch, CallError, Ctx, CuError, DecodeError, DeviceInfo, DeviceOutput, ErrorDetail, Header, Hello,
-    InPlace, MappedRuns, Opcode, Seq, Welcome, LANES_VERSION, MAX_PAYLOAD, UNSOLICITED_VERSION,
+    InPlace, Opcode, Seq, Welcome, LANES_VERSION, MAX_PAYLOAD, UNSOLICITED_VERSION,
 };
 use gpuplex_transport::shm::Side;
 use gpuplex_transport::{Carrier, TransportError};
@@ -342,7 +342,9 @@ impl Session {
                     let carrier = line.carrier();
                     self.send_device_output(carrier, &header)?;
                     if call.reaches_device() {
-                        self.send_mapped_runs(carrier, &header)?;
+                        // What the device wrote to mapped host blocks (see [`mapped`]).
+                        let opcode = (Opcode::MappedRuns as u16).into();
+                        self.mapped.send_changes(carrier, |len| Header { opcode, ..Header::reply(&header, 0, len) })?;
                     }
                     match outcome {
                         Ok(reply) => {
@@ -414,17 +416,6 @@ impl Session {
                     Header { opcode: (Opcode::DeviceOutput as u16).into(), ..Header::reply(to, 0, payload.len()) };
                 carrier.send(&header, &payload)?;
             }
-        }
-        Ok(())
-    }
-
-    /// Sends what the device wrote to the guest's mapped host blocks, ahead
-    /// of the reply to a waited call that reaches the device (see [`mapped`]).
-    fn send_mapped_runs(&mut self, carrier: &mut dyn Carrier, to: &Header) -> Result<(), TransportError> {
-        for runs in self.mapped.changes() {
-            let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
-            let header = Header { opcode: (Opcode::MappedRuns as u16).into(), ..Header::reply(to, 0, payload.len()) };
-            carrier.send(&header, &payload)?;
         }
         Ok(())
     }
