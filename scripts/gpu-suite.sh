@@ -216,7 +216,7 @@ fi
 # Driver API: everything but mem_info and hold_memory, whose output is the
 # GPU's state.
 programs=(device_query vector_add copies memsets streams_events module_globals
-    mixed_params module_formats contexts expected_errors queries vmm attributes graphs pools arrays graph_nodes graph_memory tensor_maps)
+    mixed_params module_formats contexts expected_errors queries vmm attributes graphs pools arrays graph_nodes graph_memory tensor_maps pointers)
 
 say ""
 say "$(printf '%-28s %10s %10s %7s  %s' program native_s gpuplex_s ratio result)"

@@ -205,6 +205,25 @@ int main() {
     CHECK(cuGraphLaunch(parent_exec, s));
     CHECK(cuStreamSynchronize(s));
     printf("the child replaced in the executable graph: sums with 6.0: %s\n", yes_no(sums(out, in, 6.0f, N)));
+    // The same child set again before each launch, as XLA sets its nested
+    // command buffers (gpuplex posts a repeat); its memset set anew in
+    // between; then, with a node more, the set refused.
+    bool every = true;
+    for (int i = 0; i < 4; i++) {
+        if (i == 2) {
+            m.value = 0x40e00000;  // 7.0f
+            CHECK(cuGraphMemsetNodeSetParams(set_in_reshaped, &m));
+        }
+        CHECK(cuGraphExecChildGraphNodeSetParams(parent_exec, child, reshaped));
+        CHECK(cuGraphLaunch(parent_exec, s));
+        CHECK(cuStreamSynchronize(s));
+        every = every && sums(out, in, i < 2 ? 6.0f : 7.0f, N);
+    }
+    CUgraphNode extra;
+    CHECK(cuGraphAddEmptyNode(&extra, reshaped, nullptr, 0));
+    CUresult grown = cuGraphExecChildGraphNodeSetParams(parent_exec, child, reshaped);
+    printf("set again before each of 4 launches, 7.0 from the third: %s; with a node more, refused: %s\n",
+           yes_no(every), yes_no(grown != CUDA_SUCCESS));
     CHECK(cuGraphDestroy(reshaped));
 
     // Edges added and removed between empty nodes.

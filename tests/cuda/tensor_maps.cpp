@@ -2,7 +2,8 @@
 // (Triton, XLA, CUTLASS) encode them: a tiled 2D map of floats over a
 // device buffer, its address replaced; an im2col map of a 4D image; and
 // what the driver documents as invalid refused: a global stride not a
-// multiple of 16, a rank over 5, a misaligned address, a box too wide.
+// multiple of 16, a rank over 5, a misaligned address, a box too wide;
+// the same map encoded again.
 #include "common.h"
 
 static const char *status(CUresult rc) { return err_name(rc); }
@@ -26,6 +27,16 @@ int main() {
                                       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     };
     printf("a tiled 2D map: %s\n", status(tiled(buf, 2)));
+    // Encoded again (gpuplex keeps encodings): the same bytes for the same
+    // parameters, others for another address.
+    CUtensorMap first = map, second;
+    CHECK(tiled(other, 2));
+    second = map;
+    CHECK(tiled(buf, 2));
+    bool same = memcmp(&map, &first, sizeof map) == 0;
+    bool differs = memcmp(&second, &first, sizeof map) != 0;
+    printf("encoded again: the same bytes %s; for another buffer other bytes %s\n", same ? "yes" : "no",
+           differs ? "yes" : "no");
     printf("its address replaced: %s\n", status(cuTensorMapReplaceAddress(&map, (void *)other)));
     printf("replaced by a misaligned one: %s\n", status(cuTensorMapReplaceAddress(&map, (void *)(other + 8))));
 

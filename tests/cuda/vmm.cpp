@@ -1,7 +1,8 @@
 // vmm: virtual memory management as growing allocators use it (PyTorch's
 // expandable segments, XLA's device allocator): a reserved range, physical
 // allocations mapped into it back to back, access granted; copies, a memset
-// and a kernel across the seam of two mappings; an allocation's properties
+// and a kernel across the seam of two mappings; copies on a stream inside
+// one mapping, as an allocator's pieces; an allocation's properties
 // and its handle found again from an address; memory released while mapped
 // stays until unmapped; then everything unmapped, released and freed.
 // Sizes are in granules, so what it prints is the same on any device.
@@ -55,6 +56,24 @@ int main() {
     bool set = true;
     for (unsigned v : seam) set = set && v == 0x01020304;
     printf("a memset across the seam: %s\n", yes_no(set));
+
+    // Inside one mapping, as an allocator hands out its pieces: what the
+    // pointer is, and asynchronous copies and a memset on a stream.
+    unsigned type = 0;
+    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, base + g + 8));
+    CUstream st;
+    CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    unsigned piece[64], piece_back[128];
+    for (unsigned i = 0; i < 64; i++) piece[i] = 3 * i + 1;
+    CHECK(cuMemcpyHtoDAsync(base + g + 256, piece, sizeof piece, st));
+    CHECK(cuMemsetD32Async(base + g + 256 + sizeof piece, 9, 64, st));
+    CHECK(cuMemcpyDtoHAsync(piece_back, base + g + 256, sizeof piece_back, st));
+    CHECK(cuStreamSynchronize(st));
+    bool piece_ok = memcmp(piece_back, piece, sizeof piece) == 0;
+    for (unsigned i = 64; i < 128; i++) piece_ok = piece_ok && piece_back[i] == 9;
+    printf("in the second mapping: device memory %s; asynchronous copies and a memset: %s\n",
+           yes_no(type == CU_MEMORYTYPE_DEVICE), yes_no(piece_ok));
+    CHECK(cuStreamDestroy(st));
 
     // vector_add with its second operand across the seam.
     CUmodule mod;

@@ -408,6 +408,11 @@ pub fn protocol_code(table: &Table) -> String {
         writeln!(s, "            Opcode::{0} => \"{0}\",", row.name).unwrap();
     }
     s += "        }\n    }\n\n";
+    s += "    /// The table's section the call is in (`graphs`, `memory`...).\n    pub fn section(self) -> &'static str {\n        match self {\n";
+    for row in &table.rows {
+        writeln!(s, "            Opcode::{} => \"{}\",", row.name, row.section).unwrap();
+    }
+    s += "        }\n    }\n\n";
     s += "    /// Whether the call queues work on a device or waits for it (`device` rows).\n    pub fn reaches_device(self) -> bool {\n        matches!(self, ";
     let device: Vec<String> = table.rows.iter().filter(|r| r.device).map(|r| format!("Opcode::{}", r.name)).collect();
     s += &if device.is_empty() { "_ if false".to_owned() } else { device.join(" | ") };

@@ -66,6 +66,7 @@ program_tests!(
     graph_nodes,
     graph_memory,
     tensor_maps,
+    pointers,
 );
 
 /// `gpuplex run --trace`'s table, as `(calls, errors, waited, posted)` by function.
@@ -115,6 +116,38 @@ fn repeated_questions_wait_for_the_server_once() {
     let [calls, errors, waited, posted] = row("cuLaunchKernel");
     assert_eq!((calls, errors), (103, 3), "the three refused launches fail:\n{}", done.stderr);
     assert!(posted >= 100 && waited <= 6, "launches: {posted} posted, {waited} waited:\n{}", done.stderr);
+}
+
+/// What frameworks repeat at every step waits for nothing: a child graph
+/// set again into an executable graph (XLA's nested command buffers), a
+/// tensor map encoded again, copies, a memset and a pointer question inside
+/// a virtual-memory mapping (XLA's allocator), pointer questions about
+/// memory the process knows or mapped itself. Each program's stdout is
+/// checked by its own test.
+#[test]
+fn what_frameworks_repeat_does_not_wait() {
+    let _serial = serial();
+    let Some(dir) = programs() else { return };
+    for (program, name, calls, waits) in [
+        // The first set, the set after the child's memset changed, the one
+        // refused once the child has a node more; three repeats posted.
+        ("graph_nodes", "cuGraphExecChildGraphNodeSetParams", 6, 3),
+        // Two maps, one of them again; four refused, one checked here.
+        ("tensor_maps", "cuTensorMapEncodeTiled", 7, 5),
+        ("vmm", "cuMemcpyHtoDAsync_v2", 1, 0),
+        ("vmm", "cuMemsetD32Async", 1, 0),
+        ("vmm", "cuPointerGetAttribute", 1, 0),
+        // Only the context's device is asked of the server, once.
+        ("pointers", "cuPointerGetAttributes", 5, 1),
+    ] {
+        let mut cmd = Command::new(gpuplex());
+        cmd.args(["run", "--backend", "emulated", "--trace", "--"]).arg(dir.join(program));
+        let done = run_to_end(cmd);
+        let rows = trace_table(&done.stderr);
+        let [n, _, waited, _] = *rows.get(name).unwrap_or_else(|| panic!("no {name} in the trace:\n{}", done.stderr));
+        assert_eq!(n, calls, "{program}: {name}:\n{}", done.stderr);
+        assert_eq!(waited, waits, "{program}: {name} waited {waited} times:\n{}", done.stderr);
+    }
 }
 
 /// Device-dependent: checked for shape only.

@@ -352,8 +352,10 @@ impl Conn {
 
     /// Before a call is sent: the device's work it queues or waits for
     /// sees what the program wrote to memory the device reads through a
-    /// copy of it (a graph's ordinary memory, mapped pinned memory).
+    /// copy of it (a graph's ordinary memory, mapped pinned memory); what
+    /// is kept of graphs is forgotten where the call may change them.
     fn before(&mut self, opcode: Opcode) {
+        crate::graph::before_call(opcode);
         if opcode == Opcode::cuGraphLaunch {
             crate::memory::mirrors::to_device();
         }

@@ -195,6 +195,7 @@ fn gone(ctx: u64) {
     crate::memory::forget_allocations();
     memo::CONTEXTS.forget();
     memo::FUNCTIONS.forget();
+    memo::GRAPH_SETS.forget();
 }
 
 /// # Safety

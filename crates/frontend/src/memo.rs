@@ -42,7 +42,12 @@ pub static FUNCTIONS: Memo = Memo::new(2);
 /// Streams that do not capture, kept only while no stream captures
 /// (`graph::is_capturing_query`).
 pub static CAPTURES: Memo = Memo::new(3);
-const MEMOS: usize = 4;
+/// Child graphs set into executable graphs' nodes, kept while no graph is
+/// edited (`graph::nodes`).
+pub static GRAPH_SETS: Memo = Memo::new(4);
+/// Tensor maps encoded, a pure function of their parameters (`tensor_map`).
+pub static TENSOR_MAPS: Memo = Memo::new(5);
+const MEMOS: usize = 6;
 
 /// One kind of answers: kept here for every thread, and copied into each
 /// thread that reads them, so that a repeated question takes no lock.
@@ -248,6 +253,19 @@ impl Memo {
             self.keep_at(Miss { generation, key }, group, reply);
         }
         result
+    }
+
+    /// Sends `req`: posted where the very same call succeeded before with
+    /// nothing forgotten since, for a call that then cannot fail; otherwise
+    /// waited for, and kept if it succeeds.
+    pub fn repeat<C: Call>(&self, group: u64, req: C) -> Result<(), CuError> {
+        let miss = match self.find(group, &req) {
+            Ok(_) => return client::post(req),
+            Err(miss) => miss,
+        };
+        let reply = client::call(req)?;
+        self.keep_at(miss, group, &reply);
+        Ok(())
     }
 
     /// Forgets what is known of `group`; returns the new generation.

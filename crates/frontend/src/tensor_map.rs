@@ -1,7 +1,11 @@
 //! Tensor maps (TMA descriptors): encoded by the server's driver, since
 //! their layout is the driver's; the guest passes the 128 bytes to its kernels.
+//! An encoding depends on nothing but its parameters, so each is kept and
+//! given again for the same parameters (Triton and XLA encode the same maps
+//! before every launch).
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gpuplex_protocol::{calls, CuError, DevPtr, Seq};
 
@@ -93,7 +97,22 @@ unsafe fn encode(out: *mut TensorMap, c: Common, window: Window) -> Result<(), C
             oobFill: c.modes[3],
         }
     };
-    write_map(out, &client::call(req)?.map)
+    write_map(out, &keep(req)?.map)
+}
+
+/// Encodings kept, at most; past it they are all forgotten, as a program
+/// that encodes ever new addresses would otherwise grow the memo forever.
+const MOST_KEPT: usize = 4096;
+static KEPT: AtomicUsize = AtomicUsize::new(0);
+
+fn keep(req: calls::TensorMapEncode::Request) -> Result<calls::TensorMapEncode::Reply, CuError> {
+    crate::memo::TENSOR_MAPS.keep_if(0, req, |_| {
+        if KEPT.fetch_add(1, Ordering::Relaxed) >= MOST_KEPT {
+            KEPT.store(0, Ordering::Relaxed);
+            crate::memo::TENSOR_MAPS.forget();
+        }
+        true
+    })
 }
 
 /// # Safety

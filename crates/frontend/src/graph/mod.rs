@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use gpuplex_protocol::{calls, CuError, Graph, GraphExec, Stream};
+use gpuplex_protocol::{calls, CuError, Graph, GraphExec, Opcode, Stream};
 
 mod conditional;
 mod memory;
@@ -54,6 +54,64 @@ fn note_capture(s: Stream, on: bool) {
     // Kept answers hold only while nothing captures; one fetched before
     // this is not kept after it.
     crate::memo::CAPTURES.forget();
+}
+
+/// Before each call: one that may change a graph, or end an executable
+/// graph, makes the child graph sets kept so far ([`nodes`]) uncertain.
+pub fn before_call(opcode: Opcode) {
+    if opcode.section() == "graphs" && !leaves_graphs(opcode) {
+        crate::memo::GRAPH_SETS.forget();
+    }
+}
+
+/// The graph calls known to change no graph and end no executable one:
+/// launches, queries, new graphs, user objects, and updates of nodes, which
+/// forget for themselves where they change a graph rather than an
+/// executable one. A graph call not listed forgets, so a new row is safe.
+fn leaves_graphs(opcode: Opcode) -> bool {
+    use Opcode::*;
+    matches!(
+        opcode,
+        CaptureMode
+            | StreamBeginCapture
+            | StreamCaptureInfo
+            | cuGraphCreate
+            | cuGraphInstantiateWithFlags
+            | cuGraphLaunch
+            | cuGraphUpload
+            | GraphNodes
+            | cuGraphNodeGetType
+            | GraphEdges
+            | GraphNodeEdges
+            | GraphKernelNodeSetParams
+            | cuGraphClone
+            | cuGraphNodeFindInClone
+            | GraphHostNodeSetParams
+            | LaunchHostFunc
+            | GraphMemcpyNodeSetParams
+            | GraphMemsetNodeSetParams
+            | GraphEventNodeSetEvent
+            | GraphChildNodeSetParams
+            | GraphMemAllocNodeParams
+            | cuGraphMemFreeNodeGetParams
+            | cuDeviceGraphMemTrim
+            | cuDeviceGetGraphMemAttribute
+            | GraphMemAttributeSet
+            | cuGraphNodeGetEnabled
+            | cuGraphExecGetFlags
+            | cuGraphConditionalHandleCreate
+            | cuGraphChildGraphNodeGetGraph
+            | cuGraphEventRecordNodeGetEvent
+            | cuGraphEventWaitNodeGetEvent
+            | cuGraphKernelNodeGetAttribute
+            | GraphMemsetNodeParams
+            | GraphMemcpyNodeParams
+            | UserObjectCreate
+            | cuUserObjectRetain
+            | cuUserObjectRelease
+            | cuGraphRetainUserObject
+            | cuGraphReleaseUserObject
+    )
 }
 
 /// `CU_STREAM_CAPTURE_MODE_GLOBAL`, what the first `cuStreamBeginCapture` had.

@@ -79,6 +79,7 @@ fn add_host(out: Out, graph: *mut c_void, d: Seq<u64>, p: *const HostNodeParams)
 }
 
 fn set_host(node: *mut c_void, exec: u64, p: *const HostNodeParams) -> Result<(), CuError> {
+    edits(exec);
     let (params, id) = host_id(p)?;
     client::call(calls::GraphHostNodeSetParams::Request { node: GraphNode(node as u64), exec: GraphExec(exec), id })?;
     // An executable graph's copy changes; the node itself keeps its function.
@@ -215,6 +216,7 @@ fn add_kernel(out: *mut *mut c_void, graph: *mut c_void, d: Seq<u64>, k: Kernel)
 }
 
 fn set_kernel(node: *mut c_void, exec: u64, k: Kernel) -> Result<(), CuError> {
+    edits(exec);
     let req = calls::GraphKernelNodeSetParams::Request {
         node: GraphNode(node as u64),
         exec: GraphExec(exec),
@@ -312,6 +314,7 @@ fn empty_node(graph: *mut c_void, d: Seq<u64>) -> Result<GraphNode, CuError> {
 }
 
 fn set_memcpy(node: *mut c_void, exec: u64, p: *const Memcpy3D) -> Result<(), CuError> {
+    edits(exec);
     let req = calls::GraphMemcpyNodeSetParams::Request {
         node: GraphNode(node as u64),
         exec: GraphExec(exec),
@@ -321,6 +324,7 @@ fn set_memcpy(node: *mut c_void, exec: u64, p: *const Memcpy3D) -> Result<(), Cu
 }
 
 fn set_memset(node: *mut c_void, exec: u64, p: *const MemsetNodeParams) -> Result<(), CuError> {
+    edits(exec);
     // SAFETY: NULL or valid, as the export's caller vouches.
     let p = unsafe { p.as_ref() }.ok_or(CuError::INVALID_VALUE)?;
     let req = calls::GraphMemsetNodeSetParams::Request {
@@ -361,16 +365,35 @@ fn get_memcpy(node: *mut c_void, p: *mut Memcpy3D) -> Result<(), CuError> {
     Ok(())
 }
 
+/// A child graph set into an executable graph's node, as XLA does for
+/// each of its nested command buffers at every step (alternating between
+/// graphs traced for different buffers), is posted where the same set
+/// succeeded before and no graph has changed since (no capture runs and no
+/// call that may change one was made, `super::before_call`): the driver
+/// checks the child against the node's own graph, which has not changed
+/// either, so it takes it again.
 fn set_child(node: *mut c_void, exec: u64, child: *mut c_void) -> Result<(), CuError> {
     let req = calls::GraphChildNodeSetParams::Request {
         node: GraphNode(node as u64),
         exec: GraphExec(exec),
         child: Graph(child as u64),
     };
-    client::call(req).map(drop)
+    if exec == 0 || crate::graph::capturing() {
+        return client::call(req).map(drop);
+    }
+    crate::memo::GRAPH_SETS.repeat(exec, req)
+}
+
+/// A node's parameters set in its graph, rather than in an executable
+/// graph, change the graph.
+fn edits(exec: u64) {
+    if exec == 0 {
+        crate::memo::GRAPH_SETS.forget();
+    }
 }
 
 fn set_event(node: *mut c_void, exec: u64, event: *mut c_void, wait: bool) -> Result<(), CuError> {
+    edits(exec);
     let req = calls::GraphEventNodeSetEvent::Request {
         node: GraphNode(node as u64),
         exec: GraphExec(exec),

@@ -61,9 +61,21 @@ pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuEr
     if src.len() >= LANES_MIN && !capturing && conn.lanes().is_some() {
         return lanes_htod(&mut conn, dst, src, stream, known && !sync);
     }
+    // The bytes travel in the frame, so an asynchronous copy into a known
+    // range leaves nothing for the program to wait for: posted.
+    let post = known && !sync && !capturing;
     for (i, chunk) in src.chunks(INLINE_CHUNK).enumerate() {
-        let dst = DevPtr(dst + (i * INLINE_CHUNK) as u64);
-        conn.call(calls::MemcpyHtoD::Request { dst, data: chunk.to_vec(), stream, sync })?;
+        let req = calls::MemcpyHtoD::Request {
+            dst: DevPtr(dst + (i * INLINE_CHUNK) as u64),
+            data: chunk.to_vec(),
+            stream,
+            sync,
+        };
+        if post {
+            conn.post(req)?;
+        } else {
+            conn.call(req)?;
+        }
     }
     Ok(())
 }

@@ -1,10 +1,11 @@
 //! Device memory, copies and memsets.
 //!
 //! The process records its own allocations, `cuMemAlloc`'s and stream-ordered
-//! ones ([`known_range`]): a copy or memset inside one cannot fail on its
-//! range, so it can be posted or staged without waiting; anything else is
-//! waited for, so errors come back exactly when the driver would give them. How copies move their
-//! bytes is in [`copy`]; pinned host memory in [`host`].
+//! ones, and the virtual-memory mappings a device may write ([`known_range`]):
+//! a copy or memset inside one cannot fail on its range, so it can be posted
+//! or staged without waiting; anything else is waited for, so errors come
+//! back exactly when the driver would give them. How copies move their bytes
+//! is in [`copy`]; pinned host memory in [`host`].
 
 mod arrays;
 mod batch;
@@ -40,12 +41,13 @@ fn allocations<T>(f: impl FnOnce(&mut BTreeMap<u64, (u64, u64)>) -> T) -> T {
     f(&mut ALLOCATIONS.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
-/// The allocation holding `ptr`: `(base, size, context)`.
+/// The allocation, or device-writable mapping, holding `ptr`: `(base, size, context)`.
 fn allocation(ptr: u64) -> Option<(u64, u64, u64)> {
-    allocations(|a| {
+    let allocated = allocations(|a| {
         let (&base, &(size, ctx)) = a.range(..=ptr).next_back()?;
         (ptr - base < size).then_some((base, size, ctx))
-    })
+    });
+    allocated.or_else(|| vmm::mapping(ptr))
 }
 
 /// Whether `[ptr, ptr + len)` lies inside one allocation of this process.
@@ -120,6 +122,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
 /// Ranges are only a hint for posting, so forgetting too much is safe.
 pub fn forget_allocations() {
     allocations(|a| a.clear());
+    vmm::forget_mappings();
 }
 
 /// What `cuPointerGetAttribute` knows about a pointer.
@@ -142,6 +145,9 @@ fn pointer(ptr: u64) -> Result<Option<Pointer>, CuError> {
         // Managed memory is the device's as much as the host's.
         return Ok(Some(Pointer { device: managed, managed, base, size, ctx: crate::context::current(), devptr }));
     }
+    if mapped_here(ptr) {
+        return Ok(None);
+    }
     match client::call(calls::cuMemGetAddressRange_v2::Request { dptr: DevPtr(ptr) }) {
         Ok(r) => Ok(Some(Pointer {
             device: true,
@@ -156,13 +162,29 @@ fn pointer(ptr: u64) -> Result<Option<Pointer>, CuError> {
     }
 }
 
-/// Writes attribute `attr` of `p` (at `ptr`) to `data`.
+/// Whether `ptr` lies in memory this process mapped itself (its heap, its
+/// stack, files): ordinary host memory, not CUDA's. Device memory is never
+/// mapped into the program, and under unified addressing the driver keeps
+/// device ranges apart from the process's own mappings; frameworks ask
+/// about their host buffers often enough that the answer must not wait.
+fn mapped_here(ptr: u64) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    let start = ptr & !(page - 1);
+    // SAFETY: msync only looks the range up; MS_ASYNC writes nothing back
+    // and fails with ENOMEM where any of the page is not mapped.
+    unsafe { libc::msync(start as *mut c_void, page as usize, libc::MS_ASYNC) == 0 }
+}
+
+/// Writes attribute `attr` of `p` (at `ptr`) to `data`, each of the
+/// width and value the driver writes (booleans are 4 bytes).
 ///
 /// # Safety
 /// `data` is valid for a write of the attribute's type.
 unsafe fn write_attribute(data: *mut c_void, attr: i32, p: &Pointer, ptr: u64) -> Result<(), CuError> {
     const CU_MEMORYTYPE_HOST: u32 = 1;
     const CU_MEMORYTYPE_DEVICE: u32 = 2;
+    let flag = |on: bool| u32::from(on);
     // SAFETY: per this function's contract, `data` takes each arm's type,
     // the attribute's type in cuda.h.
     unsafe {
@@ -172,26 +194,55 @@ unsafe fn write_attribute(data: *mut c_void, attr: i32, p: &Pointer, ptr: u64) -
             3 => write_out(data.cast::<u64>(), p.devptr.ok_or(CuError::INVALID_VALUE)?),
             4 if p.device && !p.managed => return Err(CuError::INVALID_VALUE),
             4 => write_out(data.cast::<u64>(), ptr),
-            6 => write_out(data.cast::<u8>(), 0), // SYNC_MEMOPS: never set here
-            8 => write_out(data.cast::<u8>(), u8::from(p.managed)),
+            // P2P_TOKENS: deprecated; the driver refuses it.
+            5 => return Err(CuError::INVALID_VALUE),
+            // SYNC_MEMOPS: never set here; managed memory always has it.
+            6 => write_out(data.cast::<u32>(), flag(p.managed)),
             7 => write_out(data.cast::<u64>(), p.base), // BUFFER_ID: unique while the buffer lives
+            8 => write_out(data.cast::<u32>(), flag(p.managed)),
             9 => {
                 let req = calls::cuCtxGetDevice_v2::Request { ctx: gpuplex_protocol::Ctx(p.ctx) };
                 write_out(data.cast::<i32>(), crate::memo::CONTEXTS.keep(0, req)?.device)
             }
+            // IS_LEGACY_CUDA_IPC_CAPABLE: device allocations have handles
+            // between one tenant's processes (`ipc`).
+            10 => write_out(data.cast::<u32>(), flag(p.device && !p.managed)),
             11 => write_out(data.cast::<u64>(), p.base),
             12 => write_out(data.cast::<usize>(), p.size as usize),
-            13 => write_out(data.cast::<u8>(), u8::from(p.devptr.is_some())),
-            // IS_LEGACY_CUDA_IPC_CAPABLE, ALLOWED_HANDLE_TYPES and
-            // IS_GPU_DIRECT_RDMA_CAPABLE: gpuplex shares memory with no
-            // other process or device, so none.
-            10 | 15 => write_out(data.cast::<u8>(), 0),
+            13 => write_out(data.cast::<u32>(), flag(p.devptr.is_some())),
+            // ALLOWED_HANDLE_TYPES and IS_GPU_DIRECT_RDMA_CAPABLE: a guest's
+            // memory is exported to no other device or driver.
             14 => write_out(data.cast::<u64>(), 0),
+            15 => write_out(data.cast::<u32>(), 0),
             // ACCESS_FLAGS: read and write, wherever the device reaches it.
             16 => write_out(data.cast::<u32>(), if p.devptr.is_some() { 3 } else { 0 }),
             20 => write_out(data.cast::<u64>(), p.base), // MEMORY_BLOCK_ID, as BUFFER_ID
             _ => {
                 crate::log::warn(&format!("cuPointerGetAttribute: attribute {attr} is not supported by gpuplex"));
+                return Err(CuError::NOT_SUPPORTED);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the driver answers about memory it does not know: no context,
+/// type or device, the pointer as its host address, device ordinal -2.
+///
+/// # Safety
+/// `data` is valid for a write of the attribute's type.
+unsafe fn write_unknown(data: *mut c_void, attr: i32, ptr: u64) -> Result<(), CuError> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        match attr {
+            4 => write_out(data.cast::<u64>(), ptr),
+            5 => return Err(CuError::INVALID_VALUE),
+            9 => write_out(data.cast::<i32>(), -2),
+            // The driver leaves the range of memory it does not know unwritten.
+            11 | 12 => {}
+            1..=20 => std::ptr::write_bytes(data.cast::<u8>(), 0, attribute_size(attr)),
+            _ => {
+                crate::log::warn(&format!("cuPointerGetAttributes: attribute {attr} is not supported by gpuplex"));
                 return Err(CuError::NOT_SUPPORTED);
             }
         }
@@ -212,8 +263,9 @@ pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attr: i32, ptr
     })
 }
 
-/// Memory CUDA does not know reads as zeros, with success, as the driver
-/// answers it.
+/// Every attribute is written, in order, as the driver does: one that does
+/// not apply to the memory (a device allocation's host address) reads as
+/// zero, and an attribute the driver refuses ends the call with its error.
 ///
 /// # Safety
 /// `attrs` holds `n` attributes and `data` `n` pointers, each valid for a
@@ -232,26 +284,30 @@ pub unsafe extern "C" fn cuPointerGetAttributes(n: u32, attrs: *mut i32, data: *
             if out.is_null() {
                 continue;
             }
-            match &p {
-                // SAFETY: per this function's contract.
-                Some(p) => match unsafe { write_attribute(out, attr, p, ptr) } {
-                    Ok(()) | Err(CuError::INVALID_VALUE) => {}
-                    Err(e) => return Err(e),
+            // SAFETY: per this function's contract.
+            let written = unsafe {
+                match &p {
+                    Some(p) => write_attribute(out, attr, p, ptr),
+                    None => write_unknown(out, attr, ptr),
+                }
+            };
+            match written {
+                Ok(()) => {}
+                // SAFETY: as above; zero is "none" for every attribute.
+                Err(CuError::INVALID_VALUE) if attr != 5 => unsafe {
+                    std::ptr::write_bytes(out.cast::<u8>(), 0, attribute_size(attr))
                 },
-                // SAFETY: every attribute's type is at most 8 bytes; zero
-                // is "none" for each.
-                None => unsafe { std::ptr::write_bytes(out.cast::<u8>(), 0, attribute_size(attr)) },
+                Err(e) => return Err(e),
             }
         }
         Ok(())
     })
 }
 
-/// Bytes of an attribute's value in cuda.h.
+/// Bytes of an attribute's value, as the driver writes it.
 fn attribute_size(attr: i32) -> usize {
     match attr {
-        2 | 9 | 16 => 4,
-        6 | 8 | 10 | 13 | 15 => 1,
+        2 | 6 | 8 | 9 | 10 | 13 | 15 | 16 | 21 => 4,
         _ => 8,
     }
 }
@@ -306,6 +362,9 @@ fn is_device(ptr: u64) -> Result<bool, CuError> {
     }
     if known_range(ptr, 1) {
         return Ok(true);
+    }
+    if mapped_here(ptr) {
+        return Ok(false);
     }
     match client::call(calls::cuMemGetAddressRange_v2::Request { dptr: DevPtr(ptr) }) {
         Ok(_) => Ok(true),

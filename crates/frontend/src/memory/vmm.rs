@@ -1,10 +1,14 @@
 //! Virtual memory management: address ranges reserved, physical allocations
 //! created and mapped into them, access granted to devices. Every call goes
 //! to the server, which checks ranges and handles against the session's own
-//! and charges physical memory to the tenant; this side only reads and
-//! writes the C structures.
+//! and charges physical memory to the tenant; this side reads and writes the
+//! C structures, and records which mappings the device may read and write,
+//! so that copies into them are posted as into allocations (frameworks such
+//! as XLA allocate this way).
 
+use std::collections::BTreeMap;
 use std::ffi::c_void;
+use std::sync::{Mutex, PoisonError};
 
 use gpuplex_protocol::{calls, AccessDesc, AllocProp, CuError, DevPtr, Seq};
 
@@ -42,6 +46,44 @@ pub struct MemAccessDesc {
 pub(crate) fn c_access(a: &AccessDesc) -> MemAccessDesc {
     MemAccessDesc { location: MemLocation { kind: a.location_kind, id: a.location }, flags: a.flags }
 }
+
+/// A range `cuMemMap` mapped: its size, the context current then, and
+/// whether the last `cuMemSetAccess` over it let a device read and write it.
+struct Mapping {
+    size: u64,
+    ctx: u64,
+    writable: bool,
+}
+
+/// This process's mappings, by base address.
+static MAPPINGS: Mutex<BTreeMap<u64, Mapping>> = Mutex::new(BTreeMap::new());
+
+fn mappings<T>(f: impl FnOnce(&mut BTreeMap<u64, Mapping>) -> T) -> T {
+    f(&mut MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// The device-writable mapping holding `ptr`: `(base, size, context)`.
+pub(super) fn mapping(ptr: u64) -> Option<(u64, u64, u64)> {
+    mappings(|m| {
+        let (&base, map) = m.range(..=ptr).next_back()?;
+        (ptr - base < map.size && map.writable).then_some((base, map.size, map.ctx))
+    })
+}
+
+/// Forgets every mapping: they are only a hint for posting.
+pub(super) fn forget_mappings() {
+    mappings(|m| m.clear());
+}
+
+/// Forgets the mappings that overlap `[ptr, ptr + size)`.
+fn unmapped(ptr: u64, size: u64) {
+    let end = ptr.saturating_add(size);
+    mappings(|m| m.retain(|&base, map| base >= end || base.saturating_add(map.size) <= ptr));
+}
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE` and `CU_MEM_LOCATION_TYPE_DEVICE`.
+const READ_WRITE: u32 = 3;
+const ON_DEVICE: u32 = 1;
 
 /// The most descriptors one call sends; the server refuses more.
 const MAX_ACCESS_DESCS: usize = 64;
@@ -188,7 +230,9 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> CUresult {
     entry("cuMemAddressFree", || {
-        client::call(calls::MemAddressFree::Request { ptr: DevPtr(ptr), size: size as u64 }).map(drop)
+        client::call(calls::MemAddressFree::Request { ptr: DevPtr(ptr), size: size as u64 })?;
+        unmapped(ptr, size as u64);
+        Ok(())
     })
 }
 
@@ -198,7 +242,10 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> CUresult {
 pub unsafe extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> CUresult {
     entry("cuMemMap", || {
         let req = calls::MemMap::Request { ptr: DevPtr(ptr), size: size as u64, offset: offset as u64, handle, flags };
-        client::call(req).map(drop)
+        client::call(req)?;
+        let map = Mapping { size: size as u64, ctx: crate::context::current(), writable: false };
+        mappings(|m| m.insert(ptr, map));
+        Ok(())
     })
 }
 
@@ -206,7 +253,11 @@ pub unsafe extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: 
 /// None beyond the CUDA API's.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> CUresult {
-    entry("cuMemUnmap", || client::call(calls::MemUnmap::Request { ptr: DevPtr(ptr), size: size as u64 }).map(drop))
+    entry("cuMemUnmap", || {
+        client::call(calls::MemUnmap::Request { ptr: DevPtr(ptr), size: size as u64 })?;
+        unmapped(ptr, size as u64);
+        Ok(())
+    })
 }
 
 /// # Safety
@@ -216,8 +267,20 @@ pub unsafe extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const MemA
     entry("cuMemSetAccess", || {
         // SAFETY: per this function's contract.
         let access = unsafe { read_access(desc, count)? };
+        let writable = access.0.iter().any(|a| a.location_kind == ON_DEVICE && a.flags == READ_WRITE);
         let req = calls::MemSetAccess::Request { ptr: DevPtr(ptr), size: size as u64, access };
-        client::call(req).map(drop)
+        client::call(req)?;
+        let end = ptr.saturating_add(size as u64);
+        // A mapping only partly covered is no longer known to be writable.
+        mappings(|m| {
+            for (&base, map) in m.range_mut(..end) {
+                let map_end = base.saturating_add(map.size);
+                if map_end > ptr {
+                    map.writable = writable && base >= ptr && map_end <= end;
+                }
+            }
+        });
+        Ok(())
     })
 }
 

@@ -487,17 +487,6 @@ impl GraphsCalls for Session {
         self.graph_event_node_set(req)
     }
 
-    fn TensorMapEncode(&mut self, req: calls::TensorMapEncode::Request) -> R<calls::TensorMapEncode::Reply> {
-        self.tensor_map_encode(req)
-    }
-
-    fn TensorMapReplaceAddress(
-        &mut self,
-        req: calls::TensorMapReplaceAddress::Request,
-    ) -> R<calls::TensorMapReplaceAddress::Reply> {
-        self.tensor_map_replace_address(req)
-    }
-
     fn LaunchHostFunc(&mut self, req: calls::LaunchHostFunc::Request) -> R<calls::LaunchHostFunc::Reply> {
         self.launch_host_func(req)
     }

@@ -2,7 +2,7 @@
 //! rank, since the driver reads as many entries as the rank says.
 
 use gpuplex_protocol::calls::{TensorMapEncode, TensorMapReplaceAddress};
-use gpuplex_protocol::{CallError, CuError};
+use gpuplex_protocol::{CallError, CuError, TensorMapsCalls};
 
 use super::{invalid, Session};
 use crate::backend::{TensorMap, TensorWindow};
@@ -68,5 +68,16 @@ impl Session {
         Ok(TensorMapReplaceAddress::Reply {
             map: self.backend.tensor_map_replace_address(&map, req.address.0)?.to_vec(),
         })
+    }
+}
+
+#[allow(non_snake_case)]
+impl TensorMapsCalls for Session {
+    fn TensorMapEncode(&mut self, req: TensorMapEncode::Request) -> R<TensorMapEncode::Reply> {
+        self.tensor_map_encode(req)
+    }
+
+    fn TensorMapReplaceAddress(&mut self, req: TensorMapReplaceAddress::Request) -> R<TensorMapReplaceAddress::Reply> {
+        self.tensor_map_replace_address(req)
     }
 }
