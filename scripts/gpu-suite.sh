@@ -276,8 +276,10 @@ if [ -n "${program_of[py/torch_smoke]:-}" ]; then
 fi
 # Mapped pinned memory with no shared memory: kernels reach it through a
 # block of the server's kept in step with the program's (zero_copy), and a
-# kernel waiting for a flag the host sets is released (host_flag).
-for name in rt/zero_copy.static rt/host_flag.static; do
+# kernel waiting for a flag the host sets is released (host_flag); a
+# graph's copies of ordinary memory go through such blocks (graphs,
+# graph_nodes, graph_pageable).
+for name in rt/zero_copy.static rt/host_flag.static graphs graph_nodes rt/graph_pageable.static; do
     compare "mapped/$name" "${program_of[$name]}" ""
 done
 via=

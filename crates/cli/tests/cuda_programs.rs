@@ -341,12 +341,17 @@ fn programs_run_over_tcp_with_the_token() {
     // memsets: those of pinned memory, which the server cannot reach, are
     // done by the front-end in their stream's order. zero_copy: kernels
     // read and write pinned memory through its device address, a block of
-    // the server's kept in step with it.
+    // the server's kept in step with it. graphs, graph_nodes and
+    // graph_pageable: a graph's copies of the program's memory, captured
+    // or as nodes, go through such blocks too.
     for (program, expected) in [
         ("copies", "copies.txt"),
         ("memsets", "memsets.txt"),
+        ("graphs", "graphs.txt"),
+        ("graph_nodes", "graph_nodes.txt"),
         ("runtime/vector_add.shared", "runtime/vector_add.txt"),
         ("runtime/zero_copy.static", "runtime/zero_copy.txt"),
+        ("runtime/graph_pageable.static", "runtime/graph_pageable.txt"),
     ] {
         let out = run_to_end(server.run(Some(&server.token), &dir.join(program))).stdout;
         let want = fs::read_to_string(repo_root().join("tests/cuda/expected").join(expected)).expect("expected");

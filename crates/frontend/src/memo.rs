@@ -277,6 +277,12 @@ impl Memo {
         self.generation.fetch_add(1, Ordering::AcqRel) + 1
     }
 
+    /// How many times anything was forgotten.
+    #[cfg(test)]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// Forgets everything.
     pub fn forget(&self) {
         let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);

@@ -533,3 +533,33 @@ exports! {
         // SAFETY: per the export's contract.
         unsafe { update_deps(ptsz_stream(s), d, data, n, flags) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Calls that change a graph or end an executable one forget the child
+    /// sets kept; launches, updates of executable graphs and calls outside
+    /// the graph section (tensor maps among them) do not.
+    #[test]
+    fn only_calls_that_may_change_a_graph_forget_child_sets() {
+        let forgets = |opcode| {
+            let before = crate::memo::GRAPH_SETS.generation();
+            before_call(opcode);
+            crate::memo::GRAPH_SETS.generation() != before
+        };
+        for opcode in [Opcode::GraphAddEmptyNode, Opcode::cuGraphDestroy, Opcode::cuGraphExecDestroy] {
+            assert!(forgets(opcode), "{opcode:?}");
+        }
+        for opcode in [
+            Opcode::cuGraphLaunch,
+            Opcode::GraphKernelNodeSetParams,
+            Opcode::GraphChildNodeSetParams,
+            Opcode::LaunchHostFunc,
+            Opcode::TensorMapEncode,
+            Opcode::Launch,
+        ] {
+            assert!(!forgets(opcode), "{opcode:?}");
+        }
+    }
+}

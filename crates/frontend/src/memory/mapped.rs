@@ -183,6 +183,40 @@ pub fn device_address(start: u64, size: usize, ptr: u64) -> Result<u64, CuError>
     Ok(devptr + (ptr - start))
 }
 
+/// A block of the server's standing in for `[ptr, ptr + len)` of the
+/// program's ordinary memory in a graph's copies where no memory is shared
+/// (`mirrors::block_for` has one shared otherwise): the block and where
+/// `ptr` lies in it, kept in step with the program's bytes as mapped pinned
+/// memory is. None where the range is not readable memory.
+pub fn mirror(ptr: u64, len: usize) -> Result<Option<(u64, u64)>, CuError> {
+    let end = ptr.checked_add(len as u64).ok_or(CuError::INVALID_VALUE)?;
+    let mut conn = client::lock()?;
+    let inside = |m: &Mapping| m.start <= ptr && end <= m.start + m.size as u64;
+    if let Some(m) = state().live.iter().find(|m| inside(m)) {
+        return Ok(Some((m.block, m.offset as u64 + (ptr - m.start))));
+    }
+    if !read_own(ptr, &mut vec![0; len]) {
+        return Ok(None);
+    }
+    let base = ptr & !(PAGE - 1);
+    let offset = (ptr - base) as usize;
+    let size = (offset + len).next_multiple_of(PAGE as usize);
+    let reply = conn.call(calls::HostMirror::Request { size: size as u64, at: base })?;
+    // The program's bytes go with the next device call, a graph's launch.
+    let devptr = reply.devptr.0 + offset as u64;
+    let m = Mapping { start: ptr, size: len, block: reply.block, offset, devptr, agreed: vec![0; size], small: false };
+    state().add(m);
+    Ok(Some((reply.block, offset as u64)))
+}
+
+/// The program's address that `offset` of block `block` stands for.
+pub fn program_address(block: u64, offset: u64) -> Option<u64> {
+    let state = state();
+    let m = state.live.iter().find(|m| m.block == block)?;
+    let at = offset.checked_sub(m.offset as u64)?;
+    (at < m.size as u64).then(|| m.start + at)
+}
+
 /// The device address of `ptr` in the range at `start`, if it is mapped:
 /// asking maps nothing.
 pub fn mapped_address(start: u64, ptr: u64) -> Option<u64> {

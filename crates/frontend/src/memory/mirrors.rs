@@ -52,11 +52,16 @@ fn mirrors() -> std::sync::MutexGuard<'static, Vec<Mirror>> {
 }
 
 /// The shared block and offset a graph's copy of `[ptr, ptr + len)` uses,
-/// `to_device` (the host end is the source) or from it. None where memory
-/// is not shared with the server, or the range is not readable memory.
+/// `to_device` (the host end is the source) or from it. Where memory is not
+/// shared with the server, a block of the server's kept in step with the
+/// program's bytes (`mapped::mirror`). None where the range is not readable
+/// memory.
 pub fn block_for(ptr: u64, len: usize, to_device: bool) -> Result<Option<(u64, u64)>, CuError> {
-    if !host::shared_memory() || len == 0 {
+    if len == 0 {
         return Ok(None);
+    }
+    if !host::shared_memory() {
+        return super::mapped::mirror(ptr, len);
     }
     let gone = std::mem::take(&mut *GONE.lock().unwrap_or_else(PoisonError::into_inner));
     for block in gone {
@@ -89,9 +94,11 @@ pub fn block_for(ptr: u64, len: usize, to_device: bool) -> Result<Option<(u64, u
 
 /// The program's address that `offset` of mirror block `block` mirrors.
 pub fn program_address(block: u64, offset: u64) -> Option<u64> {
-    let all = mirrors();
-    let m = all.iter().find(|m| m.block == block)?;
-    (offset < m.len as u64).then(|| m.host + offset)
+    let found = {
+        let all = mirrors();
+        all.iter().find(|m| m.block == block).map(|m| (offset < m.len as u64).then(|| m.host + offset))
+    };
+    found.unwrap_or_else(|| super::mapped::program_address(block, offset))
 }
 
 /// Before a graph launch: what the device wrote first, then what the
