@@ -360,7 +360,7 @@ impl Conn {
             crate::memory::mirrors::to_device();
         }
         if opcode.reaches_device() {
-            crate::memory::mapped::to_device(self);
+            crate::memory::mapped::to_device(self, opcode == Opcode::cuGraphLaunch);
         }
     }
 

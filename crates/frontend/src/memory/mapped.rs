@@ -62,10 +62,21 @@ struct Mapping {
     devptr: u64,
     /// What the block held, all of it, when the two sides last agreed.
     agreed: Vec<u8>,
-    /// Whether the memory is a small allocation made here (mapped until
-    /// [`release`], then kept for reuse), or the program's own, registered,
-    /// which it may unmap behind our back.
-    small: bool,
+    kind: Kind,
+}
+
+/// Whose memory a mapping holds, and what reads it on the device.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// A small allocation made here: mapped until [`release`], then kept
+    /// for reuse.
+    Small,
+    /// The program's own, registered, which it may unmap behind our back.
+    Registered,
+    /// The program's ordinary memory a graph's copies name: only a graph's
+    /// launch reads it, so only a launch (or a host function, which a
+    /// graph's copy may follow) sends what the program wrote.
+    GraphCopies,
 }
 
 struct State {
@@ -117,7 +128,7 @@ pub fn alloc(size: usize) -> Result<Option<u64>, CuError> {
     let mut conn = client::lock()?;
     {
         let mut state = state();
-        if state.live.iter().filter(|m| m.small).count() >= EAGER_LIVE {
+        if state.live.iter().filter(|m| m.kind == Kind::Small).count() >= EAGER_LIVE {
             return Ok(None);
         }
         if let Some(i) = state.kept.iter().position(|m| m.agreed.len() == len) {
@@ -157,7 +168,7 @@ pub fn alloc(size: usize) -> Result<Option<u64>, CuError> {
         return Ok(None);
     };
     // A fresh block is zeros on both sides.
-    let m = Mapping { start: at, size, block, offset: 0, devptr: at, agreed: vec![0; len], small: true };
+    let m = Mapping { start: at, size, block, offset: 0, devptr: at, agreed: vec![0; len], kind: Kind::Small };
     state().add(m);
     Ok(Some(at))
 }
@@ -178,7 +189,7 @@ pub fn device_address(start: u64, size: usize, ptr: u64) -> Result<u64, CuError>
     })?;
     let devptr = reply.devptr.0 + offset as u64;
     // The program's bytes go with the next device call.
-    let m = Mapping { start, size, block: reply.block, offset, devptr, agreed: vec![0; len], small: false };
+    let m = Mapping { start, size, block: reply.block, offset, devptr, agreed: vec![0; len], kind: Kind::Registered };
     state().add(m);
     Ok(devptr + (ptr - start))
 }
@@ -204,7 +215,8 @@ pub fn mirror(ptr: u64, len: usize) -> Result<Option<(u64, u64)>, CuError> {
     let reply = conn.call(calls::HostMirror::Request { size: size as u64, at: base })?;
     // The program's bytes go with the next device call, a graph's launch.
     let devptr = reply.devptr.0 + offset as u64;
-    let m = Mapping { start: ptr, size: len, block: reply.block, offset, devptr, agreed: vec![0; size], small: false };
+    let kind = Kind::GraphCopies;
+    let m = Mapping { start: ptr, size: len, block: reply.block, offset, devptr, agreed: vec![0; size], kind };
     state().add(m);
     Ok(Some((reply.block, offset as u64)))
 }
@@ -223,7 +235,8 @@ pub fn mapped_address(start: u64, ptr: u64) -> Option<u64> {
     if !ANY.load(Ordering::Acquire) {
         return None;
     }
-    state().live.iter().find(|m| m.start == start).map(|m| m.devptr + (ptr - start))
+    let mapped = |m: &&Mapping| m.start == start && m.kind != Kind::GraphCopies;
+    state().live.iter().find(mapped).map(|m| m.devptr + (ptr - start))
 }
 
 /// Ends the mapping of the range at `start`, before the program's memory
@@ -237,7 +250,7 @@ pub fn release(start: u64) -> bool {
     let gone = {
         let mut state = state();
         match state.remove(start) {
-            Some(m) if m.small && state.kept.len() < KEPT => {
+            Some(m) if m.kind == Kind::Small && state.kept.len() < KEPT => {
                 state.kept.push(m);
                 return true;
             }
@@ -253,15 +266,16 @@ pub fn release(start: u64) -> bool {
 }
 
 /// Before a call that reaches the device: what the program wrote, to the
-/// server's blocks (posted, ahead of the call).
-pub fn to_device(conn: &mut Conn) {
+/// server's blocks (posted, ahead of the call); to those standing in for a
+/// graph's copies only before a graph's launch.
+pub fn to_device(conn: &mut Conn, graph_launch: bool) {
     if !ANY.load(Ordering::Acquire) {
         return;
     }
     let frames = {
         let mut state = state();
         match state.host_functions {
-            0 => changes(&mut state),
+            0 => changes(&mut state, graph_launch),
             _ => Vec::new(),
         }
     };
@@ -278,16 +292,18 @@ pub fn to_device(conn: &mut Conn) {
 pub fn host_function_done() -> Vec<Vec<MappedRun>> {
     let mut state = state();
     state.host_functions = state.host_functions.saturating_sub(1);
-    changes(&mut state)
+    changes(&mut state, true)
 }
 
-fn changes(state: &mut State) -> Vec<Vec<MappedRun>> {
+/// What the program wrote since the two sides last agreed, in every mapping
+/// (`graph_copies`) or all but those standing in for a graph's copies.
+fn changes(state: &mut State, graph_copies: bool) -> Vec<Vec<MappedRun>> {
     if !ANY.load(Ordering::Acquire) {
         return Vec::new();
     }
     let mut out = MappedFrames::default();
     let mut now = Vec::new();
-    for m in state.live.iter_mut() {
+    for m in state.live.iter_mut().filter(|m| graph_copies || m.kind != Kind::GraphCopies) {
         now.resize(m.size, 0);
         if !m.read(m.start, &mut now) {
             // Registered memory the program unmapped: the device keeps what it had.
@@ -321,7 +337,7 @@ pub fn from_device(payload: &[u8]) {
 impl Mapping {
     /// Reads the program's bytes at `addr`, inside the range.
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
-        if !self.small {
+        if self.kind != Kind::Small {
             return read_own(addr, out);
         }
         // SAFETY: inside memory allocated here, mapped while the mapping lives.
@@ -331,7 +347,7 @@ impl Mapping {
 
     /// Writes the program's bytes at `addr`, inside the range.
     fn write(&self, addr: u64, data: &[u8]) {
-        if !self.small {
+        if self.kind != Kind::Small {
             write_own(addr, data);
             return;
         }
