@@ -27,6 +27,11 @@
 //! not seen. A host function the stream runs gets what the device wrote
 //! before it on its own connection, and its writes go back with its answer.
 //!
+//! The same blocks stand in for the program's ordinary memory that a
+//! graph's copies name, where no memory is shared (`mirrors` otherwise);
+//! only a graph's launch or a host function sends what the program wrote
+//! to those.
+//!
 //! Freed small allocations keep their pages and blocks for the next ones:
 //! some programs (XLA) allocate and free a few bytes of pinned memory every
 //! step, and a block costs a round trip to make and one to free.
@@ -181,17 +186,24 @@ pub fn device_address(start: u64, size: usize, ptr: u64) -> Result<u64, CuError>
     if let Some(devptr) = mapped_address(start, ptr) {
         return Ok(devptr);
     }
+    let (_, devptr) = map(&mut conn, start, size, Kind::Registered).inspect_err(|e| {
+        crate::log::warn(&format!("cuMemHostGetDevicePointer: the server holds no block for this memory: {e:?}"));
+    })?;
+    Ok(devptr + (ptr - start))
+}
+
+/// Has the server make a block for the program's `[start, start + size)`,
+/// in whole pages around it, and records the mapping: the block, and the
+/// device address of `start`. The program's bytes go with the next device
+/// call that compares this kind.
+fn map(conn: &mut Conn, start: u64, size: usize, kind: Kind) -> Result<(u64, u64), CuError> {
     let base = start & !(PAGE - 1);
     let offset = (start - base) as usize;
     let len = (offset + size).next_multiple_of(PAGE as usize);
-    let reply = conn.call(calls::HostMirror::Request { size: len as u64, at: base }).inspect_err(|e| {
-        crate::log::warn(&format!("cuMemHostGetDevicePointer: the server holds no block for this memory: {e:?}"));
-    })?;
+    let reply = conn.call(calls::HostMirror::Request { size: len as u64, at: base })?;
     let devptr = reply.devptr.0 + offset as u64;
-    // The program's bytes go with the next device call.
-    let m = Mapping { start, size, block: reply.block, offset, devptr, agreed: vec![0; len], kind: Kind::Registered };
-    state().add(m);
-    Ok(devptr + (ptr - start))
+    state().add(Mapping { start, size, block: reply.block, offset, devptr, agreed: vec![0; len], kind });
+    Ok((reply.block, devptr))
 }
 
 /// A block of the server's standing in for `[ptr, ptr + len)` of the
@@ -209,16 +221,8 @@ pub fn mirror(ptr: u64, len: usize) -> Result<Option<(u64, u64)>, CuError> {
     if !read_own(ptr, &mut vec![0; len]) {
         return Ok(None);
     }
-    let base = ptr & !(PAGE - 1);
-    let offset = (ptr - base) as usize;
-    let size = (offset + len).next_multiple_of(PAGE as usize);
-    let reply = conn.call(calls::HostMirror::Request { size: size as u64, at: base })?;
-    // The program's bytes go with the next device call, a graph's launch.
-    let devptr = reply.devptr.0 + offset as u64;
-    let kind = Kind::GraphCopies;
-    let m = Mapping { start: ptr, size: len, block: reply.block, offset, devptr, agreed: vec![0; size], kind };
-    state().add(m);
-    Ok(Some((reply.block, offset as u64)))
+    let (block, _) = map(&mut conn, ptr, len, Kind::GraphCopies)?;
+    Ok(Some((block, ptr & (PAGE - 1))))
 }
 
 /// The program's address that `offset` of block `block` stands for.

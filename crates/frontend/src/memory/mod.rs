@@ -168,13 +168,15 @@ fn pointer(ptr: u64) -> Result<Option<Pointer>, CuError> {
 /// device ranges apart from the process's own mappings; frameworks ask
 /// about their host buffers often enough that the answer must not wait.
 fn mapped_here(ptr: u64) -> bool {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
-    let start = ptr & !(page - 1);
+    let start = ptr & !(host::PAGE - 1);
     // SAFETY: msync only looks the range up; MS_ASYNC writes nothing back
     // and fails with ENOMEM where any of the page is not mapped.
-    unsafe { libc::msync(start as *mut c_void, page as usize, libc::MS_ASYNC) == 0 }
+    unsafe { libc::msync(start as *mut c_void, host::PAGE as usize, libc::MS_ASYNC) == 0 }
 }
+
+/// `CU_POINTER_ATTRIBUTE_P2P_TOKENS`: deprecated, and refused by the driver
+/// even where other attributes that do not apply read as zero.
+const P2P_TOKENS: i32 = 5;
 
 /// Writes attribute `attr` of `p` (at `ptr`) to `data`, each of the
 /// width and value the driver writes (booleans are 4 bytes).
@@ -194,8 +196,7 @@ unsafe fn write_attribute(data: *mut c_void, attr: i32, p: &Pointer, ptr: u64) -
             3 => write_out(data.cast::<u64>(), p.devptr.ok_or(CuError::INVALID_VALUE)?),
             4 if p.device && !p.managed => return Err(CuError::INVALID_VALUE),
             4 => write_out(data.cast::<u64>(), ptr),
-            // P2P_TOKENS: deprecated; the driver refuses it.
-            5 => return Err(CuError::INVALID_VALUE),
+            P2P_TOKENS => return Err(CuError::INVALID_VALUE),
             // SYNC_MEMOPS: never set here; managed memory always has it.
             6 => write_out(data.cast::<u32>(), flag(p.managed)),
             7 => write_out(data.cast::<u64>(), p.base), // BUFFER_ID: unique while the buffer lives
@@ -236,7 +237,7 @@ unsafe fn write_unknown(data: *mut c_void, attr: i32, ptr: u64) -> Result<(), Cu
     unsafe {
         match attr {
             4 => write_out(data.cast::<u64>(), ptr),
-            5 => return Err(CuError::INVALID_VALUE),
+            P2P_TOKENS => return Err(CuError::INVALID_VALUE),
             9 => write_out(data.cast::<i32>(), -2),
             // The driver leaves the range of memory it does not know unwritten.
             11 | 12 => {}
@@ -294,7 +295,7 @@ pub unsafe extern "C" fn cuPointerGetAttributes(n: u32, attrs: *mut i32, data: *
             match written {
                 Ok(()) => {}
                 // SAFETY: as above; zero is "none" for every attribute.
-                Err(CuError::INVALID_VALUE) if attr != 5 => unsafe {
+                Err(CuError::INVALID_VALUE) if attr != P2P_TOKENS => unsafe {
                     std::ptr::write_bytes(out.cast::<u8>(), 0, attribute_size(attr))
                 },
                 Err(e) => return Err(e),
