@@ -3,30 +3,41 @@
 
 PyTorch training steps (an MLP, a transformer encoder, a conv net, a small
 GPT), a small-batch inference loop, a torch.compile'd training step, and a
-jitted JAX training step. Each round runs every suite once natively and
-once through gpuplex on each carrier, in an order that alternates from
-round to round; each run is a fresh process, which times every step of
-every workload (synchronized by reading the loss, as a training loop that
-logs it does). A workload's figure per run is the median of its steps; the
-table gives, per carrier, the median over rounds of the ratio to native in
-the same round, with the spread of those ratios, and checks that every
-loss matched native's exactly.
+jitted JAX training step, each step synchronized by reading its loss, as a
+training loop that logs it does.
+
+Every column (native, and gpuplex on each carrier) is one long-lived
+process per suite that builds and warms up its workloads once; the
+columns then take turns at the GPU, a few steps of one workload each, in
+an order that reverses from turn to turn, so that each turn's ratio to
+native compares steps taken moments apart. The machines' speed drifts by
+tens of percent over seconds, which separate runs would compare. Fresh
+processes are started `--sets` times, so that what one process happened
+to get (its memory's placement, a library's choice of kernel) is not
+taken for the carrier's cost. The table gives the median over all turns
+of each turn's ratio with its 10th-90th percentile, and whether every loss
+matched native's exactly.
 
 Usage: scripts/bench-frameworks.py [BIN_DIR] [--carriers shm,socket,tcp]
-           [--rounds N] [--steps N] [--only NAME,...] [--trace DIR] [--json FILE]
-BIN_DIR (default target/release) holds gpuplex and libcuda.so. With
---trace, one more run per workload through each carrier writes its
-`gpuplex run --trace` table to DIR/CARRIER/NAME.txt.
+           [--sets N] [--turns N] [--steps N] [--only NAME,...]
+           [--baseline DIR] [--trace DIR] [--json FILE]
+BIN_DIR (default target/release) holds gpuplex and libcuda.so; with
+--baseline, another build's BIN_DIR is measured too, as CARRIER@base
+columns in the same turns. With --trace, one more process per workload
+through each carrier writes its `gpuplex run --trace` table to
+DIR/CARRIER/NAME.txt.
 """
 import argparse
 import json
 import os
+import queue
 import secrets
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 SUITES = {
@@ -34,6 +45,9 @@ SUITES = {
     "jax": ["jax_mlp"],
 }
 WARMUP = 10
+# Untimed steps at the start of each turn: the GPU has just served another
+# process, and the first steps after a switch pay for it in every column.
+TURN_WARMUP = 2
 
 
 # ---------------------------------------------------------------- workloads
@@ -195,10 +209,14 @@ def w_jax_mlp():
     return step
 
 
-def child(suite, steps, only):
-    """Runs the suite's workloads; prints one JSON line each."""
+def child(suite, only):
+    """Builds the suite's workloads and warms each up, prints one JSON line
+    naming them, then serves turns: each line `NAME WARM STEPS` read from
+    stdin runs WARM untimed steps and STEPS timed ones of workload NAME and
+    prints their times and losses as one JSON line."""
     if suite == "jax":
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    steps, errors = {}, {}
     for name in SUITES[suite]:
         if only and name not in only:
             continue
@@ -206,13 +224,22 @@ def child(suite, steps, only):
             step = globals()["w_" + name]()
             for _ in range(WARMUP):
                 step()
-            times, losses = [], []
-            for _ in range(steps):
+            steps[name] = step
+        except Exception as e:  # reported, and the suite goes on
+            errors[name] = f"{type(e).__name__}: {e}"[:2000]
+    print(json.dumps({"ready": list(steps), "errors": errors}), flush=True)
+    for line in sys.stdin:
+        name, warm, n = line.split()
+        times, losses = [], []
+        try:
+            for _ in range(int(warm)):
+                steps[name]()
+            for _ in range(int(n)):
                 t0 = time.perf_counter()
-                losses.append(step())
+                losses.append(steps[name]())
                 times.append((time.perf_counter() - t0) * 1e3)
             print(json.dumps({"name": name, "ms": times, "losses": losses}), flush=True)
-        except Exception as e:  # reported, and the suite goes on
+        except Exception as e:
             print(json.dumps({"name": name, "error": f"{type(e).__name__}: {e}"[:2000]}), flush=True)
 
 
@@ -228,6 +255,7 @@ class Servers:
     """A gpuplex server listening on a Unix socket and on TCP loopback."""
 
     def __init__(self, bin_dir, work):
+        os.makedirs(work)
         self.bin = os.path.join(bin_dir, "gpuplex")
         self.sock = os.path.join(work, "gpuplex.sock")
         self.token = os.path.join(work, "token")
@@ -255,113 +283,195 @@ class Servers:
         self.proc.wait()
 
 
-def run_suite(cmd, env, suite, steps, only, timeout):
-    argv = cmd + [sys.executable, os.path.abspath(__file__), "--child", suite, "--steps", str(steps)]
-    if only:
-        argv += ["--only", ",".join(only)]
-    try:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {}, f"timed out after {timeout} s"
-    results = {}
-    for line in p.stdout.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            results[r["name"]] = r
-    return results, p.stderr
+class Column:
+    """One column's process for a suite: its workloads built once, then
+    timed in turns on request (see `child`)."""
+
+    def __init__(self, label, cmd, env, suite, only, work):
+        self.label, self.error = label, None
+        argv = cmd + [sys.executable, os.path.abspath(__file__), "--child", suite]
+        if only:
+            argv += ["--only", ",".join(only)]
+        self.stderr_path = os.path.join(work, f"{suite}.{label.replace('@', '-')}.{time.monotonic_ns()}.err")
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=open(self.stderr_path, "w"), text=True)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def reply(self, timeout):
+        """The child's next JSON line, or None (with `error` set) if it ended or timed out."""
+        if self.error:
+            return None
+        try:
+            r = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            r, self.error = None, f"no answer within {timeout} s"
+            self.proc.kill()
+        if r is None and not self.error:
+            self.error = "ended: " + self.stderr_tail()
+        return r
+
+    def turn(self, name, warm, steps, timeout):
+        if self.error:
+            return None
+        try:
+            self.proc.stdin.write(f"{name} {warm} {steps}\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # the child is gone: reply() says why
+        return self.reply(timeout)
+
+    def close(self, timeout):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+    def warnings(self):
+        """gpuplex's own warnings so far (why a call failed), to go with an error."""
+        with open(self.stderr_path) as f:
+            ours = [line for line in f if line.startswith("gpuplex[")]
+        return "".join("\n" + line.rstrip()[:500] for line in ours[-5:])
+
+    def stderr_tail(self):
+        with open(self.stderr_path) as f:
+            return f.read().strip()[-1500:]
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("bin_dir", nargs="?", default="target/release")
     ap.add_argument("--carriers", default="shm,tcp")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--sets", type=int, default=3, help="fresh processes per column, one after another")
+    ap.add_argument("--turns", type=int, default=10, help="turns per set of processes")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per turn")
     ap.add_argument("--only", default="")
     ap.add_argument("--suites", default="torch,jax")
+    ap.add_argument("--baseline", metavar="DIR", help="another build's BIN_DIR, as CARRIER@base columns")
     ap.add_argument("--trace", metavar="DIR")
     ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds for a suite to start, or a turn to end")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     only = [n for n in a.only.split(",") if n]
     if a.child:
-        return child(a.child, a.steps, only)
+        return child(a.child, only)
 
     carriers = [c for c in a.carriers.split(",") if c]
+    suites = [s for s in a.suites.split(",") if s]
     work = tempfile.mkdtemp(prefix="bench-frameworks.")
-    servers = Servers(os.path.abspath(a.bin_dir), work)
+    servers = {"": Servers(os.path.abspath(a.bin_dir), os.path.join(work, "this"))}
+    if a.baseline:
+        servers["@base"] = Servers(os.path.abspath(a.baseline), os.path.join(work, "base"))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    columns = ["native"] + carriers
-    # samples[suite_column][workload] = list of per-run medians; losses likewise.
-    medians = {c: {} for c in columns}
-    losses = {c: {} for c in columns}
+    # (label, command prefix, environment) of every column; native first.
+    columns = [("native", [], env)] + [
+        (c + tag, srv.prefix(c), dict(env, GPUPLEX_CARRIER="socket") if c == "socket" else env)
+        for tag, srv in servers.items() for c in carriers]
+    labels = [c[0] for c in columns]
+    names = [n for s in suites for n in SUITES[s] if not only or n in only]
+    # turns[label][name]: (set, median ms) per turn; losses[label][name][set]: every loss in order.
+    turns = {c: {n: [] for n in names} for c in labels}
+    losses = {c: {n: {} for n in names} for c in labels}
     errors = {}
     try:
-        for r in range(a.rounds):
-            order = columns if r % 2 == 0 else columns[::-1]
-            for suite in a.suites.split(","):
-                for col in order:
-                    cmd = [] if col == "native" else servers.prefix(col)
-                    cenv = dict(env, GPUPLEX_CARRIER="socket") if col == "socket" else env
-                    results, stderr = run_suite(cmd, cenv, suite, a.steps, only, a.timeout)
-                    for name in SUITES[suite]:
-                        if only and name not in only:
-                            continue
-                        res = results.get(name)
-                        if res is None or "error" in res:
-                            why = res["error"] if res else "no result: " + stderr.strip()[-1500:]
-                            errors.setdefault((col, name), why)
-                            continue
-                        medians[col].setdefault(name, []).append(statistics.median(res["ms"]))
-                        losses[col].setdefault(name, []).append(res["losses"])
-                    print(f"round {r + 1}/{a.rounds}: {suite} {col} done", file=sys.stderr, flush=True)
+        for s in range(a.sets):
+            for suite in suites:
+                procs = [Column(label, cmd, cenv, suite, only, work) for label, cmd, cenv in columns]
+                for p in procs:
+                    ready = p.reply(a.timeout)
+                    for name, why in (ready or {}).get("errors", {}).items():
+                        errors.setdefault((p.label, name), why)
+                mine = [n for n in SUITES[suite] if n in names]
+                for t in range(a.turns):
+                    order = procs if (s * a.turns + t) % 2 == 0 else procs[::-1]
+                    for name in mine:
+                        for p in order:
+                            r = p.turn(name, TURN_WARMUP, a.steps, a.timeout)
+                            if r is None or "error" in r:
+                                errors.setdefault((p.label, name), r["error"] + p.warnings() if r else p.error)
+                                continue
+                            turns[p.label][name].append((s, t, statistics.median(r["ms"])))
+                            losses[p.label][name].setdefault(s, []).extend(r["losses"])
+                for p in procs:
+                    if p.error:
+                        errors.setdefault((p.label, suite), p.error)
+                    p.close(a.timeout)
+                print(f"set {s + 1}/{a.sets}: {suite} done", file=sys.stderr, flush=True)
         for carrier in carriers if a.trace else []:
             os.makedirs(os.path.join(a.trace, carrier), exist_ok=True)
             cenv = dict(env, GPUPLEX_CARRIER="socket") if carrier == "socket" else env
-            for suite in a.suites.split(","):
+            for suite in suites:
                 for name in SUITES[suite]:
-                    if only and name not in only:
+                    if name not in names:
                         continue
-                    _, stderr = run_suite(servers.prefix(carrier, trace=True), cenv, suite, a.steps, [name], a.timeout)
-                    with open(os.path.join(a.trace, carrier, name + ".txt"), "w") as f:
-                        f.write(stderr)
+                    p = Column(carrier, servers[""].prefix(carrier, trace=True), cenv, suite, [name], work)
+                    if p.reply(a.timeout):
+                        p.turn(name, 0, a.steps, a.timeout)
+                    p.close(a.timeout)
+                    with open(os.path.join(a.trace, carrier, name + ".txt"), "w") as f, open(p.stderr_path) as e:
+                        f.write(e.read())
     finally:
-        servers.stop()
+        for srv in servers.values():
+            srv.stop()
+    return report(a, labels, names, turns, losses, errors)
 
-    report = {"rounds": a.rounds, "steps": a.steps, "workloads": []}
-    names = [n for s in a.suites.split(",") for n in SUITES[s] if not only or n in only]
-    print(f"\n{a.rounds} rounds of {a.steps} steps (after {WARMUP} warm-up); ms per step, median of steps, "
-          "then the median over rounds; ratio: median of the rounds' ratios to native [min-max]")
-    head = f"{'workload':<12} {'native':>9}" + "".join(f" {c:>9} {'ratio':>20}" for c in carriers) + "  losses"
-    print(head)
+
+def report(a, labels, names, turns, losses, errors):
+    others = labels[1:]
+    print(f"\n{a.sets} sets of processes x {a.turns} turns x {a.steps} steps (after {WARMUP} warm-up steps, "
+          f"and {TURN_WARMUP} more each turn); ms per step: median over turns of each turn's median; "
+          "ratio: median of the turns' ratios to native [10th-90th percentile]")
+    print(f"{'workload':<12} {'native':>8}" + "".join(f" {c:>9} {'ratio':>19}" for c in others) + "  losses")
+    out = {"sets": a.sets, "turns": a.turns, "steps": a.steps, "workloads": []}
     for name in names:
-        nat = medians["native"].get(name, [])
-        row = {"name": name, "native_ms": nat, "carriers": {}}
-        line = f"{name:<12} {statistics.median(nat) if nat else float('nan'):>9.3f}"
-        same = True
-        for c in carriers:
-            ours = medians[c].get(name, [])
-            ratios = [o / n for o, n in zip(ours, nat)] if len(ours) == len(nat) else []
-            row["carriers"][c] = {"ms": ours, "ratios": ratios}
+        nat = {(s, t): ms for s, t, ms in turns["native"][name]}
+        row = {"name": name, "native_ms": [ms for _, _, ms in turns["native"][name]], "columns": {}}
+        line = f"{name:<12} {statistics.median(nat.values()) if nat else float('nan'):>8.3f}"
+        same = bool(nat)
+        for c in others:
+            ours = turns[c][name]
+            ratios = [(s, ms / nat[s, t]) for s, t, ms in ours if (s, t) in nat]
+            by_set = [statistics.median(r for s2, r in ratios if s2 == s) for s in range(a.sets)
+                      if any(s2 == s for s2, _ in ratios)]
+            row["columns"][c] = {"ms": [ms for _, _, ms in ours], "ratios": [r for _, r in ratios],
+                                 "set_medians": by_set}
             if ratios:
-                cell = f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
-                line += f" {statistics.median(ours):>9.3f} {cell:>20}"
+                rs = [r for _, r in ratios]
+                cell = f"{statistics.median(rs):.3f} [{percentile(rs, 0.1):.3f}-{percentile(rs, 0.9):.3f}]"
+                line += f" {statistics.median(ms for _, _, ms in ours):>9.3f} {cell:>19}"
             else:
-                line += f" {'-':>9} {'failed':>20}"
-            if losses[c].get(name) != losses["native"].get(name):
+                line += f" {'-':>9} {'failed':>19}"
+            if losses[c][name] != losses["native"][name]:
                 same = False
-        row["losses_identical"] = same and bool(nat)
-        line += "  " + ("identical" if row["losses_identical"] else "DIFFER")
+        row["losses_identical"] = same
+        line += "  " + ("identical" if same else "DIFFER")
         print(line)
-        report["workloads"].append(row)
+        out["workloads"].append(row)
+    if a.sets > 1:
+        print("each set's median ratio: " + "; ".join(
+            f"{w['name']} {c} " + "/".join(f"{m:.3f}" for m in w["columns"][c]["set_medians"])
+            for w in out["workloads"] for c in others if w["columns"][c]["set_medians"]))
     for (col, name), why in sorted(errors.items()):
         print(f"error: {name} {col}: {why}")
-    report["errors"] = {f"{c}/{n}": w for (c, n), w in errors.items()}
+    out["errors"] = {f"{c}/{n}": w for (c, n), w in errors.items()}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
-    ok = not errors and all(w["losses_identical"] for w in report["workloads"])
+            json.dump(out, f, indent=1)
+    ok = not errors and all(w["losses_identical"] for w in out["workloads"])
     return 0 if ok else 1
 
 

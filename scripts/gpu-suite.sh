@@ -19,10 +19,15 @@
 # a guest takes to connect, and the status and metrics meanwhile. Last, how
 # tenants share a GPU's time (`gpuplex bench --tenants`).
 #
-# Usage: scripts/gpu-suite.sh [--part all|main|vm] [BIN_DIR]
+# Last, the framework benchmark (scripts/bench-frameworks.py): PyTorch and
+# JAX steps natively and through the shared-memory and TCP carriers, their
+# losses compared and their times side by side.
+#
+# Usage: scripts/gpu-suite.sh [--part all|main|vm|frameworks] [BIN_DIR]
 #   BIN_DIR (or $GPUPLEX_BIN_DIR) holds prebuilt `gpuplex` and `libcuda.so`.
-#   --part vm runs only the virtual machine rows, main everything else (each
-#   fits a machine's ten-minute command limit where the whole does not).
+#   --part vm runs only the virtual machine rows, frameworks only the
+#   framework benchmark, main everything else (each fits a machine's
+#   ten-minute command limit where the whole does not).
 #   $CUDA_HOME (default /usr/local/cuda) provides nvcc and lib64/stubs.
 #   With $OUT set, the summary and a tarball of all logs are written there.
 # Exits non-zero if anything failed.
@@ -34,7 +39,7 @@ if [ "${1:-}" = --part ]; then
     part=$2
     shift 2
 fi
-case $part in all|main|vm) ;; *) echo "$0: --part all, main or vm" >&2; exit 2 ;; esac
+case $part in all|main|vm|frameworks) ;; *) echo "$0: --part all, main, vm or frameworks" >&2; exit 2 ;; esac
 bin=${1:-${GPUPLEX_BIN_DIR:-}}
 if [ -z "$bin" ] || [ ! -x "$bin/gpuplex" ] || [ ! -f "$bin/libcuda.so" ]; then
     echo "usage: $0 BIN_DIR (or GPUPLEX_BIN_DIR): a directory with gpuplex and libcuda.so" >&2
@@ -53,6 +58,16 @@ holder=""
 
 say() { echo "$*" | tee -a "$summary"; }
 fail() { say "FAIL: $*"; failures=$((failures + 1)); }
+# Says how the suite (or the part run) went, and exits with it.
+conclude() {
+    say ""
+    if [ "$failures" -eq 0 ]; then
+        say "$1: all passed"
+        exit 0
+    fi
+    say "$1: $failures failed"
+    exit 1
+}
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 
@@ -72,6 +87,33 @@ finish() {
 trap finish EXIT
 
 say "gpu suite: $(nvidia-smi -L 2>/dev/null | head -1), gpuplex from $bin"
+
+# The framework benchmark: passes when every workload ran on every carrier
+# with losses identical to native's; the ratios are reported, not judged.
+frameworks_rows() {
+    if ! python3 -c "import torch" 2>/dev/null; then
+        say "frameworks: skipped (no PyTorch)"
+        return
+    fi
+    local suites=torch
+    python3 -c "import jax" 2>/dev/null && suites=torch,jax
+    say ""
+    # XLA's autotuner picks kernels by timing them, so with it on JAX's
+    # losses may differ from native's in the last digits through any carrier.
+    if XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 540 \
+        python3 "$root/scripts/bench-frameworks.py" "$bin" --carriers shm,tcp --suites "$suites" \
+        --sets 2 --turns 8 --json "$logs/frameworks.json" >"$logs/frameworks.txt" 2>"$logs/frameworks.err"; then
+        say "frameworks ($suites; XLA autotuning off): every loss identical to native: PASS"
+    else
+        fail "frameworks: a workload failed or a loss differed (logs/frameworks.txt, logs/frameworks.err)"
+    fi
+    sed -n '/sets of processes/,$p' "$logs/frameworks.txt" | tee -a "$summary"
+}
+
+if [ "$part" = frameworks ]; then
+    frameworks_rows
+    conclude "gpu suite (frameworks)"
+fi
 PATH="$cuda/bin:$PATH" "$root/scripts/build-cuda-tests.sh" "$progs" "$cuda/lib64/stubs" 2>"$logs/build.log" ||
     { cat "$logs/build.log"; fail "build"; exit 1; }
 
@@ -207,10 +249,7 @@ print(sysconfig.get_paths()["stdlib"], sys.prefix if sys.prefix != sys.base_pref
 
 if [ "$part" = vm ]; then
     vm_rows
-    say ""
-    if [ "$failures" -eq 0 ]; then say "gpu suite (vm): all passed"; else say "gpu suite (vm): $failures failed"; fi
-    [ "$failures" -eq 0 ]
-    exit
+    conclude "gpu suite (vm)"
 fi
 
 # Driver API: everything but mem_info and hold_memory, whose output is the
@@ -579,6 +618,6 @@ else
     say "sched/spatial: skipped (no nvidia-cuda-mps-control)"
 fi
 
-say ""
-if [ "$failures" -eq 0 ]; then say "gpu suite: all passed"; else say "gpu suite: $failures failed"; fi
-[ "$failures" -eq 0 ]
+[ "$part" = all ] && frameworks_rows
+
+conclude "gpu suite"

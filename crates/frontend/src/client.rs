@@ -285,6 +285,8 @@ impl Client {
         if conn.broken {
             return Err(CuError::NO_DEVICE);
         }
+        // Replies that wait for the GPU come after about as long as the last.
+        conn.carrier.spin_adaptively();
         match conn.carrier.hold_posted() {
             Ok(Some(flusher)) => start_flusher(flusher),
             Ok(None) => {}
@@ -308,6 +310,14 @@ impl Client {
 /// ([`Carrier::hold_posted`]) before the flusher sends it: the delay before
 /// posted work reaches a GPU when the program waits for nothing after it.
 const FLUSH_EVERY: Duration = Duration::from_micros(50);
+
+/// Posted calls that do not wait in the carrier for more to join them: a
+/// program usually waits for them by other means than a CUDA call (a host
+/// function's own signal; a graph's results, read after its host functions
+/// ran), so held they would delay it by up to [`FLUSH_EVERY`].
+fn leaves_at_once(opcode: Opcode) -> bool {
+    matches!(opcode, Opcode::LaunchHostFunc | Opcode::cuGraphLaunch)
+}
 
 /// Starts the thread that sends the posted frames the carrier holds. It
 /// sleeps while nothing is held and never takes the connection's lock: a
@@ -374,7 +384,11 @@ impl Conn {
     }
 
     pub fn post<C: Call>(&mut self, req: C) -> Result<(), CuError> {
-        self.send_call(req, true).map(|_| ())
+        self.send_call(req, true)?;
+        if leaves_at_once(C::OPCODE) {
+            self.flush();
+        }
+        Ok(())
     }
 
     /// Sends a call; unless it is `posted`, its reply is then due

@@ -84,17 +84,7 @@ impl Region {
     /// As [`Region::open`], placed at `at` if that range is free here
     /// (never replacing an existing mapping), else anywhere.
     pub fn open_at(fd: OwnedFd, at: *mut u8) -> io::Result<Region> {
-        // SAFETY: plain queries on a descriptor we own.
-        let (len, seals) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            (st.st_size as usize, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
-        };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "shared region is not sealed against shrinking"));
-        }
+        let len = sealed_len(&fd)?;
         Region::map(fd, len, at)
     }
 
@@ -168,6 +158,23 @@ impl Region {
     }
 }
 
+/// The length of the memfd `fd`, refused unless it is sealed against
+/// shrinking (so that a mapping of it never faults).
+fn sealed_len(fd: &OwnedFd) -> io::Result<usize> {
+    // SAFETY: plain queries on a live descriptor.
+    let (len, seals) = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        (st.st_size as usize, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
+    };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "shared region is not sealed against shrinking"));
+    }
+    Ok(len)
+}
+
 impl Region {
     /// Unmaps the region but keeps its addresses taken, by a mapping nobody
     /// may access, so that a pointer to it kept elsewhere (in a captured
@@ -192,6 +199,59 @@ impl Drop for Region {
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
+
+/// Addresses taken for a region that is not there yet (nothing may access
+/// them), so that the peer can be asked to map its side at the same place
+/// first; released when dropped unless filled.
+pub struct Reservation {
+    base: *mut u8,
+    len: usize,
+}
+
+impl Reservation {
+    pub fn new(len: usize) -> io::Result<Reservation> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        // SAFETY: a new anonymous mapping that nobody may access.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, flags, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Reservation { base: p.cast(), len })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Maps the region received as `fd` (sealed, as long as the
+    /// reservation) in the reservation's place, in one step: no other
+    /// mapping can take the addresses between.
+    pub fn fill(self, fd: OwnedFd) -> io::Result<Region> {
+        if sealed_len(&fd)? != self.len {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the region is not as long as its reservation"));
+        }
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: MAP_FIXED replaces only this reservation's own mapping.
+        let p = unsafe {
+            libc::mmap(self.base.cast(), self.len, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let this = std::mem::ManuallyDrop::new(self);
+        Ok(Region { base: this.base, len: this.len, fd: Arc::new(fd), offset: 0 })
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, made in `new`.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+// SAFETY: a range of addresses, touched by no one through this value.
+unsafe impl Send for Reservation {}
 
 /// How a connection's region is laid out: a page of counters, the two
 /// rings, then the staging area. The server chooses; the guest checks that
@@ -743,6 +803,24 @@ fn hung_up(socket: RawFd) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// A reserved place takes the region where it was reserved, sharing
+    /// its bytes; a region of another length is refused.
+    #[test]
+    fn a_reservation_is_filled_in_place() {
+        let region = super::Region::create("test", 8192).unwrap();
+        let place = super::Reservation::new(8192).unwrap();
+        let at = place.as_ptr();
+        let filled = place.fill(region.fd().try_clone_to_owned().unwrap()).unwrap();
+        assert_eq!(filled.as_ptr(), at);
+        // SAFETY: both mappings are 8192 bytes of the same file.
+        unsafe {
+            region.as_ptr().add(4100).write(7);
+            assert_eq!(filled.as_ptr().add(4100).read(), 7);
+        }
+        let short = super::Reservation::new(4096).unwrap();
+        assert!(short.fill(region.fd().try_clone_to_owned().unwrap()).is_err());
+    }
+
     #[test]
     fn take_changes_keeps_both_sides_writes() {
         let mut agreed = *b"aaaaaa";

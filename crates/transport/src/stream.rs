@@ -1,7 +1,7 @@
 //! Frames over any byte stream: shared by the stream-socket carriers.
 
 use std::io::{ErrorKind, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -196,9 +196,66 @@ pub(crate) fn send_parts_with(socket: &impl AsRawFd, parts: &[&[u8]], flags: i32
 /// machine, and the reply to a call usually comes sooner than this.
 pub(crate) const SPIN: Duration = Duration::from_micros(50);
 
-/// Polls `socket` for up to [`SPIN`] until it has bytes to read or is
-/// closed, so that the read that follows need not sleep.
-pub(crate) fn await_readable(socket: &impl AsRawFd) {
+/// The longest an adaptive reader spins ([`Spin::adapt`]).
+const SPIN_MAX: Duration = Duration::from_millis(1);
+
+/// How long a socket's reader polls before it sleeps in the kernel: [`SPIN`],
+/// or, once adaptive ([`crate::Carrier::spin_adaptively`]), about as long
+/// as its recent waits lasted, so that a peer whose next frame follows the
+/// last by a GPU step's time is met spinning.
+pub(crate) struct Spin {
+    budget: Duration,
+    adaptive: bool,
+    /// Whether the last wait that slept was too long to spin through.
+    long_before: bool,
+}
+
+impl Default for Spin {
+    fn default() -> Spin {
+        Spin { budget: SPIN, adaptive: false, long_before: false }
+    }
+}
+
+impl Spin {
+    pub fn adaptive(&mut self) {
+        self.adaptive = true;
+    }
+
+    /// Polls `socket` until it has bytes or is closed, or the budget is
+    /// spent; then learns from how long the wait lasted once `read` (the
+    /// read that follows, which may sleep) returns.
+    pub fn around<T>(&mut self, socket: RawFd, read: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let spun = poll_readable(&socket, self.budget);
+        let out = read();
+        if !spun {
+            self.adapt(start.elapsed());
+        }
+        out
+    }
+
+    /// After a wait that slept and lasted `waited`: spin 1.5 times as long
+    /// next time, up to [`SPIN_MAX`]. Two such waits in a row longer than
+    /// that send it back to [`SPIN`], so that an idle peer costs nothing
+    /// noticeable. (The guest's wait for replies on shared memory adapts
+    /// the same way.)
+    fn adapt(&mut self, waited: Duration) {
+        if !self.adaptive {
+            return;
+        }
+        let long = waited > SPIN_MAX;
+        if !long {
+            self.budget = (waited * 3 / 2).clamp(SPIN, SPIN_MAX);
+        } else if self.long_before {
+            self.budget = SPIN;
+        }
+        self.long_before = long;
+    }
+}
+
+/// Polls `socket` for up to `budget`; returns whether it has bytes to read
+/// or is closed.
+pub(crate) fn poll_readable(socket: &impl AsRawFd, budget: Duration) -> bool {
     let start = Instant::now();
     let mut byte = 0u8;
     loop {
@@ -206,8 +263,11 @@ pub(crate) fn await_readable(socket: &impl AsRawFd) {
         let n = unsafe {
             libc::recv(socket.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
         };
-        if n >= 0 || std::io::Error::last_os_error().kind() != ErrorKind::WouldBlock || start.elapsed() >= SPIN {
-            return;
+        if n >= 0 || std::io::Error::last_os_error().kind() != ErrorKind::WouldBlock {
+            return true;
+        }
+        if start.elapsed() >= budget {
+            return false;
         }
         std::hint::spin_loop();
     }
@@ -390,4 +450,55 @@ impl Inbox {
 
 pub(crate) fn is_disconnect(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait that slept teaches the next budget; a frame met spinning
+    /// teaches nothing; two waits in a row past the longest spin send it
+    /// back to the short one, and a fixed reader never changes.
+    #[test]
+    fn an_adaptive_spin_follows_the_waits_that_slept() {
+        let mut spin = Spin::default();
+        spin.adapt(Duration::from_micros(400));
+        assert_eq!(spin.budget, SPIN, "not adaptive yet");
+        spin.adaptive();
+        spin.adapt(Duration::from_micros(400));
+        assert_eq!(spin.budget, Duration::from_micros(600));
+        spin.adapt(Duration::from_micros(10));
+        assert_eq!(spin.budget, SPIN, "never below the fixed spin");
+        spin.adapt(Duration::from_micros(900));
+        assert_eq!(spin.budget, SPIN_MAX);
+        spin.adapt(Duration::from_millis(50));
+        assert_eq!(spin.budget, SPIN_MAX, "one long wait keeps it");
+        spin.adapt(Duration::from_millis(50));
+        assert_eq!(spin.budget, SPIN, "two in a row end it");
+    }
+
+    /// `around` learns from a wait that outlasted its spin, and not from a
+    /// frame that was already there.
+    #[test]
+    fn around_learns_only_from_a_wait_past_its_spin() {
+        use std::io::Write;
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut spin = Spin::default();
+        spin.adaptive();
+        spin.adapt(Duration::from_micros(400));
+        let mut byte = [0u8];
+        (&b).write_all(b"x").unwrap();
+        spin.around(a.as_raw_fd(), || a.read_exact(&mut byte).unwrap());
+        assert_eq!(spin.budget, Duration::from_micros(600), "a byte already there teaches nothing");
+        for _ in 0..2 {
+            let b = b.try_clone().unwrap();
+            let late = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                (&b).write_all(b"y").unwrap();
+            });
+            spin.around(a.as_raw_fd(), || a.read_exact(&mut byte).unwrap());
+            late.join().unwrap();
+        }
+        assert_eq!(spin.budget, SPIN, "two waits of 20 ms end the long spin");
+    }
 }

@@ -18,7 +18,7 @@
 //! Nothing is encrypted: see the threat model in docs/ARCHITECTURE.md.
 
 use std::net::{self, SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +54,7 @@ pub struct TcpCarrier {
     key: Option<String>,
     out: stream::Outbox,
     inbox: stream::Inbox,
+    spin: stream::Spin,
 }
 
 struct PendingAuth {
@@ -97,7 +98,7 @@ impl TcpCarrier {
     fn over(socket: net::TcpStream, pending: Option<PendingAuth>) -> Result<TcpCarrier, TransportError> {
         let peer = socket.peer_addr()?;
         let (out, inbox) = (stream::Outbox::default(), stream::Inbox::default());
-        Ok(TcpCarrier { socket, peer, pending, key: None, out, inbox })
+        Ok(TcpCarrier { socket, peer, pending, key: None, out, inbox, spin: stream::Spin::default() })
     }
 
     /// The underlying socket, for tests that must misbehave on the wire.
@@ -169,14 +170,27 @@ impl Carrier for TcpCarrier {
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
         self.ready()?;
         self.out.flush()?;
-        if !self.inbox.has_bytes() {
-            stream::await_readable(&self.socket);
+        if self.inbox.has_bytes() {
+            return self.inbox.recv(&mut self.socket, payload);
         }
-        self.inbox.recv(&mut self.socket, payload)
+        let (socket, inbox) = (&mut self.socket, &mut self.inbox);
+        self.spin.around(socket.as_raw_fd(), || inbox.recv(socket, payload))
+    }
+
+    fn spin_adaptively(&mut self) {
+        self.spin.adaptive();
     }
 
     fn frame_waiting(&self) -> bool {
         self.inbox.has_bytes()
+    }
+
+    fn poll_frame(&self, budget: Duration) -> bool {
+        self.inbox.has_bytes() || stream::poll_readable(&self.socket, budget)
+    }
+
+    fn socket_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.socket.as_fd())
     }
 
     fn into_lane(mut self: Box<Self>) -> Result<Lane, TransportError> {

@@ -20,6 +20,7 @@ pub struct UnixCarrier {
     peer: Peer,
     rings: Option<Rings>,
     out: stream::Outbox,
+    spin: stream::Spin,
 }
 
 impl UnixCarrier {
@@ -29,7 +30,7 @@ impl UnixCarrier {
 
     fn new(socket: net::UnixStream) -> Result<UnixCarrier, TransportError> {
         let peer = peer_credentials(&socket)?;
-        Ok(UnixCarrier { socket, peer, rings: None, out: stream::Outbox::default() })
+        Ok(UnixCarrier { socket, peer, rings: None, out: stream::Outbox::default(), spin: stream::Spin::default() })
     }
 
     /// A connection another process accepted, handed over.
@@ -76,8 +77,8 @@ impl Carrier for UnixCarrier {
                 self.out.flush()?;
                 // Read exactly, never ahead: descriptors ride on the bytes
                 // that follow some replies, and a plain read drops them.
-                stream::await_readable(&self.socket);
-                stream::recv(&mut self.socket, payload)
+                let socket = &mut self.socket;
+                self.spin.around(socket.as_raw_fd(), || stream::recv(socket, payload))
             }
         }
     }
@@ -119,6 +120,21 @@ impl Carrier for UnixCarrier {
 
     fn frame_waiting(&self) -> bool {
         self.rings.as_ref().is_some_and(|rings| rings.reader.has_bytes())
+    }
+
+    fn spin_adaptively(&mut self) {
+        self.spin.adaptive();
+    }
+
+    fn poll_frame(&self, budget: Duration) -> bool {
+        match &self.rings {
+            Some(rings) => rings.reader.has_bytes(),
+            None => stream::poll_readable(&self.socket, budget),
+        }
+    }
+
+    fn socket_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.rings.is_none().then(|| self.socket.as_fd())
     }
 
     fn peer(&self) -> Peer {

@@ -32,7 +32,7 @@ use std::sync::{Mutex, PoisonError};
 use std::os::fd::AsRawFd;
 
 use gpuplex_protocol::{calls, CuError};
-use gpuplex_transport::shm::Region;
+use gpuplex_transport::shm::{Region, Reservation};
 
 use crate::client;
 use crate::ffi::{check_out, entry, write_out, CUresult};
@@ -139,8 +139,12 @@ pub fn contains(ptr: u64) -> bool {
 }
 
 /// Asks the server for a block of `len` bytes (whole pages) and maps it
-/// here: where the server has it if that range is free (`at == 0`), else
-/// anywhere, for the caller to move to `at`.
+/// here. For a block of its own (`at == 0`), at the same address as in the
+/// server: a place free here is reserved first and the server maps its side
+/// there if it can, else its own place is tried here (kernels and memsets
+/// take the program's pointer to pinned memory as the device's, as unified
+/// addressing has it). For one that stands for the program's memory at
+/// `at`, anywhere, for the caller to move.
 pub fn new_block(len: u64, flags: u32, at: u64, mirror: bool) -> Result<(SharedBlock, Region), CuError> {
     let mut conn = client::lock()?;
     if conn.heap.is_some() {
@@ -148,12 +152,18 @@ pub fn new_block(len: u64, flags: u32, at: u64, mirror: bool) -> Result<(SharedB
         let base = if at != 0 { at } else { view.as_ptr() as u64 };
         return Ok((SharedBlock { id, devptr, base, len }, view));
     }
-    let reply = conn.call(calls::HostAlloc::Request { size: len, flags, at, mirror })?;
+    let reservation = if at == 0 { Reservation::new(len as usize).ok() } else { None };
+    let want = reservation.as_ref().map_or(at, |r| r.as_ptr() as u64);
+    let reply = conn.call(calls::HostAlloc::Request { size: len, flags, at: want, mirror })?;
     let fd = conn.recv_fd()?;
     drop(conn);
-    let here = if at != 0 { std::ptr::null_mut() } else { reply.address as usize as *mut u8 };
     let block = |base| SharedBlock { id: reply.block, devptr: reply.devptr.0, base, len };
-    let region = match Region::open_at(fd, here) {
+    let mapped = match reservation {
+        Some(r) if reply.address == want => r.fill(fd),
+        _ if at != 0 => Region::open_at(fd, std::ptr::null_mut()),
+        _ => Region::open_at(fd, reply.address as usize as *mut u8),
+    };
+    let region = match mapped {
         Ok(r) if r.len() as u64 == len => r,
         other => {
             crate::log::error(&format!("cannot map a pinned block: {:?}", other.err()));
@@ -161,6 +171,13 @@ pub fn new_block(len: u64, flags: u32, at: u64, mirror: bool) -> Result<(SharedB
             return Err(CuError::OUT_OF_MEMORY);
         }
     };
+    if at == 0 && region.as_ptr() as u64 != reply.address {
+        crate::log::warn(&format!(
+            "pinned memory at {:p} here is at {:#x} in the server (both places were taken): a kernel or memset given this pointer fails",
+            region.as_ptr(),
+            reply.address
+        ));
+    }
     let base = if at != 0 { at } else { region.as_ptr() as u64 };
     Ok((block(base), region))
 }

@@ -124,8 +124,11 @@ impl MappedHostCalls for Session {
             return Err(CallError::new(CuError::OUT_OF_MEMORY, "mapped host memory beyond 1 GiB in one session"));
         }
         let (_, ctx) = self.current_ctx()?;
-        let (block, host) = self.shared.alloc(&*self.backend, ctx, req.size, req.at)?;
-        let (devptr, memory) = (host.devptr, host.region.as_ptr() as usize);
+        // Made for a graph's copies while the guest captures them, too.
+        let (block, devptr, memory) = self.relaxed(|s| {
+            let (block, host) = s.shared.alloc(&*s.backend, ctx, req.size, req.at)?;
+            Ok::<_, CallError>((block, host.devptr, host.region.as_ptr() as usize))
+        })?;
         // A fresh block is zeros, which is what the guest starts from too.
         self.mapped.blocks().insert(block, Block { memory, agreed: vec![0; req.size as usize] });
         self.tables.add_region(devptr, Region { size: req.size, ctx: 0, owner: Some(Owner::HostBlock(block)) });

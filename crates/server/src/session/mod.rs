@@ -213,8 +213,11 @@ impl Session {
 
     /// Serves a guest the supervisor placed here until its connection ends.
     /// Never panics on guest input.
-    pub fn serve_guest(carrier: Box<dyn Carrier>, backend: Arc<dyn Backend>, guest: Guest, hubs: &Hubs) {
+    pub fn serve_guest(mut carrier: Box<dyn Carrier>, backend: Arc<dyn Backend>, guest: Guest, hubs: &Hubs) {
         let peer = carrier.peer();
+        // A guest's next call often follows its last by a GPU step's time
+        // (a graph's, a synchronize's): met asleep, it would wait for the wake.
+        carrier.spin_adaptively();
         let span = tracing::info_span!("session", id = guest.id, tenant = %guest.tenant, %peer);
         let _enter = span.enter();
         let mut session = Session::new(backend.clone(), &guest);

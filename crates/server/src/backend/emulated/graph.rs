@@ -9,8 +9,9 @@
 //! record (events in a capture, a graph launched into one) is refused with
 //! `CUDA_ERROR_NOT_SUPPORTED` and invalidates the capture; what the driver
 //! forbids during a capture (a copy from pageable memory, waiting for a
-//! capturing stream) fails as the driver's does. Capture modes are kept
-//! but not enforced.
+//! capturing stream) fails as the driver's does. Of the calls a capture's
+//! mode forbids, registering host memory is refused as the driver refuses
+//! it; the device's other calls are not checked.
 
 use std::collections::{HashMap, HashSet};
 
@@ -184,6 +185,19 @@ struct Capture {
     /// Whether the graph was made for the capture (and goes if it fails),
     /// rather than given by the program.
     owned: bool,
+    /// The mode it began in (`CUstreamCaptureMode`), and on which thread.
+    mode: u32,
+    thread: std::thread::ThreadId,
+}
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`, `_THREAD_LOCAL`, `_RELAXED`.
+const GLOBAL: u32 = 0;
+const THREAD_LOCAL: u32 = 1;
+const RELAXED: u32 = 2;
+
+thread_local! {
+    /// The calling thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
+    static MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(GLOBAL) };
 }
 
 /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`, `_INVALIDATED`.
@@ -251,16 +265,33 @@ impl Graphs {
         self.captures.contains_key(&stream.0)
     }
 
-    pub fn begin(&mut self, stream: Obj) -> BResult<()> {
+    pub fn begin(&mut self, stream: Obj, mode: u32) -> BResult<()> {
         self.check_capturable(stream)?;
         let graph = self.create().0;
         let id = self.id();
-        self.captures.insert(stream.0, Capture { graph, id, tail: Vec::new(), invalid: None, owned: true });
+        let thread = std::thread::current().id();
+        let capture = Capture { graph, id, tail: Vec::new(), invalid: None, owned: true, mode, thread };
+        self.captures.insert(stream.0, capture);
         Ok(())
     }
 
+    /// Whether the calling thread may not make a call the driver calls
+    /// potentially unsafe (registering host memory, say), by the rules of
+    /// `cuThreadExchangeStreamCaptureMode`: in the global mode, while a
+    /// capture of its own is not relaxed or another thread's is global; in
+    /// the thread-local mode, while one of its own is not relaxed.
+    pub fn forbids_unsafe_calls(&self) -> bool {
+        let here = std::thread::current().id();
+        let mine_strict = self.captures.values().any(|c| c.thread == here && c.mode != RELAXED);
+        match MODE.get() {
+            RELAXED => false,
+            THREAD_LOCAL => mine_strict,
+            _ => mine_strict || self.captures.values().any(|c| c.thread != here && c.mode == GLOBAL),
+        }
+    }
+
     /// A capture into the program's `graph`, after its nodes `deps`.
-    pub fn begin_into(&mut self, stream: Obj, graph: Obj, deps: &[Obj]) -> BResult<()> {
+    pub fn begin_into(&mut self, stream: Obj, graph: Obj, deps: &[Obj], mode: u32) -> BResult<()> {
         self.check_capturable(stream)?;
         let nodes = self.graphs.get(&graph.0).ok_or(CuError::INVALID_VALUE)?;
         if !deps.iter().all(|d| nodes.iter().any(|n| n.id == d.0)) {
@@ -271,7 +302,9 @@ impl Graphs {
         }
         let id = self.id();
         let tail = deps.iter().map(|d| d.0).collect();
-        self.captures.insert(stream.0, Capture { graph: graph.0, id, tail, invalid: None, owned: false });
+        let thread = std::thread::current().id();
+        let capture = Capture { graph: graph.0, id, tail, invalid: None, owned: false, mode, thread };
+        self.captures.insert(stream.0, capture);
         Ok(())
     }
 
@@ -767,10 +800,10 @@ impl Graphs {
 }
 
 impl backend::Graphs for Emulated {
-    fn stream_begin_capture(&self, ctx: Obj, stream: Obj, _mode: u32) -> BResult<()> {
+    fn stream_begin_capture(&self, ctx: Obj, stream: Obj, mode: u32) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
-        s.graphs.begin(stream)
+        s.graphs.begin(stream, mode)
     }
 
     fn stream_begin_capture_to_graph(
@@ -780,14 +813,14 @@ impl backend::Graphs for Emulated {
         graph: Obj,
         deps: &[Obj],
         data: &[u64],
-        _mode: u32,
+        mode: u32,
     ) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
         if data.iter().any(|&d| d != 0) {
             return Err(CallError::new(CuError::NOT_SUPPORTED, "edge data into a capture on the emulated device"));
         }
-        s.graphs.begin_into(stream, graph, deps)
+        s.graphs.begin_into(stream, graph, deps, mode)
     }
 
     fn stream_end_capture(&self, ctx: Obj, stream: Obj) -> BResult<Obj> {
@@ -802,12 +835,8 @@ impl backend::Graphs for Emulated {
         Ok(s.graphs.info(stream))
     }
 
-    /// Kept per thread, not enforced (see `graph.rs`).
     fn exchange_capture_mode(&self, mode: u32) -> BResult<u32> {
-        thread_local! {
-            static MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-        }
-        if mode > 2 {
+        if mode > RELAXED {
             return Err(CuError::INVALID_VALUE.into());
         }
         Ok(MODE.replace(mode))

@@ -741,6 +741,9 @@ impl backend::Memory for Emulated {
     unsafe fn host_register(&self, ctx: Obj, ptr: *mut u8, len: usize) -> BResult<u64> {
         let mut s = self.state();
         s.ctx(ctx)?;
+        if s.graphs.forbids_unsafe_calls() {
+            return Err(err(CuError::STREAM_CAPTURE_UNSUPPORTED, "registering host memory while a stream captures"));
+        }
         // SAFETY: the caller keeps the memory mapped until unregistering.
         Ok(unsafe { s.memory.register(ptr, len, ctx.0) }?)
     }
