@@ -210,6 +210,7 @@ fn serve(mut carrier: Box<dyn Carrier>) {
     loop {
         await_call(&*carrier);
         let Ok(header) = carrier.recv(&mut buf) else { return };
+        let arrived = crate::trace::on().then(std::time::Instant::now);
         // What the device wrote to mapped pinned memory, before the function.
         if header.opcode.get() == Opcode::MappedRuns as u16 {
             crate::memory::mapped::from_device(&buf);
@@ -243,6 +244,9 @@ fn serve(mut carrier: Box<dyn Carrier>) {
         }
         if !posted && answer(&mut *carrier, &header).is_err() {
             return;
+        }
+        if let Some(arrived) = arrived {
+            crate::trace::host_function(arrived.elapsed());
         }
     }
 }

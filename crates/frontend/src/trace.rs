@@ -45,6 +45,10 @@ thread_local! {
 
 const INTERNAL: &str = "(private tables, own threads)";
 
+/// The row of the host functions the server had this process run: each is
+/// a round trip the stream waited for, so a remote guest sees their cost.
+const HOST_FUNCTIONS: &str = "(host functions run for the server)";
+
 /// Whether tracing is on; decided once, from `GPUPLEX_TRACE`.
 pub fn on() -> bool {
     match STATE.load(Ordering::Relaxed) {
@@ -95,6 +99,15 @@ pub fn export<T>(name: &'static str, body: impl FnOnce() -> T, failed: impl FnOn
 pub fn sent(posted: bool) {
     let name = CURRENT.with(Cell::get).unwrap_or(INTERNAL);
     with_tally(name, |t| if posted { t.posted += 1 } else { t.waited += 1 });
+}
+
+/// A host function the server asked for ran and was answered, `d` after
+/// the request arrived.
+pub fn host_function(d: Duration) {
+    with_tally(HOST_FUNCTIONS, |t| {
+        t.calls += 1;
+        t.inside += d;
+    });
 }
 
 /// The calling thread was blocked on the connection for `d`.
@@ -162,6 +175,15 @@ mod tests {
         assert!(lines[3].starts_with("cuLaunchKernel "), "{text}");
         let total: Vec<&str> = lines[4].split_whitespace().collect();
         assert_eq!(total, ["total", "103", "2", "3", "100", "0.905", "1.810"]);
+    }
+
+    #[test]
+    fn host_functions_have_a_row_of_their_own() {
+        host_function(Duration::from_micros(30));
+        host_function(Duration::from_micros(20));
+        let tallies = TALLIES.lock().unwrap().clone().unwrap();
+        let row = &tallies[HOST_FUNCTIONS];
+        assert_eq!((row.calls, row.waited, row.inside), (2, 0, Duration::from_micros(50)));
     }
 
     #[test]
