@@ -160,8 +160,12 @@ pub fn new_block(len: u64, flags: u32, at: u64, mirror: bool) -> Result<(SharedB
     let block = |base| SharedBlock { id: reply.block, devptr: reply.devptr.0, base, len };
     let mapped = match reservation {
         Some(r) if reply.address == want => r.fill(fd),
-        _ if at != 0 => Region::open_at(fd, std::ptr::null_mut()),
-        _ => Region::open_at(fd, reply.address as usize as *mut u8),
+        unfilled => {
+            // Given back first: the server's place may overlap it.
+            drop(unfilled);
+            let here = if at != 0 { std::ptr::null_mut() } else { reply.address as usize as *mut u8 };
+            Region::open_at(fd, here)
+        }
     };
     let region = match mapped {
         Ok(r) if r.len() as u64 == len => r,
