@@ -170,7 +170,7 @@ fn await_call(carrier: &dyn Carrier) {
     let mut seen = alarm.launches.load(Ordering::SeqCst);
     let mut spin = if due() { DUE_SPIN } else { AFTER_ANSWER_SPIN };
     loop {
-        if carrier.frame_waiting() || carrier.poll_frame(spin) {
+        if carrier.poll_frame(spin) {
             return;
         }
         let Some(socket) = carrier.socket_fd() else { return };

@@ -69,6 +69,16 @@ mod handles;
 mod handshake;
 mod header;
 pub mod lane;
+
+/// `CUstreamCaptureMode`: which calls a stream's capture forbids, and on
+/// which threads (`cuThreadExchangeStreamCaptureMode` has the rules).
+pub mod capture_mode {
+    /// Every thread's mode until it changes it.
+    pub const GLOBAL: u32 = 0;
+    pub const THREAD_LOCAL: u32 = 1;
+    /// The last of the modes.
+    pub const RELAXED: u32 = 2;
+}
 mod vmm;
 
 pub use arrays::*;

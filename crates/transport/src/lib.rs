@@ -156,16 +156,15 @@ pub trait Carrier: Send {
     /// Polls for up to `budget` until bytes of a frame have arrived, so that
     /// the `recv` that follows need not sleep; returns whether they have. For
     /// a thread that expects a frame soon, where waking from sleep would
-    /// delay the peer. A carrier that cannot poll returns false at once.
+    /// delay the peer. A carrier that cannot poll answers at once.
     fn poll_frame(&self, _budget: Duration) -> bool {
-        false
+        self.frame_waiting()
     }
 
     /// From now on, `recv` spins about as long as the recent waits for the
-    /// peer lasted (up to a millisecond) before it sleeps, instead of a
-    /// fixed 50 µs: for a reader whose peer's latency matters, at the cost
-    /// of a core while the peer is busy. Carriers whose waits already adapt
-    /// ignore it.
+    /// peer lasted before it sleeps, instead of a fixed short spin: for a
+    /// reader whose peer's latency matters, at the cost of a core while the
+    /// peer is busy. Carriers whose waits already adapt ignore it.
     fn spin_adaptively(&mut self) {}
 
     /// The descriptor that becomes readable when the peer's bytes arrive,

@@ -114,9 +114,6 @@ fn leaves_graphs(opcode: Opcode) -> bool {
     )
 }
 
-/// `CU_STREAM_CAPTURE_MODE_GLOBAL`, what the first `cuStreamBeginCapture` had.
-const GLOBAL: u32 = 0;
-
 fn begin(s: Stream, mode: u32) -> Result<(), CuError> {
     client::call(calls::StreamBeginCapture::Request { hStream: s, mode })?;
     note_capture(s, true);
@@ -320,7 +317,8 @@ macro_rules! first_capture_exports {
         /// None beyond the CUDA API's.
         #[no_mangle]
         pub unsafe extern "C" fn $begin(s: *mut c_void) -> CUresult {
-            entry(stringify!($begin), || begin($stream(s), GLOBAL))
+            // The mode the first `cuStreamBeginCapture` had.
+            entry(stringify!($begin), || begin($stream(s), gpuplex_protocol::capture_mode::GLOBAL))
         }
 
         /// The first form: status and id only.

@@ -9,6 +9,7 @@
 //! thread's mode (the client posts a thread's mode when it changes).
 
 use gpuplex_protocol::calls::*;
+use gpuplex_protocol::capture_mode::{GLOBAL, RELAXED};
 use gpuplex_protocol::{calls, CallError, CuError, Graph, GraphExec, GraphsCalls, Seq};
 use tracing::{debug, warn};
 
@@ -18,11 +19,6 @@ use crate::backend::{Backend, Obj};
 use crate::sched::Work;
 
 type R<T> = Result<T, CallError>;
-
-/// `CU_STREAM_CAPTURE_MODE_GLOBAL`, every thread's mode until it changes it.
-const GLOBAL: u32 = 0;
-/// `CU_STREAM_CAPTURE_MODE_RELAXED`, the last of the modes.
-const RELAXED: u32 = 2;
 
 impl Session {
     pub(super) fn capture_mode(&mut self, req: CaptureMode::Request) -> R<CaptureMode::Reply> {

@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use gpuplex_protocol::capture_mode::{GLOBAL, RELAXED, THREAD_LOCAL};
 use gpuplex_protocol::{CallError, CuError, COPY_3D};
 
 use super::{err, user_objects, Emulated, Owner};
@@ -189,11 +190,6 @@ struct Capture {
     mode: u32,
     thread: std::thread::ThreadId,
 }
-
-/// `CU_STREAM_CAPTURE_MODE_GLOBAL`, `_THREAD_LOCAL`, `_RELAXED`.
-const GLOBAL: u32 = 0;
-const THREAD_LOCAL: u32 = 1;
-const RELAXED: u32 = 2;
 
 thread_local! {
     /// The calling thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
