@@ -18,9 +18,13 @@ taken for the carrier's cost. The table gives the median over all turns
 of each turn's ratio with its 10th-90th percentile, and whether every loss
 matched native's exactly.
 
+JAX's columns share one set of autotuning results, made by a native
+process first, so that they run the same kernels (`--own-autotuning`: each
+process tunes its own, as a program left alone does).
+
 Usage: scripts/bench-frameworks.py [BIN_DIR] [--carriers shm,socket,tcp]
            [--sets N] [--turns N] [--steps N] [--only NAME,...]
-           [--baseline DIR] [--trace DIR] [--json FILE]
+           [--baseline DIR] [--trace DIR] [--json FILE] [--own-autotuning]
 BIN_DIR (default target/release) holds gpuplex and libcuda.so; with
 --baseline, another build's BIN_DIR is measured too, as CARRIER@base
 columns in the same turns. With --trace, one more process per workload
@@ -346,6 +350,32 @@ class Column:
             return f.read().strip()[-1500:]
 
 
+def share_autotuning(env, work, only, timeout):
+    """The environment with XLA's autotuning results shared: one native JAX
+    process autotunes every kernel into a cache, and every column's process
+    then reads it. XLA picks kernels by timing candidates, and a choice can
+    move a step by 25% from one process to the next, natively too; with one
+    choice for all, each column runs the same kernels, as a comparison of
+    carriers needs, and their losses can be compared exactly."""
+    cache = os.path.join(work, "xla-autotune")
+    os.makedirs(cache)
+    flags = env.get("XLA_FLAGS", "") + f" --xla_gpu_per_fusion_autotune_cache_dir={cache}"
+    shared = dict(env, XLA_FLAGS=flags.strip())
+    primer = Column("autotune", [], shared, "jax", only, work)
+    ready = primer.reply(timeout)
+    primer.close(timeout)
+    if not ready or ready.get("errors"):
+        why = primer.error or ready["errors"]
+        print(f"warning: the shared autotuning run failed ({why}); each JAX process autotunes itself",
+              file=sys.stderr)
+        return env
+    if not os.listdir(cache):
+        print("the native JAX run autotuned nothing (autotuning off?): nothing to share", file=sys.stderr)
+        return env
+    print(f"JAX columns share {len(os.listdir(cache))} autotuning results", file=sys.stderr)
+    return shared
+
+
 def percentile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -363,6 +393,8 @@ def main():
     ap.add_argument("--baseline", metavar="DIR", help="another build's BIN_DIR, as CARRIER@base columns")
     ap.add_argument("--trace", metavar="DIR")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--own-autotuning", action="store_true",
+                    help="each JAX process autotunes its kernels itself (default: all share one native run's)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds for a suite to start, or a turn to end")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -372,17 +404,19 @@ def main():
 
     carriers = [c for c in a.carriers.split(",") if c]
     suites = [s for s in a.suites.split(",") if s]
+    names = [n for s in suites for n in SUITES[s] if not only or n in only]
     work = tempfile.mkdtemp(prefix="bench-frameworks.")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if any(n in SUITES["jax"] for n in names) and not a.own_autotuning:
+        env = share_autotuning(env, work, only, a.timeout)
     servers = {"": Servers(os.path.abspath(a.bin_dir), os.path.join(work, "this"))}
     if a.baseline:
         servers["@base"] = Servers(os.path.abspath(a.baseline), os.path.join(work, "base"))
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     # (label, command prefix, environment) of every column; native first.
     columns = [("native", [], env)] + [
         (c + tag, srv.prefix(c), dict(env, GPUPLEX_CARRIER="socket") if c == "socket" else env)
         for tag, srv in servers.items() for c in carriers]
     labels = [c[0] for c in columns]
-    names = [n for s in suites for n in SUITES[s] if not only or n in only]
     # turns[label][name]: (set, median ms) per turn; losses[label][name][set]: every loss in order.
     turns = {c: {n: [] for n in names} for c in labels}
     losses = {c: {n: {} for n in names} for c in labels}

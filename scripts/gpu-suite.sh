@@ -99,10 +99,11 @@ frameworks_rows() {
     python3 -c "import jax" 2>/dev/null && suites=torch,jax
     say ""
     # XLA's autotuner picks kernels by timing them, so with it on JAX's
-    # losses may differ from native's in the last digits through any carrier.
+    # losses may differ from native's in the last digits through any carrier;
+    # off, there is nothing for the columns to share.
     if XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout 540 \
         python3 "$root/scripts/bench-frameworks.py" "$bin" --carriers shm,tcp --suites "$suites" \
-        --sets 2 --turns 8 --json "$logs/frameworks.json" >"$logs/frameworks.txt" 2>"$logs/frameworks.err"; then
+        --sets 2 --turns 8 --own-autotuning --json "$logs/frameworks.json" >"$logs/frameworks.txt" 2>"$logs/frameworks.err"; then
         say "frameworks ($suites; XLA autotuning off): every loss identical to native: PASS"
     else
         fail "frameworks: a workload failed or a loss differed (logs/frameworks.txt, logs/frameworks.err)"

@@ -94,10 +94,11 @@ fn due() -> bool {
 }
 
 /// How long the answering thread polls for a call while a function is due,
-/// before it sleeps until the call or the next launch: long enough for the
-/// GPU work a training step puts before its host functions, since the
-/// stream's work after a function waits out the thread's wake.
-const DUE_SPIN: Duration = Duration::from_millis(1);
+/// before it sleeps until the call or the next launch: the GPU work a
+/// training step puts before its host functions, since the stream's work
+/// after a function waits out the thread's wake (the carriers' longest
+/// spin, past which a wake costs little).
+const DUE_SPIN: Duration = gpuplex_transport::SPIN_MAX;
 
 /// How long it polls after an answer when nothing is due: a graph's host
 /// nodes often come one after another.

@@ -36,6 +36,16 @@ pub use lane::{block_sigpipe_on_this_thread, Lane, Pipe};
 pub use stream::Flusher;
 pub use token::{Keyring, Token, MIN_TOKEN_LEN, TOKEN_FILE_ENV};
 
+/// The longest a reader that adapts spins before it sleeps: a framework's
+/// calls often come a GPU step of a few milliseconds apart, and waking a
+/// sleeping thread costs tens of microseconds on a virtual machine, which
+/// matters little only to longer waits.
+pub const SPIN_MAX: Duration = Duration::from_millis(10);
+
+/// How long a long spin runs before each of its turns yields the CPU, so
+/// that a spinning thread gives way to any other that is ready to run.
+pub(crate) const POLITE_AFTER: Duration = Duration::from_micros(100);
+
 /// Who is on the other end, as the operating system reports it (never as
 /// the peer claims it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,9 +172,10 @@ pub trait Carrier: Send {
     }
 
     /// From now on, `recv` spins about as long as the recent waits for the
-    /// peer lasted before it sleeps, instead of a fixed short spin: for a
-    /// reader whose peer's latency matters, at the cost of a core while the
-    /// peer is busy. Carriers whose waits already adapt ignore it.
+    /// peer lasted (up to [`SPIN_MAX`]) before it sleeps, instead of a fixed
+    /// short spin: for a reader whose peer's latency matters, at the cost of
+    /// a core while the peer is busy, given up to any other thread ready to
+    /// run. Carriers whose waits already adapt ignore it.
     fn spin_adaptively(&mut self) {}
 
     /// The descriptor that becomes readable when the peer's bytes arrive,

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::TransportError;
+use crate::{TransportError, POLITE_AFTER, SPIN_MAX};
 
 /// A shared mapping of a sealed memfd (or of part of a VM's shared file,
 /// [`Region::view`]); unmapped when dropped.
@@ -395,15 +395,24 @@ impl Rings {
     pub(crate) fn set_patience(&mut self, patience: Option<Duration>) {
         self.reader.end.wait.patience = patience;
     }
+
+    /// The reader's waits adapt from now on, as a guest's wait for replies
+    /// does: for a server's session, whose guest's next call often follows
+    /// its last by a GPU step's time.
+    pub(crate) fn spin_adaptively(&mut self) {
+        self.reader.end.wait.adaptive = true;
+    }
+
+    #[cfg(test)]
+    pub(crate) fn reader_adapts(&self) -> bool {
+        self.reader.end.wait.adaptive
+    }
 }
 
 /// How long a side spins before sleeping. Long enough to cover a round
 /// trip of back-to-back calls and a short GPU operation, short enough that
 /// an idle peer costs nothing noticeable.
 const SPIN: Duration = Duration::from_micros(100);
-/// The longest a guest spins for a reply (see [`Wait::adapt`]): a 256 MiB
-/// copy takes 5 ms.
-const REPLY_SPIN_MAX: Duration = Duration::from_millis(10);
 /// How often a sleeper checks that the peer is alive.
 const NAP: Duration = Duration::from_millis(20);
 /// Across a VM boundary a sleeper polls, from this nap doubling up to
@@ -672,9 +681,9 @@ impl Wait {
         if !self.adaptive {
             return;
         }
-        let long = waited > REPLY_SPIN_MAX;
+        let long = waited > SPIN_MAX;
         if !long {
-            self.spin.set((waited * 3 / 2).min(REPLY_SPIN_MAX));
+            self.spin.set((waited * 3 / 2).min(SPIN_MAX));
         } else if self.long_before.get() {
             self.spin.set(SPIN);
         }
@@ -698,8 +707,14 @@ impl Wait {
                 return Ok(n);
             }
             turns = turns.wrapping_add(1);
-            if turns & 63 == 0 && start.elapsed() >= self.spin.get() {
-                break;
+            if turns & 63 == 0 {
+                let spun = start.elapsed();
+                if spun >= self.spin.get() {
+                    break;
+                }
+                if spun >= POLITE_AFTER {
+                    std::thread::yield_now();
+                }
             }
             std::hint::spin_loop();
         }
@@ -936,19 +951,24 @@ mod tests {
         let server = t.join().unwrap();
         let spin = client.reader.end.wait.spin.get();
         // (A machine so loaded that 2 ms took over 10 ms rightly resets it.)
-        if waited <= REPLY_SPIN_MAX {
-            assert!(spin >= Duration::from_millis(3) && spin <= REPLY_SPIN_MAX, "{spin:?} after {waited:?}");
+        if waited <= SPIN_MAX {
+            assert!(spin >= Duration::from_millis(3) && spin <= SPIN_MAX, "{spin:?} after {waited:?}");
         }
-        // The server's ends never adapt.
+        // The server's ends adapt only once asked to (a session's reader),
+        // and writers never do.
         assert_eq!(server.reader.end.wait.spin.get(), SPIN);
         assert_eq!(client.writer.end.wait.spin.get(), SPIN);
+        let mut server = server;
+        server.spin_adaptively();
+        server.reader.end.wait.adapt(Duration::from_millis(2));
+        assert_eq!(server.reader.end.wait.spin.get(), Duration::from_millis(3));
         // One wait too long to spin through keeps the spin; two in a row
         // go back to the short spin.
         let wait = &client.reader.end.wait;
         wait.adapt(Duration::from_millis(2));
-        wait.adapt(REPLY_SPIN_MAX * 2);
+        wait.adapt(SPIN_MAX * 2);
         assert_eq!(wait.spin.get(), Duration::from_millis(3));
-        wait.adapt(REPLY_SPIN_MAX * 2);
+        wait.adapt(SPIN_MAX * 2);
         assert_eq!(wait.spin.get(), SPIN);
         wait.adapt(Duration::from_millis(1));
         assert_eq!(wait.spin.get(), Duration::from_micros(1500));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use gpuplex_protocol::{Header, HEADER_SIZE};
 use zerocopy::IntoBytes;
 
-use crate::TransportError;
+use crate::{TransportError, POLITE_AFTER, SPIN_MAX};
 
 /// Sends one frame on a socket. `MSG_NOSIGNAL`: a peer that went away must
 /// be an error for this caller, not a SIGPIPE that kills the process the
@@ -196,13 +196,10 @@ pub(crate) fn send_parts_with(socket: &impl AsRawFd, parts: &[&[u8]], flags: i32
 /// machine, and the reply to a call usually comes sooner than this.
 pub(crate) const SPIN: Duration = Duration::from_micros(50);
 
-/// The longest an adaptive reader spins ([`Spin::adapt`]).
-const SPIN_MAX: Duration = Duration::from_millis(1);
-
 /// How long a socket's reader polls before it sleeps in the kernel: [`SPIN`],
 /// or, once adaptive ([`crate::Carrier::spin_adaptively`]), about as long
-/// as its recent waits lasted, so that a peer whose next frame follows the
-/// last by a GPU step's time is met spinning.
+/// as its recent waits lasted, up to [`SPIN_MAX`], so that a peer whose next
+/// frame follows the last by a GPU step's time is met spinning.
 pub(crate) struct Spin {
     budget: Duration,
     adaptive: bool,
@@ -219,6 +216,10 @@ impl Default for Spin {
 impl Spin {
     pub fn adaptive(&mut self) {
         self.adaptive = true;
+    }
+
+    pub fn is_adaptive(&self) -> bool {
+        self.adaptive
     }
 
     /// Polls `socket` until it has bytes or is closed, or the budget is
@@ -253,8 +254,8 @@ impl Spin {
     }
 }
 
-/// Polls `socket` for up to `budget`; returns whether it has bytes to read
-/// or is closed.
+/// Polls `socket` for up to `budget`, yielding the CPU between looks once
+/// past [`POLITE_AFTER`]; returns whether it has bytes to read or is closed.
 pub(crate) fn poll_readable(socket: &impl AsRawFd, budget: Duration) -> bool {
     let start = Instant::now();
     let mut byte = 0u8;
@@ -266,10 +267,15 @@ pub(crate) fn poll_readable(socket: &impl AsRawFd, budget: Duration) -> bool {
         if n >= 0 || std::io::Error::last_os_error().kind() != ErrorKind::WouldBlock {
             return true;
         }
-        if start.elapsed() >= budget {
+        let spun = start.elapsed();
+        if spun >= budget {
             return false;
         }
-        std::hint::spin_loop();
+        if spun >= POLITE_AFTER {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
 
@@ -469,11 +475,11 @@ mod tests {
         assert_eq!(spin.budget, Duration::from_micros(600));
         spin.adapt(Duration::from_micros(10));
         assert_eq!(spin.budget, SPIN, "never below the fixed spin");
-        spin.adapt(Duration::from_micros(900));
+        spin.adapt(SPIN_MAX * 9 / 10);
         assert_eq!(spin.budget, SPIN_MAX);
-        spin.adapt(Duration::from_millis(50));
+        spin.adapt(SPIN_MAX * 5);
         assert_eq!(spin.budget, SPIN_MAX, "one long wait keeps it");
-        spin.adapt(Duration::from_millis(50));
+        spin.adapt(SPIN_MAX * 5);
         assert_eq!(spin.budget, SPIN, "two in a row end it");
     }
 

@@ -124,6 +124,9 @@ impl Carrier for UnixCarrier {
 
     fn spin_adaptively(&mut self) {
         self.spin.adaptive();
+        if let Some(rings) = &mut self.rings {
+            rings.spin_adaptively();
+        }
     }
 
     fn poll_frame(&self, budget: Duration) -> bool {
@@ -147,6 +150,9 @@ impl Carrier for UnixCarrier {
 
     fn attach_rings(&mut self, mut rings: Rings) -> Result<(), TransportError> {
         rings.watch(self.socket.as_raw_fd());
+        if self.spin.is_adaptive() {
+            rings.spin_adaptively();
+        }
         self.rings = Some(rings);
         Ok(())
     }
@@ -296,6 +302,19 @@ mod tests {
         assert!(waiter.join().unwrap(), "the held frame woke the flusher, which sent it");
         let mut buf = Vec::new();
         assert_eq!(b.recv(&mut buf).unwrap().request_id.get(), 1);
+    }
+
+    /// A session asks before its guest moves onto shared memory; the rings
+    /// attached later adapt all the same.
+    #[test]
+    fn rings_attached_after_the_ask_adapt() {
+        use crate::shm::{Layout, Region, Side};
+        let (mut a, _b) = UnixCarrier::pair().unwrap();
+        a.spin_adaptively();
+        let layout = Layout { ring_bytes: 64 << 10, staging_bytes: 4096 };
+        let region = std::sync::Arc::new(Region::create("test", layout.total()).unwrap());
+        a.attach_rings(Rings::new(region, layout, Side::Server).unwrap()).unwrap();
+        assert!(a.rings.as_ref().unwrap().reader_adapts());
     }
 
     #[test]

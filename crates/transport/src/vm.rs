@@ -564,6 +564,10 @@ impl Carrier for VmCarrier {
         self.rings.writer.write_all(&[header.as_bytes(), payload])
     }
 
+    fn spin_adaptively(&mut self) {
+        self.rings.spin_adaptively();
+    }
+
     fn recv(&mut self, payload: &mut Vec<u8>) -> Result<Header, TransportError> {
         stream::recv(&mut self.rings.reader, payload)
     }
