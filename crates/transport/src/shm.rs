@@ -778,6 +778,19 @@ pub fn differing_runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
     runs
 }
 
+/// `runs` (in order, as [`differing_runs`] gives them) with those at most
+/// `gap` bytes apart joined into one, equal bytes and all.
+pub fn joined(runs: Vec<(usize, usize)>, gap: usize) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(runs.len());
+    for (start, n) in runs {
+        match out.last_mut() {
+            Some((first, len)) if start - (*first + *len) <= gap => *len = start + n - *first,
+            _ => out.push((start, n)),
+        }
+    }
+    out
+}
+
 /// Takes into `ours` what the other side of a mirror changed (`theirs`
 /// against `agreed`, what both last agreed on), byte by byte, wherever
 /// `ours` has not changed that byte too; `agreed` becomes `theirs`. Returns
@@ -834,6 +847,25 @@ mod tests {
         }
         let short = super::Reservation::new(4096).unwrap();
         assert!(short.fill(region.fd().try_clone_to_owned().unwrap()).is_err());
+    }
+
+    #[test]
+    fn near_runs_join() {
+        assert_eq!(joined(vec![(0, 3), (4, 3), (8, 3), (40, 1)], 1), vec![(0, 11), (40, 1)]);
+        assert_eq!(joined(vec![(0, 3), (4, 3)], 0), vec![(0, 3), (4, 3)]);
+        assert!(joined(Vec::new(), 8).is_empty());
+    }
+
+    /// A joined run's equal bytes change nothing where it is taken: only
+    /// bytes that differ from what both sides agreed on are.
+    #[test]
+    fn equal_bytes_taken_change_nothing() {
+        let mut agreed = *b"aaaaaa";
+        let mut ours = *b"aaXaaa";
+        // The other side changed bytes 0 and 4; sent as one run 0..5.
+        let taken = take_changes(&mut agreed[..5], b"baaab", &mut ours[..5]);
+        assert_eq!(&ours, b"baXaba", "byte 2 stays ours: theirs there is what both agreed");
+        assert_eq!(taken, vec![(0, 1), (4, 1)]);
     }
 
     #[test]

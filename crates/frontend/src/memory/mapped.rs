@@ -43,7 +43,7 @@ use gpuplex_protocol::{calls, codec, CuError, MappedFrames, MappedRun, MappedRun
 use gpuplex_transport::shm::{differing_runs, take_changes};
 
 use super::host::PAGE;
-use super::mirrors::{read_own, write_own};
+use super::mirrors::{read_own, write_own_runs};
 use crate::client::{self, Conn};
 
 /// Pinned allocations up to this size are mapped from the start, at most
@@ -349,15 +349,18 @@ impl Mapping {
         true
     }
 
-    /// Writes the program's bytes at `addr`, inside the range.
-    fn write(&self, addr: u64, data: &[u8]) {
+    /// Writes the runs `(start, length)` of `data` to the program's bytes
+    /// from `addr` on, inside the range.
+    fn write(&self, addr: u64, data: &[u8], runs: &[(usize, usize)]) {
         if self.kind != Kind::Small {
-            write_own(addr, data);
+            write_own_runs(addr, data, runs);
             return;
         }
-        // SAFETY: as for reading; the device wrote these bytes, as it would
-        // write pinned memory natively.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
+        for &(start, n) in runs {
+            // SAFETY: as for reading; the device wrote these bytes, as it
+            // would write pinned memory natively.
+            unsafe { std::ptr::copy_nonoverlapping(data[start..].as_ptr(), (addr as *mut u8).add(start), n) };
+        }
     }
 
     /// Takes the device's bytes of `run`: into the program's range where the
@@ -375,9 +378,8 @@ impl Mapping {
             let addr = self.start + (lo - self.offset) as u64;
             if self.read(addr, &mut ours) {
                 let theirs = &run.data[lo - from..hi - from];
-                for (start, n) in take_changes(&mut self.agreed[lo..hi], theirs, &mut ours) {
-                    self.write(addr + start as u64, &ours[start..start + n]);
-                }
+                let taken = take_changes(&mut self.agreed[lo..hi], theirs, &mut ours);
+                self.write(addr, &ours, &taken);
             }
         }
         self.agreed[from..to].copy_from_slice(&run.data);

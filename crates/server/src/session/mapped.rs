@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use gpuplex_protocol::{
     calls, codec, CallError, CuError, DevPtr, Header, MappedFrames, MappedHostCalls, MappedRun, MappedRuns, Seq,
 };
-use gpuplex_transport::shm::differing_runs;
+use gpuplex_transport::shm::{differing_runs, joined};
 use gpuplex_transport::{Carrier, TransportError};
 
 use super::tables::{Owner, Region};
@@ -27,6 +27,12 @@ type R<T> = Result<T, CallError>;
 /// call that reaches the device on both sides, so this is for flags,
 /// counters and small zero-copy buffers, not bulk data.
 const BUDGET: u64 = 1 << 30;
+
+/// Runs of the device's changes this close go to the guest as one: a value
+/// of several bytes often keeps one of them, which splits the changes of an
+/// array into a run per element. The guest takes only the bytes that differ
+/// from what both sides agreed on, so the equal ones between change nothing.
+const NEAR: usize = 64;
 
 /// A block's memory here, and what the guest and this side last agreed it holds.
 struct Block {
@@ -68,7 +74,7 @@ impl Mapped {
             // (blocks are forgotten before they are freed). The device may
             // be writing it: the copy is what it held then.
             let now = unsafe { std::slice::from_raw_parts(block.memory as *const u8, block.agreed.len()) }.to_vec();
-            for (start, n) in differing_runs(&block.agreed, &now) {
+            for (start, n) in joined(differing_runs(&block.agreed, &now), NEAR) {
                 block.agreed[start..start + n].copy_from_slice(&now[start..start + n]);
                 out.add(id, start as u64, &now[start..start + n]);
             }
