@@ -140,10 +140,9 @@ impl Mirror {
         }
         if device_wrote {
             let staging = self.staging().to_vec();
-            for (start, n) in take_changes(&mut self.agreed, &staging, &mut program) {
-                if !write_own(self.host + start as u64, &program[start..start + n]) {
-                    return self.gone();
-                }
+            let taken = take_changes(&mut self.agreed, &staging, &mut program);
+            if !write_own_runs(self.host, &program, &taken) {
+                return self.gone();
             }
         }
         if to_device {
@@ -173,19 +172,9 @@ pub(super) fn read_own(addr: u64, out: &mut [u8]) -> bool {
     n == out.len() as isize
 }
 
-/// Writes this process's memory at `addr`, failing instead of faulting.
-pub(super) fn write_own(addr: u64, data: &[u8]) -> bool {
-    let local = libc::iovec { iov_base: data.as_ptr().cast_mut().cast(), iov_len: data.len() };
-    let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: data.len() };
-    // SAFETY: as for reading; the range is the program's memory that a
-    // graph copies into, as the driver would write it.
-    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
-    n == data.len() as isize
-}
-
 /// Writes the runs `(start, length)` of `data` to this process's memory at
-/// `addr` onwards, failing instead of faulting: as [`write_own`] run by
-/// run, in as few system calls as the kernel takes vectors for.
+/// `addr` onwards, failing instead of faulting, in as few system calls as
+/// the kernel takes vectors for.
 pub(super) fn write_own_runs(addr: u64, data: &[u8], runs: &[(usize, usize)]) -> bool {
     const MAX_VECTORS: usize = 1024;
     runs.chunks(MAX_VECTORS).all(|runs| {
@@ -198,7 +187,9 @@ pub(super) fn write_own_runs(addr: u64, data: &[u8], runs: &[(usize, usize)]) ->
             .map(|&(start, n)| libc::iovec { iov_base: (addr as usize + start) as *mut libc::c_void, iov_len: n })
             .collect();
         let total: usize = runs.iter().map(|&(_, n)| n).sum();
-        // SAFETY: as for `write_own`; every local vector lies in `data`.
+        // SAFETY: every local vector lies in `data`; the kernel checks the
+        // remote ones, the program's memory that a graph or the device
+        // writes as the driver would, and fails with EFAULT where unmapped.
         let n = unsafe {
             libc::process_vm_writev(
                 libc::getpid(),
@@ -237,9 +228,9 @@ mod tests {
         let mut out = [0u8; 4];
         assert!(read_own(v.as_ptr() as u64, &mut out));
         assert_eq!(out, [1, 2, 3, 4]);
-        assert!(write_own(v.as_mut_ptr() as u64 + 1, &[9, 9]));
+        assert!(write_own_runs(v.as_mut_ptr() as u64 + 1, &[9, 9], &[(0, 2)]));
         assert_eq!(v, [1, 9, 9, 4]);
         assert!(!read_own(8, &mut out), "page 0 is never mapped");
-        assert!(!write_own(8, &[0]));
+        assert!(!write_own_runs(8, &[0], &[(0, 1)]));
     }
 }
