@@ -236,6 +236,7 @@ runtime_tests!(
     textures,
     batch_copies,
     user_objects,
+    pinned_readback,
 );
 
 /// No program of tests/cuda/runtime is forgotten: each is tested, or listed
@@ -343,7 +344,9 @@ fn programs_run_over_tcp_with_the_token() {
     // read and write pinned memory through its device address, a block of
     // the server's kept in step with it. graphs, graph_nodes and
     // graph_pageable: a graph's copies of the program's memory, captured
-    // or as nodes, go through such blocks too.
+    // or as nodes, go through such blocks too. pinned_readback and
+    // callbacks: asynchronous copies into pinned memory are posted, and
+    // their bytes reach the program before it can look.
     for (program, expected) in [
         ("copies", "copies.txt"),
         ("memsets", "memsets.txt"),
@@ -352,6 +355,8 @@ fn programs_run_over_tcp_with_the_token() {
         ("runtime/vector_add.shared", "runtime/vector_add.txt"),
         ("runtime/zero_copy.static", "runtime/zero_copy.txt"),
         ("runtime/graph_pageable.static", "runtime/graph_pageable.txt"),
+        ("runtime/pinned_readback.static", "runtime/pinned_readback.txt"),
+        ("runtime/callbacks.shared", "runtime/callbacks.txt"),
     ] {
         let out = run_to_end(server.run(Some(&server.token), &dir.join(program))).stdout;
         let want = fs::read_to_string(repo_root().join("tests/cuda/expected").join(expected)).expect("expected");

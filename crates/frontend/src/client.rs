@@ -384,6 +384,11 @@ impl Conn {
     }
 
     pub fn post<C: Call>(&mut self, req: C) -> Result<(), CuError> {
+        // A graph's copies read the program's memory as it is at the launch
+        // (`mapped::to_device`): the bytes posted copies owe come first.
+        if C::OPCODE == Opcode::cuGraphLaunch && crate::memory::posted_reads::owes_any() {
+            self.call(calls::DeliverCopies::Request {})?;
+        }
         self.send_call(req, true)?;
         if leaves_at_once(C::OPCODE) {
             self.flush();
@@ -604,6 +609,7 @@ impl Conn {
         const HEARTBEAT: u16 = Opcode::Heartbeat as u16;
         const DEVICE_OUTPUT: u16 = Opcode::DeviceOutput as u16;
         const MAPPED_RUNS: u16 = Opcode::MappedRuns as u16;
+        const COPIED_TO_HOST: u16 = Opcode::CopiedToHost as u16;
         let start = trace::on().then(Instant::now);
         let header = loop {
             let header = self.carrier.recv(&mut self.buf).map_err(|e| self.lose(&e.to_string()))?;
@@ -611,6 +617,7 @@ impl Conn {
                 HEARTBEAT => continue,
                 DEVICE_OUTPUT => device_output(&self.buf),
                 MAPPED_RUNS => crate::memory::mapped::from_device(&self.buf),
+                COPIED_TO_HOST => crate::memory::posted_reads::arrived(&self.buf),
                 _ => break header,
             }
         };

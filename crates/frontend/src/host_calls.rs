@@ -217,6 +217,11 @@ fn serve(mut carrier: Box<dyn Carrier>) {
             crate::memory::mapped::from_device(&buf);
             continue;
         }
+        // And the bytes of posted copies into pinned memory.
+        if header.opcode.get() == Opcode::CopiedToHost as u16 {
+            crate::memory::posted_reads::arrived(&buf);
+            continue;
+        }
         if header.opcode.get() != Opcode::HostCall as u16 {
             return log::warn("the server sent something other than a host call; host functions end");
         }

@@ -259,6 +259,15 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// The bytes a guest's posted copy (`MemcpyDtoHLater`) brought for its
+    /// pinned memory at `dst`.
+    pub struct CopiedToHost {
+        pub dst: u64,
+        pub data: Vec<u8>,
+    }
+}
+
 /// Runs of changed bytes gathered into frames' worth, each at most
 /// [`MappedFrames::BYTES`] of data; a longer run is split across frames.
 #[derive(Default)]

@@ -23,7 +23,9 @@
 //! Before a reply the server may send frames the client did not ask for:
 //! `DeviceOutput` (what the guest's kernels printed while the call ran,
 //! [`DeviceOutput`]), `MappedRuns` (what the device wrote to the guest's
-//! mapped host blocks, [`MappedRuns`]) and, while a call runs long,
+//! mapped host blocks, [`MappedRuns`]), `CopiedToHost` (the bytes of the
+//! guest's posted copies into its pinned memory, [`CopiedToHost`]) and,
+//! while a call runs long,
 //! `Heartbeat` (no payload), which tells a waiting client that the server
 //! is alive. They carry the request id of the call they precede (a
 //! heartbeat may carry 0).

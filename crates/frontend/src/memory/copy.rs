@@ -11,7 +11,9 @@
 //!   copy finished (`StagingWait`).
 //! - **Lanes** (large copies without shared memory): the bytes travel in
 //!   chunks over several more connections at once (see [`super::lanes`]).
-//! - **Inline** (smaller ones): the bytes travel in the frames.
+//! - **Inline** (smaller ones): the bytes travel in the frames. An
+//!   asynchronous one into pinned memory is posted even so, its bytes
+//!   brought before the program can look (see [`super::posted_reads`]).
 //!
 //! A copy is posted or staged only when this process knows the device range
 //! lies in one of its allocations (see [`super::known_range`]); anything
@@ -20,7 +22,7 @@
 
 use gpuplex_protocol::{calls, CuError, DevPtr, Stream};
 
-use super::{host, known_range, mirrors, parallel};
+use super::{host, known_range, mapped, mirrors, parallel, posted_reads};
 use crate::client::{self, Conn};
 
 /// Bytes per inline copy call: well under the frame limit.
@@ -35,6 +37,7 @@ pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuEr
     if src.is_empty() {
         return Ok(());
     }
+    posted_reads::settle(src.as_ptr() as u64, src.len())?;
     if host::contains_range(dst, src.len()) && !crate::graph::capturing() {
         return host_to_host(dst as *mut u8, src.as_ptr(), src.len(), stream);
     }
@@ -98,6 +101,10 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
             calls::MemcpyDtoHShared::Request { block, offset, src: DevPtr(src), size: dst.len() as u64, stream, sync };
         return client::call(req).map(drop);
     }
+    if dst.len() >= LANES_MIN {
+        // The lanes write as their chunks come, maybe ahead of older bytes.
+        posted_reads::settle(dst.as_ptr() as u64, dst.len())?;
+    }
     let mut conn = client::lock()?;
     let capturing = crate::graph::capturing();
     if known && dst.len() >= STAGED_MIN && conn.staging.is_some() && !capturing {
@@ -105,6 +112,19 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
     }
     if dst.len() >= LANES_MIN && !capturing && conn.lanes().is_some() {
         return lanes_dtoh(&mut conn, dst, src, stream);
+    }
+    // Into pinned memory the server cannot reach, an asynchronous copy
+    // leaves the program nothing to wait for: posted.
+    let at = dst.as_ptr() as u64;
+    if known && !sync && !capturing && dst.len() < LANES_MIN && host::local_only(at, dst.len()) {
+        if let Some((block, offset)) = mapped::block_range(at, dst.len()) {
+            let size = dst.len() as u64;
+            let req = calls::MemcpyDtoHShared::Request { block, offset, src: DevPtr(src), size, stream, sync };
+            return conn.post(req);
+        }
+        if posted_reads::post(&mut conn, at, dst.len(), src, stream)? {
+            return Ok(());
+        }
     }
     for (i, chunk) in dst.chunks_mut(INLINE_CHUNK).enumerate() {
         let src = DevPtr(src + (i * INLINE_CHUNK) as u64);

@@ -159,6 +159,9 @@ fn copy(c: Copy, stream: Stream, sync: bool) -> Result<(), CuError> {
     if c.width == 0 || c.height == 0 || c.depth == 0 {
         return Ok(());
     }
+    if c.src.memory == HOST {
+        super::posted_reads::settle_all()?;
+    }
     // Also checks that every row's address can be computed.
     let captured = !sync && crate::graph::is_capturing(stream) && !(c.src.memory == HOST && c.dst.memory == HOST);
     let (src, dst) = (side(&c.src, c.dims(), captured, true)?, side(&c.dst, c.dims(), captured, false)?);

@@ -298,8 +298,12 @@ pub fn free_allocated(p: u64, managed: bool) -> Result<(), CuError> {
         _ => None,
     });
     let block = block.ok_or(CuError::INVALID_VALUE)?;
-    if block.shared.is_none() && super::mapped::release(p) {
-        return Ok(());
+    if block.shared.is_none() {
+        // Not to land on whatever is mapped there next.
+        super::posted_reads::settle(p, block.size)?;
+        if super::mapped::release(p) {
+            return Ok(());
+        }
     }
     // SAFETY: the program's mapping of the block (or its anonymous memory),
     // now forgotten here, so nothing refers to it through us.

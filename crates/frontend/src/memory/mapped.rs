@@ -19,6 +19,7 @@
 //!   (XLA's timer does) is released by the wait that follows the write;
 //! - before the reply to each waited call that reaches the device, what
 //!   the device wrote comes back (the server compares its blocks then).
+//!   An asynchronous copy into the range from the device is such a write.
 //!
 //! Each side sends only the bytes it changed since they last agreed, so
 //! neither undoes a newer write of the other's. While such memory exists,
@@ -181,6 +182,8 @@ pub fn alloc(size: usize) -> Result<Option<u64>, CuError> {
 /// The device address of `ptr`, in the program's pinned range `[start,
 /// start + size)`, which is mapped for the device on the first request.
 pub fn device_address(start: u64, size: usize, ptr: u64) -> Result<u64, CuError> {
+    // The block starts from the program's bytes, which must be all there.
+    super::posted_reads::settle(start, size)?;
     // Held throughout, so that two threads asking at once map it once.
     let mut conn = client::lock()?;
     if let Some(devptr) = mapped_address(start, ptr) {
@@ -213,6 +216,7 @@ fn map(conn: &mut Conn, start: u64, size: usize, kind: Kind) -> Result<(u64, u64
 /// memory is. None where the range is not readable memory.
 pub fn mirror(ptr: u64, len: usize) -> Result<Option<(u64, u64)>, CuError> {
     let end = ptr.checked_add(len as u64).ok_or(CuError::INVALID_VALUE)?;
+    super::posted_reads::settle(ptr, len)?;
     let mut conn = client::lock()?;
     let inside = |m: &Mapping| m.start <= ptr && end <= m.start + m.size as u64;
     if let Some(m) = state().live.iter().find(|m| inside(m)) {
@@ -223,6 +227,18 @@ pub fn mirror(ptr: u64, len: usize) -> Result<Option<(u64, u64)>, CuError> {
     }
     let (block, _) = map(&mut conn, ptr, len, Kind::GraphCopies)?;
     Ok(Some((block, ptr & (PAGE - 1))))
+}
+
+/// The block and offset of `[ptr, ptr + len)` where it lies in pinned
+/// memory mapped for the device, which a copy to the host may then write
+/// as the device's work does.
+pub fn block_range(ptr: u64, len: usize) -> Option<(u64, u64)> {
+    if !ANY.load(Ordering::Acquire) {
+        return None;
+    }
+    let end = ptr.checked_add(len as u64)?;
+    let inside = |m: &&Mapping| m.kind != Kind::GraphCopies && m.start <= ptr && end <= m.start + m.size as u64;
+    state().live.iter().find(inside).map(|m| (m.block, m.offset as u64 + (ptr - m.start)))
 }
 
 /// The program's address that `offset` of block `block` stands for.

@@ -21,6 +21,7 @@ mod mem_ops;
 pub mod mirrors;
 mod parallel;
 pub(crate) mod pools;
+pub(crate) mod posted_reads;
 mod streaming;
 pub(crate) mod vmm;
 

@@ -98,8 +98,8 @@ impl HostCalls {
             return;
         }
         let mut reply = Vec::new();
-        // What the device wrote to mapped blocks goes ahead of the function.
-        let mapped = |len| Header::request(Opcode::MappedRuns, request, 0, len);
+        // What the device wrote to the guest's pinned memory goes ahead of the function.
+        let mapped = |op, len| Header::request(op, request, 0, len);
         let answered = match self
             .mapped
             .send_changes(&mut **carrier, mapped)

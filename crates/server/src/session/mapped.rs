@@ -1,19 +1,29 @@
-//! A remote guest's pinned memory that its kernels reach through a device
-//! address: a registered block of the session's stands in for it, and the
-//! two copies agree by the runs of bytes each side changed since they last
-//! did (`frontend/src/memory/mapped.rs` says when).
+//! A remote guest's pinned memory, which the server cannot map: what the
+//! device writes to it reaches the guest in frames ahead of replies.
 //!
-//! The session keeps what both sides last agreed on. A run the guest sends
-//! goes into the block and into that; before the reply to a waited call
-//! that reaches the device, what differs between them (which only the
-//! device can have written) goes to the guest, and they agree again. That
-//! costs a compare of the blocks per such call, and no round trip.
+//! Where its kernels reach it through a device address, a registered block
+//! of the session's stands in for it, and the two copies agree by the runs
+//! of bytes each side changed since they last did
+//! (`frontend/src/memory/mapped.rs` says when). The session keeps what both
+//! sides last agreed on. A run the guest sends goes into the block and into
+//! that; before the reply to a waited call that reaches the device, what
+//! differs between them (which only the device can have written) goes to
+//! the guest, and they agree again. That costs a compare of the blocks per
+//! such call, and no round trip.
+//!
+//! An asynchronous copy into such memory that no kernel reaches is posted
+//! (`MemcpyDtoHLater`): the session makes it at once, as it would a waited
+//! one, and keeps the bytes until that same point. Their guest then learns
+//! of them no later than natively: a program can tell a copy finished only
+//! through a call that waits for the device, or from a host function the
+//! device ran after it, which is enqueued after the copy was made here.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use gpuplex_protocol::{
-    calls, codec, CallError, CuError, DevPtr, Header, MappedFrames, MappedHostCalls, MappedRun, MappedRuns, Seq,
+    calls, codec, CallError, CopiedToHost, CuError, DevPtr, Header, MappedFrames, MappedHostCalls, MappedRun,
+    MappedRuns, Opcode, Seq,
 };
 use gpuplex_transport::shm::{differing_runs, joined};
 use gpuplex_transport::{Carrier, TransportError};
@@ -28,6 +38,10 @@ type R<T> = Result<T, CallError>;
 /// counters and small zero-copy buffers, not bulk data.
 const BUDGET: u64 = 1 << 30;
 
+/// Bytes of posted copies a session may hold for its guest, who asks for
+/// them well before (the front-end's `posted_reads::OWED`).
+const COPIES_BUDGET: usize = 64 << 20;
+
 /// Runs of the device's changes this close go to the guest as one: a value
 /// of several bytes often keeps one of them, which splits the changes of an
 /// array into a run per element. The guest takes only the bytes that differ
@@ -40,36 +54,47 @@ struct Block {
     agreed: Vec<u8>,
 }
 
-/// The session's mapped blocks, shared with the driver's threads that run
-/// the guest's host functions: the guest's function sees what the device
-/// wrote before it, and the device's work after it what the function wrote.
+#[derive(Default)]
+struct State {
+    blocks: HashMap<u64, Block>,
+    /// Posted copies made and not yet sent, in their order.
+    copies: Vec<CopiedToHost>,
+    copied_bytes: usize,
+}
+
+/// The session's mapped blocks and the bytes of its posted copies, shared
+/// with the driver's threads that run the guest's host functions: the
+/// guest's function sees what the device wrote before it, and the device's
+/// work after it what the function wrote.
 #[derive(Clone, Default)]
-pub struct Mapped(Arc<Mutex<HashMap<u64, Block>>>);
+pub struct Mapped(Arc<Mutex<State>>);
 
 impl Mapped {
-    fn blocks(&self) -> MutexGuard<'_, HashMap<u64, Block>> {
+    fn state(&self) -> MutexGuard<'_, State> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Forgets block `id` (to be freed), if it was a mapped one.
     pub fn forget(&self, id: u64) {
-        self.blocks().remove(&id);
+        self.state().blocks.remove(&id);
     }
 
     /// Forgets every block, before they are freed.
     pub fn clear(&self) {
-        self.blocks().clear();
+        self.state().blocks.clear();
     }
 
     fn bytes(&self) -> u64 {
-        self.blocks().values().map(|b| b.agreed.len() as u64).sum()
+        self.state().blocks.values().map(|b| b.agreed.len() as u64).sum()
     }
 
     /// What the device changed in the blocks since the guest and this side
-    /// last agreed, as frames' worth of runs; they agree on it from now.
-    fn changes(&self) -> Vec<Vec<MappedRun>> {
+    /// last agreed, as frames' worth of runs, and the copies made since the
+    /// last call; they agree on it from now.
+    fn changes(&self) -> (Vec<Vec<MappedRun>>, Vec<CopiedToHost>) {
         let mut out = MappedFrames::default();
-        for (&id, block) in self.blocks().iter_mut() {
+        let mut state = self.state();
+        for (&id, block) in state.blocks.iter_mut() {
             // SAFETY: the block's live mapping, as long as its agreed copy
             // (blocks are forgotten before they are freed). The device may
             // be writing it: the copy is what it held then.
@@ -79,28 +104,35 @@ impl Mapped {
                 out.add(id, start as u64, &now[start..start + n]);
             }
         }
-        out.frames
+        state.copied_bytes = 0;
+        (out.frames, std::mem::take(&mut state.copies))
     }
 
-    /// Sends what the device changed as `MappedRuns` frames, each under the
-    /// header `header` makes for its payload's length.
+    /// Sends what the device changed as `MappedRuns` frames, then the
+    /// copies' bytes as `CopiedToHost` frames, each under the header
+    /// `header` makes for its opcode and payload length.
     pub fn send_changes(
         &self,
         carrier: &mut dyn Carrier,
-        header: impl Fn(usize) -> Header,
+        header: impl Fn(Opcode, usize) -> Header,
     ) -> Result<(), TransportError> {
-        for runs in self.changes() {
+        let (runs, copies) = self.changes();
+        for runs in runs {
             let payload = codec::encode(&MappedRuns { runs: Seq(runs) });
-            carrier.send(&header(payload.len()), &payload)?;
+            carrier.send(&header(Opcode::MappedRuns, payload.len()), &payload)?;
+        }
+        for copy in copies {
+            let payload = codec::encode(&copy);
+            carrier.send(&header(Opcode::CopiedToHost, payload.len()), &payload)?;
         }
         Ok(())
     }
 
     /// Takes what the guest wrote, each run checked against its block first.
     pub fn write(&self, runs: Vec<MappedRun>) -> Result<(), CallError> {
-        let mut blocks = self.blocks();
+        let mut state = self.state();
         for run in runs {
-            let block = blocks.get_mut(&run.block);
+            let block = state.blocks.get_mut(&run.block);
             let block = block.ok_or_else(|| invalid(format!("host block {} is not mapped", run.block)))?;
             let len = block.agreed.len();
             let start = usize::try_from(run.offset).ok().filter(|&s| s <= len);
@@ -121,6 +153,18 @@ impl Mapped {
         }
         Ok(())
     }
+
+    /// Keeps a posted copy's bytes for the guest's memory at `dst`.
+    fn keep(&self, dst: u64, data: Vec<u8>) -> Result<(), CallError> {
+        let mut state = self.state();
+        if state.copied_bytes + data.len() > COPIES_BUDGET {
+            let why = "posted copies to host memory hold 64 MiB the guest has not asked for";
+            return Err(CallError::new(CuError::OUT_OF_MEMORY, why));
+        }
+        state.copied_bytes += data.len();
+        state.copies.push(CopiedToHost { dst, data });
+        Ok(())
+    }
 }
 
 #[allow(non_snake_case)]
@@ -136,7 +180,7 @@ impl MappedHostCalls for Session {
             Ok::<_, CallError>((block, host.devptr, host.region.as_ptr() as usize))
         })?;
         // A fresh block is zeros, which is what the guest starts from too.
-        self.mapped.blocks().insert(block, Block { memory, agreed: vec![0; req.size as usize] });
+        self.mapped.state().blocks.insert(block, Block { memory, agreed: vec![0; req.size as usize] });
         self.tables.add_region(devptr, Region { size: req.size, ctx: 0, owner: Some(Owner::HostBlock(block)) });
         Ok(calls::HostMirror::Reply { block, devptr: DevPtr(devptr) })
     }
@@ -144,5 +188,18 @@ impl MappedHostCalls for Session {
     fn MappedWrite(&mut self, req: calls::MappedWrite::Request) -> R<calls::MappedWrite::Reply> {
         self.mapped.write(req.runs.0)?;
         Ok(calls::MappedWrite::Reply {})
+    }
+
+    fn MemcpyDtoHLater(&mut self, req: calls::MemcpyDtoHLater::Request) -> R<calls::MemcpyDtoHLater::Reply> {
+        let data = self.read_device(req.src, req.size, req.stream)?;
+        if !data.is_empty() {
+            self.mapped.keep(req.dst, data)?;
+        }
+        Ok(calls::MemcpyDtoHLater::Reply {})
+    }
+
+    fn DeliverCopies(&mut self, _: calls::DeliverCopies::Request) -> R<calls::DeliverCopies::Reply> {
+        // The bytes go ahead of the reply, as before any waited device call's.
+        Ok(calls::DeliverCopies::Reply {})
     }
 }

@@ -3,7 +3,7 @@
 //! charged to the tenant before it is made. A copy or memset of no bytes is
 //! checked as any other, then answered without the backend.
 
-use gpuplex_protocol::{calls, CallError, CuError, DevPtr, HostMemoryCalls, MemoryCalls, MAX_PAYLOAD};
+use gpuplex_protocol::{calls, CallError, CuError, DevPtr, HostMemoryCalls, MemoryCalls, Stream, MAX_PAYLOAD};
 
 use super::tables::{Owner, Region};
 use super::{invalid, Session};
@@ -108,25 +108,7 @@ impl MemoryCalls for Session {
     }
 
     fn MemcpyDtoH(&mut self, req: calls::MemcpyDtoH::Request) -> R<calls::MemcpyDtoH::Reply> {
-        // The client splits large copies; the reply must fit a frame.
-        if req.size > (MAX_PAYLOAD - 64) as u64 {
-            return Err(invalid(format!("a {}-byte read exceeds one frame", req.size)));
-        }
-        self.tables.check_range(req.src.0, req.size)?;
-        let (ctx, stream) = self.stream(req.stream)?;
-        let len = req.size as usize;
-        if len == 0 {
-            return Ok(calls::MemcpyDtoH::Reply { data: Vec::new() });
-        }
-        self.refuse_in_capture(ctx, stream, "a copy to pageable memory")?;
-        let (backend, seat) = (&self.backend, &self.seat);
-        if let Some(pinned) = self.scratch.pinned(&**backend, ctx, len) {
-            seat.submit(ctx, stream, Work::Copy, || backend.memcpy_dtoh(ctx, pinned, req.src.0, stream))?;
-            return Ok(calls::MemcpyDtoH::Reply { data: pinned.to_vec() });
-        }
-        let mut data = vec![0u8; len];
-        seat.submit(ctx, stream, Work::Copy, || backend.memcpy_dtoh(ctx, &mut data, req.src.0, stream))?;
-        Ok(calls::MemcpyDtoH::Reply { data })
+        Ok(calls::MemcpyDtoH::Reply { data: self.read_device(req.src, req.size, req.stream)? })
     }
 
     fn MemcpyDtoD(&mut self, req: calls::MemcpyDtoD::Request) -> R<calls::MemcpyDtoD::Reply> {
@@ -254,6 +236,30 @@ impl HostMemoryCalls for Session {
 }
 
 impl Session {
+    /// `size` bytes of the session's device memory at `src`, read in
+    /// `stream`'s order once its earlier work is done.
+    pub(super) fn read_device(&mut self, src: DevPtr, size: u64, stream: Stream) -> R<Vec<u8>> {
+        // The client splits large copies; the reply must fit a frame.
+        if size > (MAX_PAYLOAD - 64) as u64 {
+            return Err(invalid(format!("a {size}-byte read exceeds one frame")));
+        }
+        self.tables.check_range(src.0, size)?;
+        let (ctx, stream) = self.stream(stream)?;
+        let len = size as usize;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        self.refuse_in_capture(ctx, stream, "a copy to pageable memory")?;
+        let (backend, seat) = (&self.backend, &self.seat);
+        if let Some(pinned) = self.scratch.pinned(&**backend, ctx, len) {
+            seat.submit(ctx, stream, Work::Copy, || backend.memcpy_dtoh(ctx, pinned, src.0, stream))?;
+            return Ok(pinned.to_vec());
+        }
+        let mut data = vec![0u8; len];
+        seat.submit(ctx, stream, Work::Copy, || backend.memcpy_dtoh(ctx, &mut data, src.0, stream))?;
+        Ok(data)
+    }
+
     /// The context a new host block is registered from, once its flags are
     /// known ones.
     fn host_block_context(&mut self, flags: u32) -> R<backend::Obj> {

@@ -345,9 +345,10 @@ impl Session {
                     let carrier = line.carrier();
                     self.send_device_output(carrier, &header)?;
                     if call.reaches_device() {
-                        // What the device wrote to mapped host blocks (see [`mapped`]).
-                        let opcode = (Opcode::MappedRuns as u16).into();
-                        self.mapped.send_changes(carrier, |len| Header { opcode, ..Header::reply(&header, 0, len) })?;
+                        // What the device wrote to the guest's pinned memory (see [`mapped`]).
+                        let frame =
+                            |op: Opcode, len| Header { opcode: (op as u16).into(), ..Header::reply(&header, 0, len) };
+                        self.mapped.send_changes(carrier, frame)?;
                     }
                     match outcome {
                         Ok(reply) => {

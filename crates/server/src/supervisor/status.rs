@@ -6,15 +6,16 @@
 //! tenants run, and as whom, is theirs. The server's owner sees everything,
 //! and so does whoever can reach the metrics endpoint.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpuplex_protocol::{GpuTime, Seq, ServerStatus, ServerSummary, SessionStatus, SessionSummary, TenantStatus};
 
 use super::Supervisor;
+use crate::ledger::Slot;
 use crate::sched::board;
 
 /// The window rates are measured over.
@@ -38,20 +39,22 @@ impl Viewer {
     }
 }
 
-/// Rates per session over the last interval, kept by a sampling thread.
+/// How often the sampling thread reads every session's counters: rates
+/// cover the last [`INTERVAL`] to within one step, however late one asks.
+pub const STEP: Duration = Duration::from_secs(1);
+
+/// Session counters sampled each [`STEP`] over the last [`INTERVAL`], from
+/// which a status computes its rates when it is asked.
 #[derive(Default)]
 pub struct Rates {
-    inner: Mutex<RatesInner>,
+    history: Mutex<VecDeque<Snapshot>>,
 }
 
-#[derive(Default)]
-struct RatesInner {
-    /// Each live session's counters at the last sample.
-    last: HashMap<u64, Sample>,
-    /// Calls per second and busy share of each session over the interval.
-    rates: HashMap<u64, (f32, f32)>,
-    /// When the last sample was taken.
-    at: Option<Instant>,
+struct Snapshot {
+    /// When it was taken, on the scheduler's clock (ns).
+    at_ns: u64,
+    /// Each live session's counters then.
+    counters: HashMap<u64, Sample>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -59,14 +62,35 @@ struct Sample {
     calls: u64,
     /// GPU time its kernels took, as far as its meter has timed them (ns).
     compute_ns: u64,
+    /// When the work its meter still waits for was submitted (ns; 0: none).
+    running_since: u64,
 }
 
-/// Samples every session's counters each [`INTERVAL`] while the supervisor lives.
+impl Sample {
+    fn of(slot: &Slot) -> Sample {
+        Sample {
+            calls: slot.calls.load(Ordering::Relaxed),
+            compute_ns: slot.compute_ns.load(Ordering::Relaxed),
+            running_since: slot.running_since.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Samples every session's counters each [`STEP`] while the supervisor lives.
 pub fn start_sampling(supervisor: Weak<Supervisor>) {
     let spawned = std::thread::Builder::new().name("gpuplex-rates".into()).spawn(move || loop {
-        std::thread::sleep(INTERVAL);
+        std::thread::sleep(STEP);
         let Some(s) = supervisor.upgrade() else { return };
-        s.rates.sample(&s);
+        let counters = s
+            .registry
+            .sessions()
+            .into_iter()
+            .filter_map(|session| {
+                let ledger = s.registry.ledger(&session.tenant)?;
+                Some((session.id, Sample::of(ledger.slot(session.slot))))
+            })
+            .collect();
+        s.rates.record(crate::sched::now_ns(), counters);
     });
     if let Err(e) = spawned {
         tracing::warn!("status will show no rates: {e}");
@@ -74,39 +98,37 @@ pub fn start_sampling(supervisor: Weak<Supervisor>) {
 }
 
 impl Rates {
-    fn sample(&self, supervisor: &Supervisor) {
-        let now = Instant::now();
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let seconds = inner.at.map_or(INTERVAL, |at| now - at).as_secs_f32().max(1e-3);
-        let mut last = HashMap::new();
-        let mut rates = HashMap::new();
-        let interval_start = crate::sched::now_ns().saturating_sub((seconds * 1e9) as u64);
-        for session in supervisor.registry.sessions() {
-            let Some(ledger) = supervisor.registry.ledger(&session.tenant) else { continue };
-            let slot = ledger.slot(session.slot);
-            let now = Sample {
-                calls: slot.calls.load(Ordering::Relaxed),
-                compute_ns: slot.compute_ns.load(Ordering::Relaxed),
-            };
-            let before = inner.last.get(&session.id).copied().unwrap_or_default();
-            let calls = now.calls.saturating_sub(before.calls) as f32 / seconds;
-            // Work the meter still waits for (a long kernel) counts from
-            // when it was submitted, or from the interval's start.
-            let running = match slot.running_since.load(Ordering::Relaxed) {
-                0 => 0,
-                since => crate::sched::now_ns().saturating_sub(since.max(interval_start)),
-            };
-            let busy_ns = now.compute_ns.saturating_sub(before.compute_ns) + running;
-            let busy = (busy_ns as f32 / 1e9 / seconds).min(1.0);
-            rates.insert(session.id, (calls, busy));
-            last.insert(session.id, now);
+    fn record(&self, at_ns: u64, counters: HashMap<u64, Sample>) {
+        let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
+        history.push_back(Snapshot { at_ns, counters });
+        // Asked later than now, a window starts after `at_ns - INTERVAL`:
+        // older snapshots are never read again.
+        let oldest = at_ns.saturating_sub(INTERVAL.as_nanos() as u64);
+        while history.front().is_some_and(|s| s.at_ns < oldest) {
+            history.pop_front();
         }
-        *inner = RatesInner { last, rates, at: Some(now) };
     }
 
-    fn of(&self, session: u64) -> (f32, f32) {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.rates.get(&session).copied().unwrap_or((0.0, 0.0))
+    /// Calls per second and GPU busy share of `session`, whose counters at
+    /// `now_ns` are `now`, since the oldest snapshot inside the last
+    /// [`INTERVAL`].
+    fn of(&self, session: u64, now: Sample, now_ns: u64) -> (f32, f32) {
+        let history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
+        let window_start = now_ns.saturating_sub(INTERVAL.as_nanos() as u64);
+        let Some(base) = history.iter().find(|s| s.at_ns >= window_start).or(history.back()) else {
+            return (0.0, 0.0);
+        };
+        let seconds = (now_ns.saturating_sub(base.at_ns) as f32 / 1e9).max(1e-3);
+        let before = base.counters.get(&session).copied().unwrap_or_default();
+        let calls = now.calls.saturating_sub(before.calls) as f32 / seconds;
+        // Work the meter still waits for (a long kernel) counts from when it
+        // was submitted, or from the window's start.
+        let running = match now.running_since {
+            0 => 0,
+            since => now_ns.saturating_sub(since.max(base.at_ns)),
+        };
+        let busy_ns = now.compute_ns.saturating_sub(before.compute_ns) + running;
+        (calls, (busy_ns as f32 / 1e9 / seconds).min(1.0))
     }
 }
 
@@ -116,10 +138,11 @@ pub fn status(supervisor: &Supervisor, viewer: &Viewer) -> ServerStatus {
     let backend = supervisor.backend();
     let mut sessions = Vec::new();
     let mut per_tenant: HashMap<String, (f32, f32)> = HashMap::new();
+    let now_ns = crate::sched::now_ns();
     for s in registry.sessions().into_iter().filter(|s| viewer.sees(&s.tenant)) {
         let Some(ledger) = registry.ledger(&s.tenant) else { continue };
         let slot = ledger.slot(s.slot);
-        let (calls_per_second, gpu_busy) = supervisor.rates.of(s.id);
+        let (calls_per_second, gpu_busy) = supervisor.rates.of(s.id, Sample::of(slot), now_ns);
         let sum = per_tenant.entry(s.tenant.clone()).or_default();
         sum.0 += calls_per_second;
         sum.1 += gpu_busy;
@@ -327,4 +350,52 @@ fn answer_http(mut stream: std::net::TcpStream, supervisor: &Supervisor) -> std:
         body.len()
     )?;
     stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn sample(calls: u64, compute_ns: u64, running_since: u64) -> Sample {
+        Sample { calls, compute_ns, running_since }
+    }
+
+    fn record(rates: &Rates, at_ns: u64, session: Sample) {
+        rates.record(at_ns, HashMap::from([(7, session)]));
+    }
+
+    #[test]
+    fn rates_cover_the_last_interval_however_late_one_asks() {
+        let rates = Rates::default();
+        assert_eq!(rates.of(7, sample(0, 0, 0), 100 * S), (0.0, 0.0), "nothing sampled yet");
+        // 10 calls a second for 20 s; a kernel submitted at 12.5 s still runs.
+        for t in 1..=20 {
+            record(&rates, t * S, sample(10 * t, 0, if t >= 13 { 12 * S + S / 2 } else { 0 }));
+        }
+        // Asked at 20.9 s: the window starts at the 16 s snapshot, all of it
+        // inside the kernel, however far the last sample lies behind.
+        let (calls, busy) = rates.of(7, sample(209, 0, 12 * S + S / 2), 20 * S + 9 * S / 10);
+        assert!((calls - 10.0).abs() < 0.01, "{calls}");
+        assert_eq!(busy, 1.0);
+        // A kernel submitted at 18 s, asked at 20 s: busy 2 s of the last 5.
+        let (_, busy) = rates.of(7, sample(200, 0, 18 * S), 20 * S);
+        assert!((busy - 0.4).abs() < 0.01, "{busy}");
+        // Finished kernels count what their meter timed inside the window.
+        record(&rates, 21 * S, sample(210, 3 * S, 0));
+        let (_, busy) = rates.of(7, sample(210, 3 * S, 0), 21 * S);
+        assert!((busy - 0.6).abs() < 0.01, "{busy}");
+    }
+
+    #[test]
+    fn snapshots_older_than_the_interval_are_dropped() {
+        let rates = Rates::default();
+        for t in 1..=100 {
+            record(&rates, t * S, sample(t, 0, 0));
+        }
+        let history = rates.history.lock().unwrap();
+        assert_eq!(history.front().map(|s| s.at_ns), Some(95 * S));
+        assert_eq!(history.len(), 6);
+    }
 }
