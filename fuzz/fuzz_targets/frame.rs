@@ -2,7 +2,8 @@
 //! by the header's opcode, as the session does before it runs a call
 //! (`decode_request` is `dispatch`'s decoding) or opens a connection
 //! (`Hello`, `JoinLane`). Every message of the handshake is decoded from
-//! the input as well, those the client reads from the server included.
+//! the input as well, those the client reads from the server included
+//! (the frames that come before a reply among them).
 //! A message that decodes must encode back to exactly its bytes: the codec
 //! has one form per value, so anything else is a decoder that skipped or
 //! invented bytes.
@@ -13,8 +14,8 @@ use std::fmt::Debug;
 
 use gpuplex_protocol::codec::{self, Wire};
 use gpuplex_protocol::{
-    decode_request, Attribute, DeviceInfo, ErrorDetail, Header, Hello, LaneJoin, LaneOffer, Opcode, ServerSummary,
-    SessionSummary, SharedLayout, Welcome, HEADER_SIZE, MAX_PAYLOAD,
+    decode_request, Attribute, CopiedToHost, DeviceInfo, ErrorDetail, Header, Hello, LaneJoin, LaneOffer, MappedRuns,
+    Opcode, ServerSummary, SessionSummary, SharedLayout, Welcome, HEADER_SIZE, MAX_PAYLOAD,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -44,6 +45,8 @@ fuzz_target!(|data: &[u8]| {
     round_trip::<ServerSummary>(data);
     round_trip::<SessionSummary>(data);
     round_trip::<ErrorDetail>(data);
+    round_trip::<MappedRuns>(data);
+    round_trip::<CopiedToHost>(data);
 });
 
 fn round_trip<T: Wire + PartialEq + Debug>(bytes: &[u8]) {

@@ -169,7 +169,8 @@ fn device_output(payload: &[u8]) {
 /// is a warning the user should see, once per reason; other errors are the
 /// program's own business and go to the debug log.
 fn explain(opcode: Opcode, code: CuError, detail: &str) {
-    if code != CuError::NOT_SUPPORTED {
+    let posted = posted_failure(opcode, code, detail);
+    if code != CuError::NOT_SUPPORTED && posted.is_none() {
         return log::debug(&format!("{} failed: {detail}", opcode.name()));
     }
     static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -177,8 +178,18 @@ fn explain(opcode: Opcode, code: CuError, detail: &str) {
     // A bound on what a server could make the program remember.
     if seen.len() < 64 && !seen.iter().any(|s| s == detail) {
         seen.push(detail.to_owned());
-        log::warn(&format!("{} failed with CUDA_ERROR_NOT_SUPPORTED: {detail}", opcode.name()));
+        log::warn(
+            &posted.unwrap_or_else(|| format!("{} failed with CUDA_ERROR_NOT_SUPPORTED: {detail}", opcode.name())),
+        );
     }
+}
+
+/// A posted call's error answers the next call that waits, which the
+/// program then blames: what to log about the call it really was.
+fn posted_failure(opcode: Opcode, code: CuError, detail: &str) -> Option<String> {
+    let (call, why) = detail.split_once(" (posted): ")?;
+    let name = CuError::name_of(code.0).unwrap_or("an unknown error");
+    Some(format!("{call} failed after it returned; {} returned its {name}: {why}", opcode.name()))
 }
 
 /// The connection, opened on first use.
@@ -388,6 +399,7 @@ impl Conn {
         // (`mapped::to_device`): the bytes posted copies owe come first.
         if C::OPCODE == Opcode::cuGraphLaunch && crate::memory::posted_reads::owes_any() {
             self.call(calls::DeliverCopies::Request {})?;
+            crate::memory::posted_reads::wait_in_flight(0, usize::MAX);
         }
         self.send_call(req, true)?;
         if leaves_at_once(C::OPCODE) {
@@ -648,5 +660,20 @@ impl Conn {
         }
         self.broken = true;
         SERVER_GONE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A posted call's failure names that call; anything else is not one.
+    #[test]
+    fn a_posted_calls_failure_names_it() {
+        let said =
+            posted_failure(Opcode::cuStreamSynchronize, CuError::INVALID_VALUE, "Launch (posted): no such function");
+        let want = "Launch failed after it returned; cuStreamSynchronize returned its CUDA_ERROR_INVALID_VALUE: no such function";
+        assert_eq!(said.as_deref(), Some(want));
+        assert_eq!(posted_failure(Opcode::cuStreamSynchronize, CuError::INVALID_VALUE, "no such function"), None);
     }
 }

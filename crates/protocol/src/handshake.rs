@@ -261,8 +261,11 @@ wire_struct! {
 
 wire_struct! {
     /// The bytes a guest's posted copy (`MemcpyDtoHLater`) brought for its
-    /// pinned memory at `dst`.
+    /// pinned memory at `dst`. Copies are numbered from 0 in the order the
+    /// session got them (`seq`), failed ones too, whose `data` is empty:
+    /// their error answers a later call, and no bytes come.
     pub struct CopiedToHost {
+        pub seq: u64,
         pub dst: u64,
         pub data: Vec<u8>,
     }

@@ -384,3 +384,53 @@ fn mapped_blocks_take_the_guests_runs_and_return_the_devices() {
     c.call(cuCtxSynchronize::Request {}).unwrap();
     assert!(c.mapped.is_empty());
 }
+
+/// A remote guest's posted copies into its pinned memory: made when they
+/// arrive, their bytes kept and sent, numbered in order, before the reply to
+/// the next waited call that reaches the device, and only then; a copy that
+/// fails is sent as one with no bytes, its error answering that call; a
+/// guest that never asks cannot make the server keep more than 64 MiB.
+#[test]
+fn posted_copies_to_the_host_come_before_the_next_waited_device_reply() {
+    use gpuplex_protocol::CopiedToHost;
+    let address = start_server("posted-reads");
+    let mut c = Client::connect(&address);
+    let dev = c.alloc(4096);
+    c.write(dev, &pattern(4096, 3));
+    let later = |dst: u64, src: DevPtr, size: u64| MemcpyDtoHLater::Request { dst, src, size, stream: Stream::NULL };
+    c.post(later(0x1000, dev, 16));
+    c.call(cuCtxGetFlags::Request {}).unwrap();
+    assert!(c.copied.is_empty(), "a call that does not reach the device brings none");
+    c.post(later(0x2000, DevPtr(dev.0 + 100), 8));
+    // Made at once: the write after them does not change them, and its
+    // reply, a waited device call's, brings them.
+    c.write(dev, &[0; 4096]);
+    let want = pattern(4096, 3);
+    assert_eq!(
+        std::mem::take(&mut c.copied),
+        vec![
+            CopiedToHost { seq: 0, dst: 0x1000, data: want[..16].to_vec() },
+            CopiedToHost { seq: 1, dst: 0x2000, data: want[100..108].to_vec() },
+        ]
+    );
+    c.call(DeliverCopies::Request {}).unwrap();
+    assert!(c.copied.is_empty(), "sent once");
+
+    // Outside the session's memory: no bytes, and the error comes next.
+    c.post(later(0x3000, DevPtr(0xdead_0000), 8));
+    assert_eq!(err(c.call(cuCtxSynchronize::Request {})), CuError::INVALID_VALUE);
+    assert_eq!(std::mem::take(&mut c.copied), vec![CopiedToHost { seq: 2, dst: 0x3000, data: Vec::new() }]);
+
+    // Never asked for, the bytes stop at the budget.
+    let big = c.alloc(1 << 20);
+    for _ in 0..64 {
+        c.post(later(0x4000, big, 1 << 20));
+    }
+    c.post(later(0x4000, big, 1));
+    assert_eq!(err(c.call(DeliverCopies::Request {})), CuError::OUT_OF_MEMORY);
+    let copied = std::mem::take(&mut c.copied);
+    assert_eq!(copied.len(), 65);
+    assert!(copied[..64].iter().all(|c| c.data.len() == 1 << 20) && copied[64].data.is_empty());
+    assert_eq!(copied.iter().map(|c| c.seq).collect::<Vec<_>>(), (3..68).collect::<Vec<_>>());
+    assert!(c.free_memory() > 0, "the session carries on");
+}

@@ -4,8 +4,9 @@
 // its stream, and on another stream ordered after it by an event), by a
 // copy from that memory back to the device in stream order (1D and 2D), by
 // a kernel reading mapped memory through its device pointer after a copy
-// into it, and many small copies before one synchronization. Last, memory
-// freed while a copy into it was queued, and new memory in its place.
+// into it, many small copies before one synchronization, and a graph's copy
+// from it. Last, memory freed while a copy into it was queued, and new
+// memory in its place.
 #include "check.h"
 
 #include <cstring>
@@ -125,7 +126,24 @@ int main() {
     printf("mapped, copied into then read by a kernel: %d of 64; on the host %d of 64\n",
            matching(check, 64, 7, 6), matching(mapped, 64, 1, 0));
 
-    // 7. Freed with a copy into it queued; new memory of the same size
+    // 7. A graph whose copy reads that memory, launched after a copy into it.
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    CHECK(cudaMemcpyAsync(back, pinned, N * sizeof(int), cudaMemcpyHostToDevice, s1));
+    CHECK(cudaStreamEndCapture(s1, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    scaleAdd<<<BLOCKS, THREADS, 0, s1>>>(dev, seq, 9, 8, N);
+    CHECK_LAUNCH();
+    CHECK(cudaMemcpyAsync(pinned, dev, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaGraphLaunch(exec, s1));
+    CHECK(cudaMemcpyAsync(check, back, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    printf("a graph's copy from that memory: %d of %d\n", matching(check, N, 9, 8), N);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+
+    // 8. Freed with a copy into it queued; new memory of the same size
     // (often the same place) keeps what the program wrote there.
     scaleAdd<<<BLOCKS, THREADS, 0, s1>>>(dev, seq, 8, 7, N);
     CHECK_LAUNCH();

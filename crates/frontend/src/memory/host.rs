@@ -298,12 +298,13 @@ pub fn free_allocated(p: u64, managed: bool) -> Result<(), CuError> {
         _ => None,
     });
     let block = block.ok_or(CuError::INVALID_VALUE)?;
-    if block.shared.is_none() {
-        // Not to land on whatever is mapped there next.
-        super::posted_reads::settle(p, block.size)?;
-        if super::mapped::release(p) {
-            return Ok(());
-        }
+    // Copies' bytes owed to it come now, not to land on whatever is mapped
+    // there next. An error this brings is an earlier call's: reported
+    // once the memory is freed.
+    let local = block.shared.is_none();
+    let settled = if local { super::posted_reads::settle(p, block.size) } else { Ok(()) };
+    if local && super::mapped::release(p) {
+        return settled;
     }
     // SAFETY: the program's mapping of the block (or its anonymous memory),
     // now forgotten here, so nothing refers to it through us.
@@ -311,7 +312,7 @@ pub fn free_allocated(p: u64, managed: bool) -> Result<(), CuError> {
     if let Some(shared) = block.shared {
         release(shared);
     }
-    Ok(())
+    settled
 }
 
 /// `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`.
@@ -571,6 +572,8 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
             _ => None,
         });
         let block = block.ok_or(NOT_REGISTERED)?;
+        // The program may reuse the memory once this returns.
+        let settled = if block.shared.is_none() { super::posted_reads::settle(p as u64, block.size) } else { Ok(()) };
         match block.shared {
             Some(shared) => {
                 unshare_in_place(&shared);
@@ -580,7 +583,7 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
                 super::mapped::release(p as u64);
             }
         }
-        Ok(())
+        settled
     })
 }
 

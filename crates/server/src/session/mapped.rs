@@ -60,6 +60,8 @@ struct State {
     /// Posted copies made and not yet sent, in their order.
     copies: Vec<CopiedToHost>,
     copied_bytes: usize,
+    /// Posted copies the session got so far: the next one's number.
+    next_copy: u64,
 }
 
 /// The session's mapped blocks and the bytes of its posted copies, shared
@@ -154,16 +156,27 @@ impl Mapped {
         Ok(())
     }
 
-    /// Keeps a posted copy's bytes for the guest's memory at `dst`.
-    fn keep(&self, dst: u64, data: Vec<u8>) -> Result<(), CallError> {
+    /// Keeps what a posted copy read for the guest's memory at `dst`: its
+    /// bytes, or that it failed, which the guest is told too, so that it
+    /// stops waiting for them.
+    fn keep(&self, dst: u64, read: Result<Vec<u8>, CallError>) -> Result<(), CallError> {
         let mut state = self.state();
-        if state.copied_bytes + data.len() > COPIES_BUDGET {
-            let why = "posted copies to host memory hold 64 MiB the guest has not asked for";
-            return Err(CallError::new(CuError::OUT_OF_MEMORY, why));
-        }
+        let seq = state.next_copy;
+        state.next_copy += 1;
+        let read = read.and_then(|data| {
+            if state.copied_bytes + data.len() > COPIES_BUDGET {
+                let why = "posted copies to host memory hold 64 MiB the guest has not asked for";
+                return Err(CallError::new(CuError::OUT_OF_MEMORY, why));
+            }
+            Ok(data)
+        });
+        let (data, outcome) = match read {
+            Ok(data) => (data, Ok(())),
+            Err(e) => (Vec::new(), Err(e)),
+        };
         state.copied_bytes += data.len();
-        state.copies.push(CopiedToHost { dst, data });
-        Ok(())
+        state.copies.push(CopiedToHost { seq, dst, data });
+        outcome
     }
 }
 
@@ -191,10 +204,8 @@ impl MappedHostCalls for Session {
     }
 
     fn MemcpyDtoHLater(&mut self, req: calls::MemcpyDtoHLater::Request) -> R<calls::MemcpyDtoHLater::Reply> {
-        let data = self.read_device(req.src, req.size, req.stream)?;
-        if !data.is_empty() {
-            self.mapped.keep(req.dst, data)?;
-        }
+        let read = self.read_device(req.src, req.size, req.stream);
+        self.mapped.keep(req.dst, read)?;
         Ok(calls::MemcpyDtoHLater::Reply {})
     }
 

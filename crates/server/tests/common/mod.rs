@@ -77,6 +77,8 @@ pub struct Client {
     pub thread: u64,
     /// What `MappedRuns` frames before replies brought.
     pub mapped: Vec<gpuplex_protocol::MappedRun>,
+    /// What `CopiedToHost` frames before replies brought.
+    pub copied: Vec<gpuplex_protocol::CopiedToHost>,
 }
 
 impl Client {
@@ -99,7 +101,7 @@ impl Client {
         carrier.recv(&mut buf).unwrap();
         let welcome: Welcome = codec::decode(&buf).unwrap();
         assert_eq!(welcome.backend, "emulated");
-        let mut c = Client { carrier, next: 2, ctx: Ctx(0), thread: 1, mapped: Vec::new() };
+        let mut c = Client { carrier, next: 2, ctx: Ctx(0), thread: 1, mapped: Vec::new(), copied: Vec::new() };
         c.ctx = c.call(cuDevicePrimaryCtxRetain::Request { dev: 0 }).unwrap().pctx;
         c
     }
@@ -130,6 +132,7 @@ impl Client {
                 op if op == Opcode::MappedRuns as u16 => {
                     self.mapped.extend(codec::decode::<gpuplex_protocol::MappedRuns>(&buf).unwrap().runs.0)
                 }
+                op if op == Opcode::CopiedToHost as u16 => self.copied.push(codec::decode(&buf).unwrap()),
                 _ => break h,
             }
         };
