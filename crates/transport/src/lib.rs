@@ -46,6 +46,60 @@ pub const SPIN_MAX: Duration = Duration::from_millis(10);
 /// that a spinning thread gives way to any other that is ready to run.
 pub(crate) const POLITE_AFTER: Duration = Duration::from_micros(100);
 
+/// How long a reader spins before it sleeps in the kernel. A fixed one
+/// spins its short spin; an adaptive one about 1.5 times as long as its
+/// last wait that slept, up to [`SPIN_MAX`], so that a peer whose next
+/// frame follows the last by a GPU step is met spinning. Two waits in a
+/// row too long to spin through send it back to the short spin, so that an
+/// idle peer costs nothing noticeable; one alone does not, as a guest whose
+/// GPU turn came round waited once for it and goes on with its short calls.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpinBudget {
+    short: Duration,
+    now: Duration,
+    adaptive: bool,
+    /// Whether the last wait was too long to spin through.
+    long_before: bool,
+}
+
+impl SpinBudget {
+    pub(crate) const fn fixed(short: Duration) -> SpinBudget {
+        SpinBudget { short, now: short, adaptive: false, long_before: false }
+    }
+
+    pub(crate) fn adapt(&mut self) {
+        self.adaptive = true;
+    }
+
+    pub(crate) fn is_adaptive(&self) -> bool {
+        self.adaptive
+    }
+
+    /// How long to spin now.
+    pub(crate) fn now(&self) -> Duration {
+        self.now
+    }
+
+    /// A wait met its frame spinning: no row of long waits goes on.
+    pub(crate) fn spun(&mut self) {
+        self.long_before = false;
+    }
+
+    /// A wait that slept and lasted `waited`.
+    pub(crate) fn slept(&mut self, waited: Duration) {
+        if !self.adaptive {
+            return;
+        }
+        let long = waited > SPIN_MAX;
+        if !long {
+            self.now = (waited * 3 / 2).clamp(self.short, SPIN_MAX);
+        } else if self.long_before {
+            self.now = self.short;
+        }
+        self.long_before = long;
+    }
+}
+
 /// Who is on the other end, as the operating system reports it (never as
 /// the peer claims it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{TransportError, POLITE_AFTER, SPIN_MAX};
+use crate::{SpinBudget, TransportError, POLITE_AFTER};
 
 /// A shared mapping of a sealed memfd (or of part of a VM's shared file,
 /// [`Region::view`]); unmapped when dropped.
@@ -345,9 +345,13 @@ impl Rings {
             cap,
             pos: 0,
             wait: Wait {
-                spin: Cell::new(SPIN),
-                adaptive,
-                long_before: Cell::new(false),
+                spin: Cell::new({
+                    let mut spin = SpinBudget::fixed(SPIN);
+                    if adaptive {
+                        spin.adapt();
+                    }
+                    spin
+                }),
                 watch: Watch::None,
                 futex: true,
                 patience: None,
@@ -400,12 +404,12 @@ impl Rings {
     /// does: for a server's session, whose guest's next call often follows
     /// its last by a GPU step's time.
     pub(crate) fn spin_adaptively(&mut self) {
-        self.reader.end.wait.adaptive = true;
+        self.reader.end.wait.learn(SpinBudget::adapt);
     }
 
     #[cfg(test)]
     pub(crate) fn reader_adapts(&self) -> bool {
-        self.reader.end.wait.adaptive
+        self.reader.end.wait.spin.get().is_adaptive()
     }
 }
 
@@ -654,13 +658,9 @@ impl Watch {
 }
 
 struct Wait {
-    /// How long to spin before sleeping.
-    spin: Cell<Duration>,
-    /// Whether `spin` follows how long the waits last (the guest's wait for
-    /// replies) or stays [`SPIN`].
-    adaptive: bool,
-    /// Whether the last wait that ended was too long to spin through.
-    long_before: Cell<bool>,
+    /// How long to spin before sleeping: adaptive for the guest's wait for
+    /// replies and a session's reader once asked, else [`SPIN`].
+    spin: Cell<SpinBudget>,
     /// How a sleeper tells that the peer is gone.
     watch: Watch,
     /// Whether the peer's ring wakes a sleeper (a futex); across a VM
@@ -671,23 +671,10 @@ struct Wait {
 }
 
 impl Wait {
-    /// After a wait that slept and lasted `waited`: an adaptive wait spins
-    /// 1.5 times as long next time, so that a run of like replies (large
-    /// synchronous copies) is met spinning. Two waits in a row too long to
-    /// be worth spinning through send it back to the short spin; one alone
-    /// does not, as a guest whose GPU turn came round waited once for it
-    /// and goes on with its short calls.
-    fn adapt(&self, waited: Duration) {
-        if !self.adaptive {
-            return;
-        }
-        let long = waited > SPIN_MAX;
-        if !long {
-            self.spin.set((waited * 3 / 2).min(SPIN_MAX));
-        } else if self.long_before.get() {
-            self.spin.set(SPIN);
-        }
-        self.long_before.set(long);
+    fn learn(&self, learn: impl FnOnce(&mut SpinBudget)) {
+        let mut spin = self.spin.get();
+        learn(&mut spin);
+        self.spin.set(spin);
     }
 
     /// Waits until `ready` returns a non-zero amount: spinning first, then
@@ -703,13 +690,13 @@ impl Wait {
         loop {
             let n = ready()?;
             if n > 0 {
-                self.long_before.set(false);
+                self.learn(SpinBudget::spun);
                 return Ok(n);
             }
             turns = turns.wrapping_add(1);
             if turns & 63 == 0 {
                 let spun = start.elapsed();
-                if spun >= self.spin.get() {
+                if spun >= self.spin.get().now() {
                     break;
                 }
                 if spun >= POLITE_AFTER {
@@ -732,7 +719,7 @@ impl Wait {
             sleeps.store(0, SeqCst);
             let n = if n == 0 { ready()? } else { n };
             if n > 0 {
-                self.adapt(start.elapsed());
+                self.learn(|spin| spin.slept(start.elapsed()));
                 return Ok(n);
             }
             if self.watch.peer_gone() {
@@ -966,6 +953,7 @@ mod tests {
 
     #[test]
     fn a_guest_spins_longer_for_replies_that_came_soon_after_it_slept() {
+        use crate::SPIN_MAX;
         let (mut client, mut server) = pair();
         let t = std::thread::spawn(move || {
             let mut got = [0u8; 4];
@@ -981,29 +969,29 @@ mod tests {
         client.reader.read_exact(&mut got).unwrap();
         let waited = start.elapsed();
         let server = t.join().unwrap();
-        let spin = client.reader.end.wait.spin.get();
+        let spin = client.reader.end.wait.spin.get().now();
         // (A machine so loaded that 2 ms took over 10 ms rightly resets it.)
         if waited <= SPIN_MAX {
             assert!(spin >= Duration::from_millis(3) && spin <= SPIN_MAX, "{spin:?} after {waited:?}");
         }
         // The server's ends adapt only once asked to (a session's reader),
         // and writers never do.
-        assert_eq!(server.reader.end.wait.spin.get(), SPIN);
-        assert_eq!(client.writer.end.wait.spin.get(), SPIN);
+        assert_eq!(server.reader.end.wait.spin.get().now(), SPIN);
+        assert_eq!(client.writer.end.wait.spin.get().now(), SPIN);
         let mut server = server;
         server.spin_adaptively();
-        server.reader.end.wait.adapt(Duration::from_millis(2));
-        assert_eq!(server.reader.end.wait.spin.get(), Duration::from_millis(3));
+        server.reader.end.wait.learn(|s| s.slept(Duration::from_millis(2)));
+        assert_eq!(server.reader.end.wait.spin.get().now(), Duration::from_millis(3));
         // One wait too long to spin through keeps the spin; two in a row
         // go back to the short spin.
         let wait = &client.reader.end.wait;
-        wait.adapt(Duration::from_millis(2));
-        wait.adapt(SPIN_MAX * 2);
-        assert_eq!(wait.spin.get(), Duration::from_millis(3));
-        wait.adapt(SPIN_MAX * 2);
-        assert_eq!(wait.spin.get(), SPIN);
-        wait.adapt(Duration::from_millis(1));
-        assert_eq!(wait.spin.get(), Duration::from_micros(1500));
+        wait.learn(|s| s.slept(Duration::from_millis(2)));
+        wait.learn(|s| s.slept(SPIN_MAX * 2));
+        assert_eq!(wait.spin.get().now(), Duration::from_millis(3));
+        wait.learn(|s| s.slept(SPIN_MAX * 2));
+        assert_eq!(wait.spin.get().now(), SPIN);
+        wait.learn(|s| s.slept(Duration::from_millis(1)));
+        assert_eq!(wait.spin.get().now(), Duration::from_micros(1500));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use gpuplex_protocol::{Header, HEADER_SIZE};
 use zerocopy::IntoBytes;
 
-use crate::{TransportError, POLITE_AFTER, SPIN_MAX};
+use crate::{SpinBudget, TransportError, POLITE_AFTER};
 
 /// Sends one frame on a socket. `MSG_NOSIGNAL`: a peer that went away must
 /// be an error for this caller, not a SIGPIPE that kills the process the
@@ -197,29 +197,25 @@ pub(crate) fn send_parts_with(socket: &impl AsRawFd, parts: &[&[u8]], flags: i32
 pub(crate) const SPIN: Duration = Duration::from_micros(50);
 
 /// How long a socket's reader polls before it sleeps in the kernel: [`SPIN`],
-/// or, once adaptive ([`crate::Carrier::spin_adaptively`]), about as long
-/// as its recent waits lasted, up to [`SPIN_MAX`], so that a peer whose next
-/// frame follows the last by a GPU step's time is met spinning.
+/// or, once adaptive ([`crate::Carrier::spin_adaptively`]), as a
+/// [`SpinBudget`] has it.
 pub(crate) struct Spin {
-    budget: Duration,
-    adaptive: bool,
-    /// Whether the last wait that slept was too long to spin through.
-    long_before: bool,
+    budget: SpinBudget,
 }
 
 impl Default for Spin {
     fn default() -> Spin {
-        Spin { budget: SPIN, adaptive: false, long_before: false }
+        Spin { budget: SpinBudget::fixed(SPIN) }
     }
 }
 
 impl Spin {
     pub fn adaptive(&mut self) {
-        self.adaptive = true;
+        self.budget.adapt();
     }
 
     pub fn is_adaptive(&self) -> bool {
-        self.adaptive
+        self.budget.is_adaptive()
     }
 
     /// Polls `socket` until it has bytes or is closed, or the budget is
@@ -227,30 +223,14 @@ impl Spin {
     /// read that follows, which may sleep) returns.
     pub fn around<T>(&mut self, socket: RawFd, read: impl FnOnce() -> T) -> T {
         let start = Instant::now();
-        let spun = poll_readable(&socket, self.budget);
+        let spun = poll_readable(&socket, self.budget.now());
         let out = read();
-        if !spun {
-            self.adapt(start.elapsed());
+        if spun {
+            self.budget.spun();
+        } else {
+            self.budget.slept(start.elapsed());
         }
         out
-    }
-
-    /// After a wait that slept and lasted `waited`: spin 1.5 times as long
-    /// next time, up to [`SPIN_MAX`]. Two such waits in a row longer than
-    /// that send it back to [`SPIN`], so that an idle peer costs nothing
-    /// noticeable. (The guest's wait for replies on shared memory adapts
-    /// the same way.)
-    fn adapt(&mut self, waited: Duration) {
-        if !self.adaptive {
-            return;
-        }
-        let long = waited > SPIN_MAX;
-        if !long {
-            self.budget = (waited * 3 / 2).clamp(SPIN, SPIN_MAX);
-        } else if self.long_before {
-            self.budget = SPIN;
-        }
-        self.long_before = long;
     }
 }
 
@@ -461,26 +441,31 @@ pub(crate) fn is_disconnect(e: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SPIN_MAX;
 
-    /// A wait that slept teaches the next budget; a frame met spinning
-    /// teaches nothing; two waits in a row past the longest spin send it
-    /// back to the short one, and a fixed reader never changes.
+    /// A wait that slept teaches the next budget, never below the short
+    /// spin; two waits in a row past the longest spin send it back to the
+    /// short one, unless a frame met spinning came between; a fixed reader
+    /// never changes.
     #[test]
     fn an_adaptive_spin_follows_the_waits_that_slept() {
-        let mut spin = Spin::default();
-        spin.adapt(Duration::from_micros(400));
-        assert_eq!(spin.budget, SPIN, "not adaptive yet");
-        spin.adaptive();
-        spin.adapt(Duration::from_micros(400));
-        assert_eq!(spin.budget, Duration::from_micros(600));
-        spin.adapt(Duration::from_micros(10));
-        assert_eq!(spin.budget, SPIN, "never below the fixed spin");
-        spin.adapt(SPIN_MAX * 9 / 10);
-        assert_eq!(spin.budget, SPIN_MAX);
-        spin.adapt(SPIN_MAX * 5);
-        assert_eq!(spin.budget, SPIN_MAX, "one long wait keeps it");
-        spin.adapt(SPIN_MAX * 5);
-        assert_eq!(spin.budget, SPIN, "two in a row end it");
+        let mut spin = SpinBudget::fixed(SPIN);
+        spin.slept(Duration::from_micros(400));
+        assert_eq!(spin.now(), SPIN, "not adaptive yet");
+        spin.adapt();
+        spin.slept(Duration::from_micros(400));
+        assert_eq!(spin.now(), Duration::from_micros(600));
+        spin.slept(Duration::from_micros(10));
+        assert_eq!(spin.now(), SPIN, "never below the fixed spin");
+        spin.slept(SPIN_MAX * 9 / 10);
+        assert_eq!(spin.now(), SPIN_MAX);
+        spin.slept(SPIN_MAX * 5);
+        assert_eq!(spin.now(), SPIN_MAX, "one long wait keeps it");
+        spin.spun();
+        spin.slept(SPIN_MAX * 5);
+        assert_eq!(spin.now(), SPIN_MAX, "a frame met spinning breaks the row");
+        spin.slept(SPIN_MAX * 5);
+        assert_eq!(spin.now(), SPIN, "two in a row end it");
     }
 
     /// `around` learns from a wait that outlasted its spin, and not from a
@@ -491,11 +476,11 @@ mod tests {
         let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut spin = Spin::default();
         spin.adaptive();
-        spin.adapt(Duration::from_micros(400));
+        spin.budget.slept(Duration::from_micros(400));
         let mut byte = [0u8];
         (&b).write_all(b"x").unwrap();
         spin.around(a.as_raw_fd(), || a.read_exact(&mut byte).unwrap());
-        assert_eq!(spin.budget, Duration::from_micros(600), "a byte already there teaches nothing");
+        assert_eq!(spin.budget.now(), Duration::from_micros(600), "a byte already there teaches nothing");
         for _ in 0..2 {
             let b = b.try_clone().unwrap();
             let late = std::thread::spawn(move || {
@@ -505,6 +490,6 @@ mod tests {
             spin.around(a.as_raw_fd(), || a.read_exact(&mut byte).unwrap());
             late.join().unwrap();
         }
-        assert_eq!(spin.budget, SPIN, "two waits of 20 ms end the long spin");
+        assert_eq!(spin.budget.now(), SPIN, "two waits of 20 ms end the long spin");
     }
 }
