@@ -409,6 +409,7 @@ fn memset_here(
         return Err(CuError::INVALID_VALUE);
     }
     client::call(calls::cuStreamSynchronize::Request { hStream: stream })?;
+    posted_reads::wait_in_flight(0, usize::MAX);
     let bytes = &value.to_ne_bytes()[..element_size as usize];
     for r in 0..height {
         let start = (dst as usize + r * pitch) as *mut u8;

@@ -9,7 +9,8 @@
 //! waited call that reaches the device, or ahead of the next host function
 //! (`CopiedToHost` frames). Until then the range is owed bytes, and a call
 //! of ours that reads it here first asks for them (`DeliverCopies`); one
-//! that writes it here waits for the device first, which brings them.
+//! that writes it here waits for the device first, which brings them, and
+//! then for any the host-call connection carries.
 //!
 //! A copy into pinned memory mapped for the device goes to the server's
 //! block instead, and comes back as the device's writes to it do
@@ -108,6 +109,9 @@ pub fn settle(ptr: u64, len: usize) -> Result<(), CuError> {
 /// After a waited call that reached the device: until the bytes owed to
 /// `[ptr, ptr + len)` that the host-call connection took have come too.
 pub fn wait_in_flight(ptr: u64, len: usize) {
+    if !ANY.load(Ordering::Acquire) {
+        return;
+    }
     let owes = || state().owed.iter().any(|o| o.overlaps(ptr, len));
     let deadline = Instant::now() + IN_FLIGHT;
     while owes() {

@@ -39,7 +39,7 @@ type R<T> = Result<T, CallError>;
 const BUDGET: u64 = 1 << 30;
 
 /// Bytes of posted copies a session may hold for its guest, who asks for
-/// them well before (the front-end's `posted_reads::OWED`).
+/// them well before (the front-end's `posted_reads::OWED_BYTES`).
 const COPIES_BUDGET: usize = 64 << 20;
 
 /// Runs of the device's changes this close go to the guest as one: a value
