@@ -389,7 +389,8 @@ fn mapped_blocks_take_the_guests_runs_and_return_the_devices() {
 /// arrive, their bytes kept and sent, numbered in order, before the reply to
 /// the next waited call that reaches the device, and only then; a copy that
 /// fails is sent as one with no bytes, its error answering that call; a
-/// guest that never asks cannot make the server keep more than 64 MiB.
+/// guest that never asks cannot make the server keep more than 64 MiB or
+/// 65536 copies.
 #[test]
 fn posted_copies_to_the_host_come_before_the_next_waited_device_reply() {
     use gpuplex_protocol::CopiedToHost;
@@ -432,5 +433,13 @@ fn posted_copies_to_the_host_come_before_the_next_waited_device_reply() {
     assert_eq!(copied.len(), 65);
     assert!(copied[..64].iter().all(|c| c.data.len() == 1 << 20) && copied[64].data.is_empty());
     assert_eq!(copied.iter().map(|c| c.seq).collect::<Vec<_>>(), (3..68).collect::<Vec<_>>());
+    // Nor beyond 65536 copies, however small.
+    for _ in 0..=1 << 16 {
+        c.post(later(0x4000, big, 1));
+    }
+    assert_eq!(err(c.call(DeliverCopies::Request {})), CuError::OUT_OF_MEMORY);
+    let copied = std::mem::take(&mut c.copied);
+    assert_eq!(copied.len(), (1 << 16) + 1);
+    assert!(copied[..1 << 16].iter().all(|c| c.data.len() == 1) && copied[1 << 16].data.is_empty());
     assert!(c.free_memory() > 0, "the session carries on");
 }

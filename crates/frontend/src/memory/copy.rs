@@ -143,8 +143,7 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
 /// bytes are copied here, where both ends are. Not while a stream
 /// captures: the copy is then the capture's, made by the server.
 fn host_to_host(dst: *mut u8, src: *const u8, n: usize, stream: Stream) -> Result<(), CuError> {
-    client::call(calls::cuStreamSynchronize::Request { hStream: stream })?;
-    posted_reads::wait_in_flight(0, usize::MAX);
+    super::stream_done_here(stream)?;
     // SAFETY: the caller found its pinned end in a host block of this
     // process (`host::contains_range`, `host::local_only`), and its other end
     // is the program's, valid for n bytes per the CUDA call's contract;

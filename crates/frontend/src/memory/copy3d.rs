@@ -276,8 +276,7 @@ fn inline(c: &Copy, stream: Stream, sync: bool, to_device: bool) -> Result<(), C
 
 /// Host to host: ordered after the stream's earlier work, then copied here.
 fn host_to_host(c: &Copy, stream: Stream) -> Result<(), CuError> {
-    client::call(calls::cuStreamSynchronize::Request { hStream: stream })?;
-    super::posted_reads::wait_in_flight(0, usize::MAX);
+    super::stream_done_here(stream)?;
     for z in 0..c.depth {
         for y in 0..c.height {
             // SAFETY: the caller's buffers hold the rows, as the API requires.

@@ -82,6 +82,15 @@ fn containing<T>(ptr: u64, f: impl FnOnce(u64, &HostBlock) -> T) -> Option<T> {
 }
 
 impl HostBlock {
+    /// The bytes posted copies owe to this block at `start` (memory the
+    /// server cannot reach), before it goes back to the program or away.
+    fn settle_owed(&self, start: u64) -> Result<(), CuError> {
+        match self.shared {
+            None => super::posted_reads::settle(start, self.size),
+            Some(_) => Ok(()),
+        }
+    }
+
     /// The device address of `ptr` (inside this block), if it is mapped.
     fn device_address(&self, ptr: u64) -> Option<u64> {
         self.shared.as_ref().map(|s| s.devptr + (ptr - s.base))
@@ -301,9 +310,8 @@ pub fn free_allocated(p: u64, managed: bool) -> Result<(), CuError> {
     // Copies' bytes owed to it come now, not to land on whatever is mapped
     // there next. An error this brings is an earlier call's: reported
     // once the memory is freed.
-    let local = block.shared.is_none();
-    let settled = if local { super::posted_reads::settle(p, block.size) } else { Ok(()) };
-    if local && super::mapped::release(p) {
+    let settled = block.settle_owed(p);
+    if block.shared.is_none() && super::mapped::release(p) {
         return settled;
     }
     // SAFETY: the program's mapping of the block (or its anonymous memory),
@@ -573,7 +581,7 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
         });
         let block = block.ok_or(NOT_REGISTERED)?;
         // The program may reuse the memory once this returns.
-        let settled = if block.shared.is_none() { super::posted_reads::settle(p as u64, block.size) } else { Ok(()) };
+        let settled = block.settle_owed(p as u64);
         match block.shared {
             Some(shared) => {
                 unshare_in_place(&shared);

@@ -218,9 +218,8 @@ pub fn mirror(ptr: u64, len: usize) -> Result<Option<(u64, u64)>, CuError> {
     let end = ptr.checked_add(len as u64).ok_or(CuError::INVALID_VALUE)?;
     super::posted_reads::settle(ptr, len)?;
     let mut conn = client::lock()?;
-    let inside = |m: &Mapping| m.start <= ptr && end <= m.start + m.size as u64;
-    if let Some(m) = state().live.iter().find(|m| inside(m)) {
-        return Ok(Some((m.block, m.offset as u64 + (ptr - m.start))));
+    if let Some(place) = state().live.iter().find_map(|m| m.place(ptr, end)) {
+        return Ok(Some(place));
     }
     if !read_own(ptr, &mut vec![0; len]) {
         return Ok(None);
@@ -237,8 +236,7 @@ pub fn block_range(ptr: u64, len: usize) -> Option<(u64, u64)> {
         return None;
     }
     let end = ptr.checked_add(len as u64)?;
-    let inside = |m: &&Mapping| m.kind != Kind::GraphCopies && m.start <= ptr && end <= m.start + m.size as u64;
-    state().live.iter().find(inside).map(|m| (m.block, m.offset as u64 + (ptr - m.start)))
+    state().live.iter().filter(|m| m.kind != Kind::GraphCopies).find_map(|m| m.place(ptr, end))
 }
 
 /// The program's address that `offset` of block `block` stands for.
@@ -355,6 +353,13 @@ pub fn from_device(payload: &[u8]) {
 }
 
 impl Mapping {
+    /// Where `[ptr, end)` lies in the block, `(block, offset)`, if all of
+    /// it is in the range.
+    fn place(&self, ptr: u64, end: u64) -> Option<(u64, u64)> {
+        let inside = self.start <= ptr && end <= self.start + self.size as u64;
+        inside.then(|| (self.block, self.offset as u64 + (ptr - self.start)))
+    }
+
     /// Reads the program's bytes at `addr`, inside the range.
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
         if self.kind != Kind::Small {

@@ -35,6 +35,15 @@ use crate::client;
 use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
 use copy::{dtod, dtoh, htod};
 
+/// Waits for `stream`'s earlier work, before the front-end does the
+/// stream's next step itself on host memory: with the bytes that work's
+/// posted copies brought, on either connection.
+fn stream_done_here(stream: Stream) -> Result<(), CuError> {
+    client::call(calls::cuStreamSynchronize::Request { hStream: stream })?;
+    posted_reads::wait_in_flight(0, usize::MAX);
+    Ok(())
+}
+
 /// `cuMemAlloc` and stream-ordered allocations of this process: base to (size, context).
 static ALLOCATIONS: Mutex<BTreeMap<u64, (u64, u64)>> = Mutex::new(BTreeMap::new());
 
@@ -408,8 +417,7 @@ fn memset_here(
     if !dst.is_multiple_of(element_size as u64) || (height > 1 && !pitch.is_multiple_of(element_size as usize)) {
         return Err(CuError::INVALID_VALUE);
     }
-    client::call(calls::cuStreamSynchronize::Request { hStream: stream })?;
-    posted_reads::wait_in_flight(0, usize::MAX);
+    stream_done_here(stream)?;
     let bytes = &value.to_ne_bytes()[..element_size as usize];
     for r in 0..height {
         let start = (dst as usize + r * pitch) as *mut u8;

@@ -28,6 +28,8 @@ use crate::client::{self, Conn};
 /// Bytes owed at most; a copy beyond waits for its bytes, as copies did
 /// before. Well under the server's limit of what it keeps for a guest.
 pub const OWED_BYTES: usize = 16 << 20;
+/// And copies owed at most, however small: the server keeps 65536.
+pub const OWED_COPIES: usize = 4096;
 
 /// How long a call waits for bytes the server already sent on the host-call
 /// connection, which that connection's thread has yet to write: as long as
@@ -74,7 +76,7 @@ fn state() -> MutexGuard<'static, State> {
 pub fn post(conn: &mut Conn, dst: u64, len: usize, src: u64, stream: Stream) -> Result<bool, CuError> {
     {
         let mut state = state();
-        if state.owed.iter().map(|o| o.len).sum::<usize>() + len > OWED_BYTES {
+        if !admits(&state.owed, len) {
             return Ok(false);
         }
         // Owed before it is sent: another thread's waited call may bring
@@ -91,14 +93,20 @@ pub fn post(conn: &mut Conn, dst: u64, len: usize, src: u64, stream: Stream) -> 
     Ok(true)
 }
 
+/// Whether one more copy of `len` bytes may be owed beside `owed`.
+fn admits(owed: &[Owed], len: usize) -> bool {
+    owed.len() < OWED_COPIES && owed.iter().map(|o| o.len).sum::<usize>() + len <= OWED_BYTES
+}
+
+/// Whether a copy owes bytes to `[ptr, ptr + len)`.
+fn owes(ptr: u64, len: usize) -> bool {
+    ANY.load(Ordering::Acquire) && state().owed.iter().any(|o| o.overlaps(ptr, len))
+}
+
 /// Before a call reads `[ptr, ptr + len)` here, or frees it: the bytes
 /// copies owe to it.
 pub fn settle(ptr: u64, len: usize) -> Result<(), CuError> {
-    if !ANY.load(Ordering::Acquire) {
-        return Ok(());
-    }
-    let owes = || state().owed.iter().any(|o| o.overlaps(ptr, len));
-    if !owes() {
+    if !owes(ptr, len) {
         return Ok(());
     }
     client::call(calls::DeliverCopies::Request {})?;
@@ -109,12 +117,8 @@ pub fn settle(ptr: u64, len: usize) -> Result<(), CuError> {
 /// After a waited call that reached the device: until the bytes owed to
 /// `[ptr, ptr + len)` that the host-call connection took have come too.
 pub fn wait_in_flight(ptr: u64, len: usize) {
-    if !ANY.load(Ordering::Acquire) {
-        return;
-    }
-    let owes = || state().owed.iter().any(|o| o.overlaps(ptr, len));
     let deadline = Instant::now() + IN_FLIGHT;
-    while owes() {
+    while owes(ptr, len) {
         if Instant::now() > deadline {
             crate::log::warn("bytes of a posted copy to pinned memory did not come; going on without them");
             let mut state = state();
@@ -228,6 +232,17 @@ mod tests {
         arrived(&frame(failed, dst, &[]));
         assert!(!owes_any(), "a failed copy owes nothing");
         assert!(state().landed.is_empty(), "nothing older is owed, so nothing landed is kept");
+    }
+
+    /// What is owed stays under both bounds, bytes and copies.
+    #[test]
+    fn owed_copies_are_bounded_in_bytes_and_number() {
+        let small = vec![Owed { seq: 0, dst: 0, len: 1 }; OWED_COPIES - 1];
+        assert!(admits(&small, 1));
+        assert!(!admits(&[small.as_slice(), &[small[0]]].concat(), 1), "one copy too many");
+        let big = [Owed { seq: 0, dst: 0, len: OWED_BYTES - 8 }];
+        assert!(admits(&big, 8));
+        assert!(!admits(&big, 9), "one byte too many");
     }
 
     #[test]

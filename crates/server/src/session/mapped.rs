@@ -41,6 +41,9 @@ const BUDGET: u64 = 1 << 30;
 /// Bytes of posted copies a session may hold for its guest, who asks for
 /// them well before (the front-end's `posted_reads::OWED_BYTES`).
 const COPIES_BUDGET: usize = 64 << 20;
+/// And copies at most, however small: each costs its entry and its frame
+/// (the front-end's `posted_reads::OWED_COPIES` is well under).
+const COPIES_KEPT: usize = 1 << 16;
 
 /// Runs of the device's changes this close go to the guest as one: a value
 /// of several bytes often keeps one of them, which splits the changes of an
@@ -164,8 +167,8 @@ impl Mapped {
         let seq = state.next_copy;
         state.next_copy += 1;
         let read = read.and_then(|data| {
-            if state.copied_bytes + data.len() > COPIES_BUDGET {
-                let why = "posted copies to host memory hold 64 MiB the guest has not asked for";
+            if state.copied_bytes + data.len() > COPIES_BUDGET || state.copies.len() >= COPIES_KEPT {
+                let why = "posted copies to host memory hold 64 MiB or 65536 copies the guest has not asked for";
                 return Err(CallError::new(CuError::OUT_OF_MEMORY, why));
             }
             Ok(data)
