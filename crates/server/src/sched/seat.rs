@@ -11,15 +11,16 @@
 //!
 //! The meter is a thread of the session's own. While the session is
 //! active it looks every `POLL` while another session waits for one of
-//! its GPUs, else every `POLL_ALONE`: on each stream with new work it records
+//! its GPUs, else every `LOOK_ALONE`: on each stream with new work it records
 //! an event, waits for it, and counts the time from the stream's previous
 //! event to this one as the session's GPU time, bounded by the time since
 //! the first of that work was submitted (a stream that sat idle between
-//! the two events was not busy). An idle session's meter sleeps until the
-//! next submission wakes it. The meter also gives up a GPU whose turn the
-//! session holds but no longer uses: its work has finished and nothing new
-//! came for `IDLE_GRACE`, or a waiter of a higher class is there, or the
-//! slice is over.
+//! the two events was not busy). Alone, it still wakes every `POLL_ALONE`
+//! to see whether someone has come to wait. An idle session's meter sleeps
+//! until the next submission wakes it. The meter also gives up a GPU whose
+//! turn the session holds but no longer uses: its work has finished and
+//! nothing new came for `IDLE_GRACE`, or a waiter of a higher class is
+//! there, or the slice is over.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -39,9 +40,13 @@ use crate::ledger::Account;
 /// session waits for a GPU it uses: the delay before a finished turn is
 /// noticed, traded against the meter's own use of the CPU and the driver.
 const POLL: Duration = Duration::from_micros(100);
-/// How often it looks while nobody waits: often enough for status, rarely
-/// enough that its events cost the session nothing measurable.
+/// How often it wakes while nobody waits, to see whether someone has come:
+/// the most a newcomer waits before the meter starts looking every `POLL`.
 const POLL_ALONE: Duration = Duration::from_millis(2);
+/// How often it times the session's work while nobody waits: often enough
+/// for status, rarely enough that its events, recorded on the session's own
+/// streams, do not slow the session's calls.
+const LOOK_ALONE: Duration = Duration::from_millis(50);
 /// Idle this long, a meter sleeps until woken instead of polling.
 const DEEP_AFTER: Duration = Duration::from_millis(20);
 /// A holder whose work has finished keeps its turn this long for its next
@@ -95,8 +100,9 @@ struct Shared {
     last_stream: AtomicUsize,
     /// Set by a submission, cleared by the meter's look.
     fresh: AtomicBool,
-    /// When the last submission passed the gate (ns): a turn is not given
-    /// up just after it was used.
+    /// When the last submission to a stream the meter does not time passed
+    /// the gate (ns): a turn is not given up just after it was used. (Work
+    /// the meter times says so through `fresh`.)
     active_at: AtomicU64,
     /// Submissions that have passed the gate and not yet marked their work
     /// fresh for the meter.
@@ -104,11 +110,16 @@ struct Shared {
     /// Whether one of the session's streams is capturing (see
     /// [`Seat::set_capturing`]).
     capturing: AtomicBool,
-    /// Held while a turn is given up, and by a submission while it checks
-    /// that it holds the turn and counts itself in `submitting`: work that
-    /// passed the gate reaches the driver before its session's turn ends,
-    /// so two sessions' work never shares the GPU.
+    /// Held while a turn is given up, and by a submission that waited
+    /// while it checks that it holds the turn and counts itself in
+    /// `submitting`: work that passed the gate reaches the driver before
+    /// its session's turn ends, so two sessions' work never shares the GPU.
     turn: Mutex<()>,
+    /// Set while a turn is given up. A submission that holds the turn
+    /// counts itself in `submitting` and then checks this, without the
+    /// lock; the giver sets this and then waits for `submitting` to drain
+    /// (all sequentially consistent), so one of them sees the other.
+    releasing: AtomicBool,
     /// Whether the meter sleeps until woken.
     deep: AtomicBool,
     stopped: Mutex<bool>,
@@ -153,6 +164,7 @@ impl Seat {
             submitting: AtomicU32::new(0),
             capturing: AtomicBool::new(false),
             turn: Mutex::new(()),
+            releasing: AtomicBool::new(false),
             deep: AtomicBool::new(true),
             stopped: Mutex::new(false),
             wake: Condvar::new(),
@@ -235,27 +247,15 @@ impl Seat {
             }
         }
         let slot = s.stream_slot(ctx, default_as_legacy(stream));
-        let started = now_ns();
+        // The clock is read only where its time is kept (most submissions
+        // find their stream marked already): on a VM a clock read is a good
+        // part of what this costs a launch.
+        let started = slot.is_none_or(|i| s.streams[i].fresh.load(Relaxed) == 0).then(now_ns);
         let result = submit();
-        s.active_at.store(started, Relaxed);
-        if let Some(i) = slot {
-            let bit = if work == Work::Compute { COMPUTE } else { COPY };
-            let t = &s.streams[i];
-            // The first work since the meter's last look starts its span.
-            // Work after it needs no mark of its own: the look that takes
-            // the bit records its event after this work.
-            if t.fresh.load(Relaxed) & bit == 0 && t.fresh.fetch_or(bit, Release) == 0 {
-                t.since.store(started, Relaxed);
-            }
-            if !s.fresh.load(Relaxed) {
-                // Either this sees the meter going to sleep or the meter
-                // sees this store before it sleeps (both sequentially
-                // consistent), so no wake-up is lost.
-                s.fresh.store(true, SeqCst);
-                if s.deep.load(SeqCst) {
-                    s.wake.notify_one();
-                }
-            }
+        match slot {
+            // Work the meter does not time: only this says the session is active.
+            None => s.active_at.store(started.unwrap_or_else(now_ns), Relaxed),
+            Some(i) => s.mark_fresh(i, work, started),
         }
         s.submitting.fetch_sub(1, SeqCst);
         result
@@ -314,6 +314,28 @@ fn default_as_legacy(stream: Obj) -> Obj {
 }
 
 impl Shared {
+    /// Tells the meter that stream slot `i` has new work, submitted at
+    /// `started` if the caller read the clock.
+    fn mark_fresh(&self, i: usize, work: Work, started: Option<u64>) {
+        let bit = if work == Work::Compute { COMPUTE } else { COPY };
+        let t = &self.streams[i];
+        // The first work since the meter's last look starts its span.
+        // Work after it needs no mark of its own: the look that takes
+        // the bit records its event after this work.
+        if t.fresh.load(Relaxed) & bit == 0 && t.fresh.fetch_or(bit, Release) == 0 {
+            t.since.store(started.unwrap_or_else(now_ns), Relaxed);
+        }
+        if !self.fresh.load(Relaxed) {
+            // Either this sees the meter going to sleep or the meter
+            // sees this store before it sleeps (both sequentially
+            // consistent), so no wake-up is lost.
+            self.fresh.store(true, SeqCst);
+            if self.deep.load(SeqCst) {
+                self.wake.notify_one();
+            }
+        }
+    }
+
     fn lock_events(&self) -> MutexGuard<'_, HashMap<usize, Events>> {
         self.events.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -356,6 +378,14 @@ impl Shared {
     /// Returns once the session holds `gpu`, counted in `submitting`.
     fn pass_gate(&self, gpu: usize) {
         let board = &self.board;
+        // The common case, a holder whose turn goes on, takes no lock.
+        if board.holds(gpu, self.seat) && !self.turn_is_over(gpu) {
+            self.submitting.fetch_add(1, SeqCst);
+            if !self.releasing.load(SeqCst) && board.holds(gpu, self.seat) {
+                return;
+            }
+            self.submitting.fetch_sub(1, SeqCst);
+        }
         loop {
             if board.holds(gpu, self.seat) {
                 if self.turn_is_over(gpu) {
@@ -394,12 +424,14 @@ impl Shared {
     /// its other threads that passed the gate, then everything queued.
     fn give_up(&self, gpu: usize) {
         let _turn = self.lock_turn();
+        self.releasing.store(true, SeqCst);
         while self.submitting.load(SeqCst) > 0 {
             std::thread::yield_now();
         }
         self.board.heads_up(gpu, self.seat);
         self.drain(gpu);
         self.board.release(gpu, self.seat);
+        self.releasing.store(false, SeqCst);
     }
 
     fn drain(&self, gpu: usize) {
@@ -426,9 +458,13 @@ impl Shared {
 }
 
 fn meter(s: &Shared) {
-    let mut idle_since = now_ns();
+    let since = |t: u64| Duration::from_nanos(now_ns().saturating_sub(t));
+    // When the session's work was last timed, and when it was last seen
+    // finished (a look waits for the work it times).
+    let (mut looked, mut idle_since) = (now_ns(), now_ns());
     loop {
-        let deep = Duration::from_nanos(now_ns().saturating_sub(idle_since)) >= DEEP_AFTER && !holds_any(s);
+        // Work not yet timed keeps the meter awake until its look.
+        let deep = !s.fresh.load(SeqCst) && since(idle_since) >= DEEP_AFTER && !holds_any(s);
         {
             let stopped = s.stopped.lock().unwrap_or_else(PoisonError::into_inner);
             if *stopped {
@@ -448,9 +484,10 @@ fn meter(s: &Shared) {
             }
             s.deep.store(false, Release);
         }
-        if s.fresh.swap(false, Acquire) {
+        let due = contended(s) || since(looked) >= LOOK_ALONE;
+        if due && s.fresh.swap(false, Acquire) {
             look(s);
-            idle_since = now_ns();
+            (looked, idle_since) = (now_ns(), now_ns());
         }
         give_up_unused_turns(s, idle_since);
     }

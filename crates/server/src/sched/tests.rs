@@ -44,10 +44,11 @@ fn spin(d: Duration) {
     }
 }
 
-/// Runs `work`-long submissions from each seat until `stop`, and returns
-/// how many each made.
-fn compete(seats: &[(Seat, Arc<dyn Backend>, Obj)], work: Duration, run: Duration) -> Vec<u32> {
+/// Runs `work`-long submissions from each seat for about `run`, and returns
+/// how many each made and when they began (once no other timed test runs).
+fn compete(seats: &[(Seat, Arc<dyn Backend>, Obj)], work: Duration, run: Duration) -> (Vec<u32>, Instant) {
     let _alone = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let started = Instant::now();
     let stop = AtomicBool::new(false);
     let counts: Vec<AtomicU32> = seats.iter().map(|_| AtomicU32::new(0)).collect();
     thread::scope(|scope| {
@@ -63,7 +64,7 @@ fn compete(seats: &[(Seat, Arc<dyn Backend>, Obj)], work: Duration, run: Duratio
         thread::sleep(run);
         stop.store(true, Relaxed);
     });
-    counts.iter().map(|c| c.load(Relaxed)).collect()
+    (counts.iter().map(|c| c.load(Relaxed)).collect(), started)
 }
 
 fn compute_ns(board: &Board, row: usize) -> u64 {
@@ -265,7 +266,7 @@ fn weights_divide_the_time_of_tenants_that_compete() {
     board.set_tenant(0, 1, Class::Normal);
     board.set_tenant(1, 3, Class::Normal);
     let seats = vec![seat(&board, 0, 0), seat(&board, 1, 1)];
-    let counts = compete(&seats, Duration::from_millis(1), Duration::from_millis(1500));
+    let (counts, _) = compete(&seats, Duration::from_millis(1), Duration::from_millis(1500));
     drop(seats);
     let (a, b) = (compute_ns(&board, 0) as f64, compute_ns(&board, 1) as f64);
     assert!(a > 0.0 && b > 0.0, "both ran: {counts:?}");
@@ -281,8 +282,7 @@ fn a_tenant_alone_is_not_held_back_and_its_time_is_measured() {
     let seats = vec![seat(&board, 0, 0), seat(&board, 1, 1)];
     let run = Duration::from_millis(600);
     // Only the first submits: the weight-5 tenant's share is not reserved.
-    let started = Instant::now();
-    let counts = compete(&seats[..1], Duration::from_millis(1), run);
+    let (counts, started) = compete(&seats[..1], Duration::from_millis(1), run);
     let wall = started.elapsed().as_nanos() as f64;
     drop(seats);
     let measured = compute_ns(&board, 0) as f64;
@@ -379,4 +379,64 @@ fn a_tenant_that_paused_keeps_a_slice_of_credit() {
     assert!(!board.keep_turn(0, 1), "no more than a slice was kept");
     board.release(0, 1);
     w.join().unwrap();
+}
+
+#[test]
+fn work_of_two_sessions_never_runs_at_once() {
+    let _alone = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let board = board(Policy::Fair);
+    let seats = [seat(&board, 0, 0), seat(&board, 1, 1)];
+    // Each piece of work checks that no other is under way: a holder that
+    // passes the gate without the turn lock must still never run beside
+    // the session its turn went to. Pauses around the idle grace make the
+    // meter give turns up just as their holder submits again.
+    let running = AtomicU32::new(0);
+    let overlaps = AtomicU32::new(0);
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        for (seat, _, ctx) in &seats {
+            let (running, overlaps, stop) = (&running, &overlaps, &stop);
+            scope.spawn(move || {
+                for i in 0u64.. {
+                    if stop.load(Relaxed) {
+                        break;
+                    }
+                    seat.submit(*ctx, LEGACY, Work::Compute, || {
+                        if running.fetch_add(1, Relaxed) != 0 {
+                            overlaps.fetch_add(1, Relaxed);
+                        }
+                        spin(Duration::from_micros(50));
+                        running.fetch_sub(1, Relaxed);
+                    });
+                    spin(Duration::from_micros(100 + i * 37 % 250));
+                }
+            });
+        }
+        thread::sleep(Duration::from_millis(300));
+        stop.store(true, Relaxed);
+    });
+    assert_eq!(overlaps.load(Relaxed), 0, "work of the two sessions ran at once");
+    assert!(compute_ns(&board, 0) > 0 && compute_ns(&board, 1) > 0, "both sessions had turns");
+}
+
+#[test]
+fn a_session_alone_is_timed_rarely() {
+    let _alone = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let board = board(Policy::Fair);
+    let seats = vec![seat(&board, 0, 0)];
+    let (seat, _, ctx) = &seats[0];
+    // Every look charges the time it measured: count the charges seen
+    // while the session works without pause for 300 ms.
+    let (started, mut charges, mut last) = (Instant::now(), 0, 0);
+    while started.elapsed() < Duration::from_millis(300) {
+        seat.submit(*ctx, LEGACY, Work::Compute, || spin(Duration::from_millis(1)));
+        let now = compute_ns(&board, 0);
+        if now != last {
+            (charges, last) = (charges + 1, now);
+        }
+    }
+    drop(seats);
+    // Looking every 50 ms makes 6 or 7 (a slow machine fewer); every 2 ms, about 150.
+    assert!(charges <= 12, "{charges} looks in 300 ms of work alone");
+    assert!(compute_ns(&board, 0) > 200_000_000, "the work was measured: {} ns", compute_ns(&board, 0));
 }
