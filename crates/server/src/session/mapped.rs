@@ -103,7 +103,12 @@ impl Mapped {
             // SAFETY: the block's live mapping, as long as its agreed copy
             // (blocks are forgotten before they are freed). The device may
             // be writing it: the copy is what it held then.
-            let now = unsafe { std::slice::from_raw_parts(block.memory as *const u8, block.agreed.len()) }.to_vec();
+            let live = unsafe { std::slice::from_raw_parts(block.memory as *const u8, block.agreed.len()) };
+            // Mostly nothing changed: compared in place, copied only if not.
+            if live == block.agreed.as_slice() {
+                continue;
+            }
+            let now = live.to_vec();
             for (start, n) in joined(differing_runs(&block.agreed, &now), NEAR) {
                 block.agreed[start..start + n].copy_from_slice(&now[start..start + n]);
                 out.add(id, start as u64, &now[start..start + n]);
