@@ -426,7 +426,7 @@ fn a_session_alone_is_timed_rarely() {
     let seats = vec![seat(&board, 0, 0)];
     let (seat, _, ctx) = &seats[0];
     // Every look charges the time it measured: count the charges seen
-    // while the session works without pause for 300 ms.
+    // while the session works without a pause.
     let (started, mut charges, mut last) = (Instant::now(), 0, 0);
     while started.elapsed() < Duration::from_millis(300) {
         seat.submit(*ctx, LEGACY, Work::Compute, || spin(Duration::from_millis(1)));
@@ -436,7 +436,8 @@ fn a_session_alone_is_timed_rarely() {
         }
     }
     drop(seats);
-    // Looking every 50 ms makes 6 or 7 (a slow machine fewer); every 2 ms, about 150.
+    // The bound lies between one look per `LOOK_ALONE` (a slow machine
+    // makes fewer, never more) and one per `POLL_ALONE`.
     assert!(charges <= 12, "{charges} looks in 300 ms of work alone");
     assert!(compute_ns(&board, 0) > 200_000_000, "the work was measured: {} ns", compute_ns(&board, 0));
 }
