@@ -2,12 +2,13 @@
 //! the meter that times its work on the GPU.
 //!
 //! The session's threads (its own and its launcher) call [`Seat::submit`]
-//! around every driver call that puts work on a stream. That costs an
-//! uncontended session a few atomic operations and an uncontended lock:
-//! which GPU the context is on is found in a small lock-free table, the
-//! turn is checked under the seat's lock (so that it cannot end between
-//! the check and the driver call), and the stream is marked as having new
-//! work with one atomic or.
+//! around every driver call that puts work on a stream. That costs a
+//! session holding its turn a few atomic operations: which GPU the context
+//! is on is found in a small lock-free table, the submission counts itself
+//! in flight and checks that no hand-over has begun (so that the turn cannot
+//! end between the check and the driver call), and the stream is marked as
+//! having new work with one atomic or. A submission that finds the meter
+//! asleep wakes it.
 //!
 //! The meter is a thread of the session's own. While the session is
 //! active it looks every `POLL` while another session waits for one of
@@ -257,6 +258,9 @@ impl Seat {
             None => s.active_at.store(started.unwrap_or_else(now_ns), Relaxed),
             Some(i) => s.mark_fresh(i, work, started),
         }
+        // Either way the meter must be awake: the session may have just
+        // taken a turn, which only the meter gives up when it goes unused.
+        s.wake_meter();
         s.submitting.fetch_sub(1, SeqCst);
         result
     }
@@ -325,14 +329,21 @@ impl Shared {
         if t.fresh.load(Relaxed) & bit == 0 && t.fresh.fetch_or(bit, Release) == 0 {
             t.since.store(started.unwrap_or_else(now_ns), Relaxed);
         }
-        if !self.fresh.load(Relaxed) {
-            // Either this sees the meter going to sleep or the meter
-            // sees this store before it sleeps (both sequentially
-            // consistent), so no wake-up is lost.
-            self.fresh.store(true, SeqCst);
-            if self.deep.load(SeqCst) {
-                self.wake.notify_one();
-            }
+    }
+
+    /// Marks the session fresh, waking its meter if it sleeps until then.
+    fn wake_meter(&self) {
+        if self.fresh.load(Relaxed) {
+            return;
+        }
+        // Either this sees the meter going to sleep or the meter sees this
+        // store before it sleeps (both sequentially consistent). The meter
+        // checks `fresh` and then sleeps under the lock: taken before the
+        // notice, it cannot fall between the two and be lost.
+        self.fresh.store(true, SeqCst);
+        if self.deep.load(SeqCst) {
+            drop(self.stopped.lock().unwrap_or_else(PoisonError::into_inner));
+            self.wake.notify_one();
         }
     }
 

@@ -307,15 +307,10 @@ fn the_none_policy_measures_without_holding_back() {
     }
 }
 
-#[test]
-fn a_turn_is_given_up_after_the_context_that_took_it_is_gone() {
-    let board = board(Policy::Fair);
-    let (a, b) = (seat(&board, 0, 0), Arc::new(seat(&board, 1, 1)));
-    a.0.submit(a.2, LEGACY, Work::Compute, || ());
-    assert!(board.holds(0, 0));
-    // The program ends: its context goes while its session still holds the turn.
-    a.0.context_gone(a.2);
-    a.1.ctx_destroy(a.2).unwrap();
+/// Submits from seat 1, `b`, while seat 0 holds GPU 0's turn and uses it
+/// no more: `b` must get the turn (seat 0's meter gives it up), within 2 s.
+fn gets_the_unused_turn(board: &Arc<Board>, b: Arc<(Seat, Arc<dyn Backend>, Obj)>) {
+    // The seat stays here too: dropped, it would give the turn back.
     let waiter = {
         let b = b.clone();
         thread::spawn(move || b.0.submit(b.2, LEGACY, Work::Compute, || ()))
@@ -326,6 +321,30 @@ fn a_turn_is_given_up_after_the_context_that_took_it_is_gone() {
     }
     assert!(board.holds(0, 1), "the other session still waits, {:?} later, for a turn nobody uses", started.elapsed());
     waiter.join().unwrap();
+}
+
+#[test]
+fn a_turn_is_given_up_after_the_context_that_took_it_is_gone() {
+    let board = board(Policy::Fair);
+    let (a, b) = (seat(&board, 0, 0), Arc::new(seat(&board, 1, 1)));
+    a.0.submit(a.2, LEGACY, Work::Compute, || ());
+    assert!(board.holds(0, 0));
+    // The program ends: its context goes while its session still holds the turn.
+    a.0.context_gone(a.2);
+    a.1.ctx_destroy(a.2).unwrap();
+    gets_the_unused_turn(&board, b);
+}
+
+#[test]
+fn a_turn_taken_by_untimed_work_of_an_idle_session_is_given_up() {
+    let board = board(Policy::Fair);
+    let (a, b) = (seat(&board, 0, 0), Arc::new(seat(&board, 1, 1)));
+    // Idle this long, a's meter sleeps until a submission wakes it.
+    thread::sleep(Duration::from_millis(60));
+    // A stream the seat was never told of is gated but not timed.
+    a.0.submit(a.2, Obj(0xdead), Work::Compute, || ());
+    assert!(board.holds(0, 0));
+    gets_the_unused_turn(&board, b);
 }
 
 #[test]
