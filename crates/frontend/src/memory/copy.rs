@@ -38,11 +38,12 @@ pub fn htod(dst: u64, src: &[u8], stream: Stream, sync: bool) -> Result<(), CuEr
         return Ok(());
     }
     posted_reads::settle(src.as_ptr() as u64, src.len())?;
-    if host::contains_range(dst, src.len()) && !crate::graph::capturing() {
+    let (dst_in_host, shared) = host::copy_ends(dst, src.as_ptr() as u64, src.len());
+    if dst_in_host && !crate::graph::capturing() {
         return host_to_host(dst as *mut u8, src.as_ptr(), src.len(), stream);
     }
     let known = known_range(dst, src.len());
-    if let Some((block, offset)) = host::shared_range(src.as_ptr() as u64, src.len()) {
+    if let Some((block, offset)) = shared {
         let req =
             calls::MemcpyHtoDShared::Request { dst: DevPtr(dst), block, offset, size: src.len() as u64, stream, sync };
         return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
@@ -87,11 +88,12 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
     if dst.is_empty() {
         return Ok(());
     }
-    if host::contains_range(src, dst.len()) && !crate::graph::capturing() {
+    let (src_in_host, shared) = host::copy_ends(src, dst.as_ptr() as u64, dst.len());
+    if src_in_host && !crate::graph::capturing() {
         return host_to_host(dst.as_mut_ptr(), src as *const u8, dst.len(), stream);
     }
     let known = known_range(src, dst.len());
-    if let Some((block, offset)) = host::shared_range(dst.as_ptr() as u64, dst.len()) {
+    if let Some((block, offset)) = shared {
         let req =
             calls::MemcpyDtoHShared::Request { block, offset, src: DevPtr(src), size: dst.len() as u64, stream, sync };
         return if known && !sync { client::post(req) } else { client::call(req).map(|_| ()) };
@@ -145,7 +147,7 @@ pub fn dtoh(dst: &mut [u8], src: u64, stream: Stream, sync: bool) -> Result<(), 
 fn host_to_host(dst: *mut u8, src: *const u8, n: usize, stream: Stream) -> Result<(), CuError> {
     super::stream_done_here(stream)?;
     // SAFETY: the caller found its pinned end in a host block of this
-    // process (`host::contains_range`, `host::local_only`), and its other end
+    // process (`host::copy_ends`, `host::local_only`), and its other end
     // is the program's, valid for n bytes per the CUDA call's contract;
     // `copy` allows them to overlap.
     unsafe { std::ptr::copy(src, dst, n) };

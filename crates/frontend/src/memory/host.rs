@@ -131,9 +131,20 @@ pub fn local_only(ptr: u64, len: usize) -> bool {
     within_one(ptr, len, |b| b.shared.is_none())
 }
 
-/// Whether all of `[ptr, ptr + len)` is in one block of host memory known here.
-pub fn contains_range(ptr: u64, len: usize) -> bool {
-    within_one(ptr, len, |_| true)
+/// For a copy of `len` bytes between `device` and the program's `host`
+/// memory, in one look at the table (it is asked on every copy): whether
+/// the device end is host memory known here too, and the shared block
+/// holding the host end, as [`shared_range`] has it.
+pub fn copy_ends(device: u64, host: u64, len: usize) -> (bool, Option<(u64, u64)>) {
+    with(|blocks| {
+        let find = |ptr: u64| {
+            let (&start, b) = blocks.range(..=ptr).next_back()?;
+            let end = ptr.checked_add(len as u64)?;
+            (ptr - start < b.size as u64 && end <= start + b.size as u64).then_some((start, b))
+        };
+        let shared = find(host).and_then(|(_, b)| b.shared.as_ref().map(|s| (s.id, host - s.base)));
+        (find(device).is_some(), shared)
+    })
 }
 
 /// Whether all of `[ptr, ptr + len)` lies in one block known here that `which` accepts.

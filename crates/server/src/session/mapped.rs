@@ -19,6 +19,7 @@
 //! device ran after it, which is enqueued after the copy was made here.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use gpuplex_protocol::{
@@ -67,16 +68,57 @@ struct State {
     next_copy: u64,
 }
 
+impl State {
+    fn any(&self) -> bool {
+        !self.blocks.is_empty() || !self.copies.is_empty()
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Whether the state holds a block or a copy, as of its lock's last
+    /// release: most sessions never have one, and every call that reaches
+    /// the device asks, so the question takes no lock.
+    any: AtomicBool,
+}
+
 /// The session's mapped blocks and the bytes of its posted copies, shared
 /// with the driver's threads that run the guest's host functions: the
 /// guest's function sees what the device wrote before it, and the device's
 /// work after it what the function wrote.
 #[derive(Clone, Default)]
-pub struct Mapped(Arc<Mutex<State>>);
+pub struct Mapped(Arc<Shared>);
+
+/// The state, locked; it updates [`Shared::any`] as it goes.
+struct Locked<'a> {
+    state: MutexGuard<'a, State>,
+    any: &'a AtomicBool,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.any.store(self.state.any(), Ordering::Release);
+    }
+}
 
 impl Mapped {
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> Locked<'_> {
+        let state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        Locked { state, any: &self.0.any }
     }
 
     /// Forgets block `id` (to be freed), if it was a mapped one.
@@ -98,6 +140,11 @@ impl Mapped {
     /// last call; they agree on it from now.
     fn changes(&self) -> (Vec<Vec<MappedRun>>, Vec<CopiedToHost>) {
         let mut out = MappedFrames::default();
+        // Only the session's thread adds blocks and copies, before the calls
+        // and host functions that could find them: a false here is not stale.
+        if !self.0.any.load(Ordering::Acquire) {
+            return (Vec::new(), Vec::new());
+        }
         let mut state = self.state();
         for (&id, block) in state.blocks.iter_mut() {
             // SAFETY: the block's live mapping, as long as its agreed copy
