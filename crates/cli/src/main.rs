@@ -165,6 +165,10 @@ enum Command {
         /// (at least one).
         #[arg(long, value_name = "SECONDS")]
         time_limit: Option<u64>,
+        /// Measures only these rows: more rounds of them in the same time,
+        /// for a comparison that needs tighter medians.
+        #[arg(long, value_enum, value_name = "ROWS")]
+        only: Option<bench::worker::Part>,
         #[command(flatten)]
         tenants: TenantArgs,
     },
@@ -260,7 +264,7 @@ fn main() -> ExitCode {
             run::run(server, token_file.as_deref(), backend, trace, &command)
         }
         Command::Status { server, token_file, json } => info::status(server, token_file.as_deref(), json),
-        Command::Bench { backend, carriers, json, quick, rounds, baseline, time_limit, tenants: t } => {
+        Command::Bench { backend, carriers, json, quick, rounds, baseline, time_limit, only, tenants: t } => {
             match t.tenants {
                 Some(tenants) => bench::tenants::bench(bench::tenants::Options {
                     backend,
@@ -277,7 +281,7 @@ fn main() -> ExitCode {
                 }),
                 None => {
                     let time_limit = time_limit.map(std::time::Duration::from_secs);
-                    bench::bench(bench::Options { backend, carriers, json, quick, rounds, baseline, time_limit })
+                    bench::bench(bench::Options { backend, carriers, json, quick, rounds, baseline, time_limit, only })
                 }
             }
         }

@@ -130,6 +130,32 @@ fn a_baseline_within_a_time_limit_is_compared_round_by_round() {
     }
 }
 
+#[test]
+fn only_one_kind_of_row_is_measured_and_reported() {
+    let gpuplex = PathBuf::from(env!("CARGO_BIN_EXE_gpuplex"));
+    common::frontend_dir();
+    for (only, unit) in [("latency", "us"), ("bandwidth", "GB/s")] {
+        let json = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-only-{only}.json"));
+        let _ = std::fs::remove_file(&json);
+        let out = Command::new(&gpuplex)
+            .args(["bench", "--backend", "emulated", "--quick", "--carriers", "shm", "--rounds", "1", "--only", only])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("gpuplex runs");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "--only {only} failed: {}\n{stdout}\n{stderr}", out.status);
+        assert!(stderr.contains(&format!("round 1/1: {only} ")), "{stderr}");
+        let report: Value = serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
+        let rows = report["rows"].as_array().expect("rows");
+        assert!(!rows.is_empty(), "--only {only}: no rows");
+        for row in rows {
+            assert_eq!(row["unit"], unit, "--only {only}: {row}");
+            assert!(row["carriers"]["shm"]["value"].as_f64().is_some_and(|v| v > 0.0), "{row}");
+        }
+    }
+}
+
 /// `--tenants` on the emulated backend: every tenant runs alone and
 /// together through a server under each policy, with a GPU-time share per
 /// tenant read from the server, Jain's index and the aggregate; no native

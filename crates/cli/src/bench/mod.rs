@@ -70,6 +70,8 @@ pub struct Options {
     /// No round is started that would end later than this after the first
     /// began; the report covers the rounds taken.
     pub time_limit: Option<Duration>,
+    /// Only the latency rows, or only the bandwidth rows.
+    pub only: Option<Part>,
 }
 
 /// Variables that steer the front-end; a worker gets only those of its own column.
@@ -141,18 +143,23 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
             break;
         }
         let started = Instant::now();
-        eprint!("gpuplex bench: round {}/{}: latency", round + 1, opts.rounds);
-        let workers = lineup.iter().map(|e| e.turn_worker(&worker)).collect();
-        for (entry, report) in lineup.iter_mut().zip(latency::round(workers, round % 2 == 1)) {
-            entry.took(report);
+        eprint!("gpuplex bench: round {}/{}:", round + 1, opts.rounds);
+        if opts.only != Some(Part::Bandwidth) {
+            eprint!(" latency");
+            let workers = lineup.iter().map(|e| e.turn_worker(&worker)).collect();
+            for (entry, report) in lineup.iter_mut().zip(latency::round(workers, round % 2 == 1)) {
+                entry.took(report);
+            }
         }
-        eprint!("; bandwidth");
-        for i in order(lineup.len(), round % 2 == 1) {
-            let entry = &mut lineup[i];
-            entry.take(&worker, Part::Bandwidth);
-            // A column that has failed takes no more samples of either.
-            if entry.error.is_none() {
-                entry.lanes_alone(opts.quick);
+        if opts.only != Some(Part::Latency) {
+            eprint!("{} bandwidth", if opts.only.is_none() { ";" } else { "" });
+            for i in order(lineup.len(), round % 2 == 1) {
+                let entry = &mut lineup[i];
+                entry.take(&worker, Part::Bandwidth);
+                // A column that has failed takes no more samples of either.
+                if entry.error.is_none() {
+                    entry.lanes_alone(opts.quick);
+                }
             }
         }
         eprintln!(" ({:.1} s)", started.elapsed().as_secs_f64());
@@ -163,6 +170,9 @@ pub fn bench(opts: Options) -> Result<ExitCode, Error> {
     let columns: Vec<(Column, Result<WorkerReport, String>)> = lineup.into_iter().map(Entry::finish).collect();
 
     let mut report = assemble(backend, opts.quick, rounds, columns);
+    if let Some(part) = opts.only {
+        report.rows.retain(|row| report::part_of(&row.name) == part);
+    }
     if !lanes_alone.is_empty() {
         report.rows.push(report::lanes_alone_row(Shape::configured(), lanes_alone));
     }

@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 use gpuplex_server::session::lanes::Shape;
 use serde::{Deserialize, Serialize};
 
+use super::worker::Part;
+
 pub const KIB: usize = 1 << 10;
 pub const MIB: usize = 1 << 20;
 
@@ -80,6 +82,15 @@ pub const ALLOC_FREE_1MIB_BESIDE: &str = "alloc_free_1MiB_beside";
 /// The latency rows, in the order measured and printed.
 pub const LATENCY_METRICS: [&str; 7] =
     [LAUNCH_ASYNC, LAUNCH_SYNC, GRAPH_100, COPY_HTOD_4B, COPY_DTOH_4B, ALLOC_FREE_1MIB, ALLOC_FREE_1MIB_BESIDE];
+
+/// Which part of a round measures row `name`.
+pub fn part_of(name: &str) -> Part {
+    if LATENCY_METRICS.contains(&name) {
+        Part::Latency
+    } else {
+        Part::Bandwidth
+    }
+}
 
 /// `4 KiB`, `64 MiB`.
 pub fn size_label(bytes: usize) -> String {
@@ -480,6 +491,9 @@ mod tests {
         assert_eq!(rows.len(), LATENCY_METRICS.len() + 4 * 4);
         assert!(names.contains("h2d_pageable_4KiB") && names.contains("d2h_pinned_256MiB"));
         assert!(!catalog(true).iter().any(|m| m.name == "d2h_pinned_256MiB"));
+        let latency = rows.iter().filter(|m| part_of(&m.name) == Part::Latency).count();
+        assert_eq!(latency, LATENCY_METRICS.len());
+        assert!(rows.iter().all(|m| (part_of(&m.name) == Part::Latency) == (m.unit == "us")));
     }
 
     fn column(name: &str) -> Column {
