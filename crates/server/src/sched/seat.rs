@@ -102,8 +102,8 @@ struct Shared {
     /// Set by a submission, cleared by the meter's look.
     fresh: AtomicBool,
     /// When the last submission to a stream the meter does not time passed
-    /// the gate (ns): a turn is not given up just after it was used. (Work
-    /// the meter times says so through `fresh`.)
+    /// the gate (ns): a turn is not given up just after it was used. (The
+    /// meter's look waits for the work it times, which says as much.)
     active_at: AtomicU64,
     /// Submissions that have passed the gate and not yet marked their work
     /// fresh for the meter.
