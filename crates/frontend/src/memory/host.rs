@@ -75,10 +75,20 @@ fn with<T>(f: impl FnOnce(&mut BTreeMap<u64, HostBlock>) -> T) -> T {
 
 /// `f(start, block)` for the block holding `ptr`, if any.
 fn containing<T>(ptr: u64, f: impl FnOnce(u64, &HostBlock) -> T) -> Option<T> {
-    with(|blocks| {
-        let (&start, b) = blocks.range(..=ptr).next_back()?;
-        (ptr - start < b.size as u64).then(|| f(start, b))
-    })
+    with(|blocks| block_holding(blocks, ptr, 0).map(|(start, b)| f(start, b)))
+}
+
+/// The block holding `ptr` and all of `[ptr, ptr + len)`, and where it starts.
+fn block_holding(blocks: &BTreeMap<u64, HostBlock>, ptr: u64, len: usize) -> Option<(u64, &HostBlock)> {
+    let (&start, b) = blocks.range(..=ptr).next_back()?;
+    let end = ptr.checked_add(len as u64)?;
+    (ptr - start < b.size as u64 && end <= start + b.size as u64).then_some((start, b))
+}
+
+/// The shared block holding all of `[ptr, ptr + len)`, as `(block id, offset in the block)`.
+fn shared_holding(blocks: &BTreeMap<u64, HostBlock>, ptr: u64, len: usize) -> Option<(u64, u64)> {
+    let (_, b) = block_holding(blocks, ptr, len)?;
+    b.shared.as_ref().map(|s| (s.id, ptr - s.base))
 }
 
 impl HostBlock {
@@ -100,11 +110,7 @@ impl HostBlock {
 /// The shared block holding all of `[ptr, ptr + len)`, as `(block id,
 /// offset in the block)`.
 pub fn shared_range(ptr: u64, len: usize) -> Option<(u64, u64)> {
-    containing(ptr, |start, b| {
-        let s = b.shared.as_ref()?;
-        let end = ptr.checked_add(len as u64)?;
-        (end <= start + b.size as u64).then(|| (s.id, ptr - s.base))
-    })?
+    with(|blocks| shared_holding(blocks, ptr, len))
 }
 
 /// Where `offset` of shared block `id` is mapped in this process.
@@ -136,21 +142,12 @@ pub fn local_only(ptr: u64, len: usize) -> bool {
 /// the device end is host memory known here too, and the shared block
 /// holding the host end, as [`shared_range`] has it.
 pub fn copy_ends(device: u64, host: u64, len: usize) -> (bool, Option<(u64, u64)>) {
-    with(|blocks| {
-        let find = |ptr: u64| {
-            let (&start, b) = blocks.range(..=ptr).next_back()?;
-            let end = ptr.checked_add(len as u64)?;
-            (ptr - start < b.size as u64 && end <= start + b.size as u64).then_some((start, b))
-        };
-        let shared = find(host).and_then(|(_, b)| b.shared.as_ref().map(|s| (s.id, host - s.base)));
-        (find(device).is_some(), shared)
-    })
+    with(|blocks| (block_holding(blocks, device, len).is_some(), shared_holding(blocks, host, len)))
 }
 
 /// Whether all of `[ptr, ptr + len)` lies in one block known here that `which` accepts.
 fn within_one(ptr: u64, len: usize, which: impl FnOnce(&HostBlock) -> bool) -> bool {
-    containing(ptr, |start, b| which(b) && ptr.checked_add(len as u64).is_some_and(|end| end <= start + b.size as u64))
-        .unwrap_or(false)
+    with(|blocks| block_holding(blocks, ptr, len).is_some_and(|(_, b)| which(b)))
 }
 
 /// Whether `ptr` lies in host memory known here.

@@ -139,12 +139,12 @@ impl Mapped {
     /// last agreed, as frames' worth of runs, and the copies made since the
     /// last call; they agree on it from now.
     fn changes(&self) -> (Vec<Vec<MappedRun>>, Vec<CopiedToHost>) {
-        let mut out = MappedFrames::default();
         // Only the session's thread adds blocks and copies, before the calls
         // and host functions that could find them: a false here is not stale.
         if !self.0.any.load(Ordering::Acquire) {
             return (Vec::new(), Vec::new());
         }
+        let mut out = MappedFrames::default();
         let mut state = self.state();
         for (&id, block) in state.blocks.iter_mut() {
             // SAFETY: the block's live mapping, as long as its agreed copy
