@@ -25,11 +25,12 @@ pub(crate) mod posted_reads;
 mod streaming;
 pub(crate) mod vmm;
 
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, PoisonError};
 
-use gpuplex_protocol::{calls, CuError, DevPtr, Stream};
+use gpuplex_protocol::{calls, CuError, DevPtr, MemPool, Stream};
 
 use crate::client;
 use crate::ffi::{check_out, entry, ptsz_stream, stream, write_out, CUresult};
@@ -143,30 +144,56 @@ struct Pointer {
     size: u64,
     ctx: u64,
     devptr: Option<u64>,
+    /// Device memory's pool and mapping, asked of the server once a query
+    /// needs them.
+    mapping: OnceCell<calls::PointerMapping::Reply>,
+}
+
+impl Pointer {
+    fn new(device: bool, managed: bool, (base, size): (u64, u64), ctx: u64, devptr: Option<u64>) -> Pointer {
+        Pointer { device, managed, base, size, ctx, devptr, mapping: OnceCell::new() }
+    }
+
+    /// Its pool, the mapping that holds it and whether hardware decompresses
+    /// it. Host memory (managed memory too) is one block of this process's,
+    /// mapped whole, from no pool.
+    fn mapping(&self, ptr: u64) -> Result<&calls::PointerMapping::Reply, CuError> {
+        if !self.device || self.managed {
+            let whole = || calls::PointerMapping::Reply {
+                pool: MemPool(0),
+                base: DevPtr(self.base),
+                size: self.size,
+                decompress: false,
+            };
+            return Ok(self.mapping.get_or_init(whole));
+        }
+        if let Some(m) = self.mapping.get() {
+            return Ok(m);
+        }
+        let m = match client::call(calls::PointerMapping::Request { dptr: DevPtr(ptr) }) {
+            // Freed since it was looked up, by another thread.
+            Err(CuError::NOT_FOUND) => return Err(CuError::INVALID_VALUE),
+            m => m?,
+        };
+        Ok(self.mapping.get_or_init(|| m))
+    }
 }
 
 /// Device memory of this process (its allocations, else any range the
 /// server knows, such as module globals), or host memory known here.
 fn pointer(ptr: u64) -> Result<Option<Pointer>, CuError> {
     if let Some((base, size, ctx)) = allocation(ptr) {
-        return Ok(Some(Pointer { device: true, managed: false, base, size, ctx, devptr: Some(ptr) }));
+        return Ok(Some(Pointer::new(true, false, (base, size), ctx, Some(ptr))));
     }
     if let Some((base, size, devptr, managed)) = host::lookup(ptr) {
         // Managed memory is the device's as much as the host's.
-        return Ok(Some(Pointer { device: managed, managed, base, size, ctx: crate::context::current(), devptr }));
+        return Ok(Some(Pointer::new(managed, managed, (base, size), crate::context::current(), devptr)));
     }
     if mapped_here(ptr) {
         return Ok(None);
     }
     match client::call(calls::cuMemGetAddressRange_v2::Request { dptr: DevPtr(ptr) }) {
-        Ok(r) => Ok(Some(Pointer {
-            device: true,
-            managed: false,
-            base: r.pbase.0,
-            size: r.psize,
-            ctx: crate::context::current(),
-            devptr: Some(ptr),
-        })),
+        Ok(r) => Ok(Some(Pointer::new(true, false, (r.pbase.0, r.psize), crate::context::current(), Some(ptr)))),
         Err(CuError::NOT_FOUND) => Ok(None),
         Err(e) => Err(e),
     }
@@ -227,7 +254,11 @@ unsafe fn write_attribute(data: *mut c_void, attr: i32, p: &Pointer, ptr: u64) -
             15 => write_out(data.cast::<u32>(), 0),
             // ACCESS_FLAGS: read and write, wherever the device reaches it.
             16 => write_out(data.cast::<u32>(), if p.devptr.is_some() { 3 } else { 0 }),
-            20 => write_out(data.cast::<u64>(), p.base), // MEMORY_BLOCK_ID, as BUFFER_ID
+            17 => write_out(data.cast::<u64>(), p.mapping(ptr)?.pool.0), // MEMPOOL_HANDLE
+            18 => write_out(data.cast::<usize>(), p.mapping(ptr)?.size as usize), // MAPPING_SIZE
+            19 => write_out(data.cast::<u64>(), p.mapping(ptr)?.base.0), // MAPPING_BASE_ADDR
+            20 => write_out(data.cast::<u64>(), p.base),                 // MEMORY_BLOCK_ID, as BUFFER_ID
+            21 => write_out(data.cast::<u32>(), flag(p.mapping(ptr)?.decompress)), // IS_HW_DECOMPRESS_CAPABLE
             _ => {
                 crate::log::warn(&format!("cuPointerGetAttribute: attribute {attr} is not supported by gpuplex"));
                 return Err(CuError::NOT_SUPPORTED);
@@ -251,7 +282,7 @@ unsafe fn write_unknown(data: *mut c_void, attr: i32, ptr: u64) -> Result<(), Cu
             9 => write_out(data.cast::<i32>(), -2),
             // The driver leaves the range of memory it does not know unwritten.
             11 | 12 => {}
-            1..=20 => std::ptr::write_bytes(data.cast::<u8>(), 0, attribute_size(attr)),
+            1..=21 => std::ptr::write_bytes(data.cast::<u8>(), 0, attribute_size(attr)),
             _ => {
                 crate::log::warn(&format!("cuPointerGetAttributes: attribute {attr} is not supported by gpuplex"));
                 return Err(CuError::NOT_SUPPORTED);

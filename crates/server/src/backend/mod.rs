@@ -232,6 +232,10 @@ pub trait Memory {
     /// `(pointer, pitch)`.
     fn mem_alloc_pitch(&self, ctx: Obj, width: u64, height: u64, element_size: u32) -> BResult<(u64, u64)>;
     fn mem_free(&self, ctx: Obj, ptr: u64) -> BResult<()>;
+    /// The driver's mapping that holds device address `ptr`, as
+    /// `(base, size, decompress)`: its `MAPPING_BASE_ADDR`, `MAPPING_SIZE`
+    /// and `IS_HW_DECOMPRESS_CAPABLE` pointer attributes.
+    fn mem_mapping(&self, ctx: Option<Obj>, ptr: u64) -> BResult<(u64, u64, bool)>;
     /// Copies `src` to device address `dst` in `stream`'s order. Returns once
     /// `src` may be reused; `sync` asks for completion as well.
     fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, sync: bool) -> BResult<()>;

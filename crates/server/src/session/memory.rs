@@ -3,7 +3,7 @@
 //! charged to the tenant before it is made. A copy or memset of no bytes is
 //! checked as any other, then answered without the backend.
 
-use gpuplex_protocol::{calls, CallError, CuError, DevPtr, HostMemoryCalls, MemoryCalls, Stream, MAX_PAYLOAD};
+use gpuplex_protocol::{calls, CallError, CuError, DevPtr, HostMemoryCalls, MemPool, MemoryCalls, Stream, MAX_PAYLOAD};
 
 use super::tables::{Owner, Region};
 use super::{invalid, Session};
@@ -92,6 +92,26 @@ impl MemoryCalls for Session {
             .region_containing(req.dptr.0)
             .ok_or_else(|| CallError::new(CuError::NOT_FOUND, format!("{:#x} is not device memory", req.dptr.0)))?;
         Ok(calls::cuMemGetAddressRange_v2::Reply { pbase: DevPtr(base), psize: region.size })
+    }
+
+    fn PointerMapping(&mut self, req: calls::PointerMapping::Request) -> R<calls::PointerMapping::Reply> {
+        let (start, region) = self
+            .tables
+            .region_containing(req.dptr.0)
+            .ok_or_else(|| CallError::new(CuError::NOT_FOUND, format!("{:#x} is not device memory", req.dptr.0)))?;
+        let pool = match region.owner {
+            Some(Owner::Pool(h)) => h,
+            _ => 0,
+        };
+        // A host block's device address is the guest's view of the block,
+        // mapped whole; the driver here knows it under the server's address.
+        let (base, size, decompress) = if let Some(Owner::HostBlock(_)) = region.owner {
+            (start, region.size, false)
+        } else {
+            let ctx = self.current_ctx().ok().map(|(_, ctx)| ctx);
+            self.backend.mem_mapping(ctx, req.dptr.0)?
+        };
+        Ok(calls::PointerMapping::Reply { pool: MemPool(pool), base: DevPtr(base), size, decompress })
     }
 
     fn MemcpyHtoD(&mut self, req: calls::MemcpyHtoD::Request) -> R<calls::MemcpyHtoD::Reply> {

@@ -461,6 +461,20 @@ impl Memory for Cuda {
         check(unsafe { api::cuMemFree_v2(ptr) })
     }
 
+    fn mem_mapping(&self, ctx: Option<Obj>, ptr: u64) -> BResult<(u64, u64, bool)> {
+        const MAPPING_SIZE: c_int = 18;
+        const MAPPING_BASE_ADDR: c_int = 19;
+        const IS_HW_DECOMPRESS_CAPABLE: c_int = 21;
+        ctx.map_or(Ok(()), enter)?;
+        // SAFETY: each use below passes a local of the attribute's type.
+        let attribute = |attr: c_int, out: *mut c_void| unsafe { api::cuPointerGetAttribute(out, attr, ptr) };
+        let size = query(|p: *mut usize| attribute(MAPPING_SIZE, p.cast()))?;
+        let base = query(|p: *mut u64| attribute(MAPPING_BASE_ADDR, p.cast()))?;
+        // A driver older than the attribute (12.8) refuses it: no such hardware there.
+        let decompress = query(|p: *mut c_int| attribute(IS_HW_DECOMPRESS_CAPABLE, p.cast())).unwrap_or(0);
+        Ok((base, size as u64, decompress != 0))
+    }
+
     /// `src` must be pageable memory (it is: a frame buffer), from which an
     /// async copy returns only once the driver has staged the bytes.
     fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, sync: bool) -> BResult<()> {

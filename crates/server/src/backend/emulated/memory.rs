@@ -200,6 +200,13 @@ impl Memory {
         (at >= end && len > 0).then_some(blocks)
     }
 
+    /// The block holding `addr`, as `(base, size)`.
+    pub fn block_holding(&self, addr: u64) -> Option<(u64, u64)> {
+        let (&base, block) = self.blocks.range(..=addr).next_back()?;
+        let size = block.data.len() as u64;
+        (addr - base < size).then_some((base, size))
+    }
+
     /// What the device may do with the block at `base`.
     pub fn access(&self, base: u64) -> u32 {
         self.blocks.get(&base).map_or(0, |b| b.access)

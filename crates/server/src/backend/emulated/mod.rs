@@ -700,6 +700,16 @@ impl backend::Memory for Emulated {
         }
     }
 
+    /// Each block is a mapping of its own; no hardware decompresses here.
+    fn mem_mapping(&self, ctx: Option<Obj>, ptr: u64) -> BResult<(u64, u64, bool)> {
+        let mut s = self.state();
+        if let Some(ctx) = ctx {
+            s.ctx(ctx)?;
+        }
+        let (base, size) = s.memory.block_holding(ptr).ok_or(CuError::INVALID_VALUE)?;
+        Ok((base, size, false))
+    }
+
     fn memcpy_htod(&self, ctx: Obj, dst: u64, src: &[u8], stream: Obj, _sync: bool) -> BResult<()> {
         let mut s = self.state();
         s.stream(ctx, stream)?;
