@@ -1,9 +1,13 @@
 // attributes: what samples and libraries set on streams (an access policy
 // window, a synchronization policy) read back as set, on a stream of their
 // own and on the per-thread default stream; an attribute that holds a
-// handle is refused; and the profiler's start and stop answer as the
-// driver does with no profiler attached.
+// handle is refused; the profiler's start and stop answer as the driver
+// does with no profiler attached; and the deprecated shared memory bank
+// size is taken and read back as the hardware's.
 #include "common.h"
+
+// The deprecated shared memory bank size functions, as old programs call them.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
 // cudaProfiler.h declares these; the compiler from PyPI ships without it.
 extern "C" CUresult CUDAAPI cuProfilerStart(void);
@@ -47,6 +51,14 @@ int main() {
     printf("an attribute that is no stream's refused: %s\n", yes_no(rc != CUDA_SUCCESS));
     CHECK(cuStreamDestroy(stream));
     CHECK(cuMemFree(buf));
+    CUsharedconfig banks;
+    CHECK(cuCtxSetSharedMemConfig(CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE));
+    CHECK(cuCtxGetSharedMemConfig(&banks));
+    printf("shared memory banks after asking for eight bytes: %s\n",
+           banks == CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE    ? "four bytes"
+           : banks == CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE ? "eight bytes"
+                                                                : "other");
+    CHECK(cuCtxSetSharedMemConfig(CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE));
     printf("done\n");
     return 0;
 }

@@ -7,6 +7,9 @@
 // one past the limit is refused at the launch itself.
 #include "common.h"
 
+// The deprecated shared memory bank size functions, as old programs call them.
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
 #include <vector>
 
 EMBED(queries_fatbin, "queries.fatbin");
@@ -125,6 +128,12 @@ int main() {
     }
     CHECK(cuCtxSynchronize());
     check_reversed(out, seg, "100 launches with the limit raised");
+    // The deprecated bank size, which old programs set before their launches.
+    CHECK(cuFuncSetSharedMemConfig(fn, CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE));
+    CHECK(cuMemsetD8(out, 0, bytes));
+    CHECK(reverse(fn, in, out, SMEM));
+    CHECK(cuCtxSynchronize());
+    check_reversed(out, seg, "a launch after setting the function's bank size");
     printf("%d bytes, past the raised limit, refused: %s\n", SMEM + 4, refused(reverse(fn, in, out, SMEM + 4)));
 
     CHECK(cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM / 2));

@@ -111,6 +111,23 @@ impl Passthrough for Emulated {
         s.event(Obj(event)).map(drop)
     }
 
+    /// The test device's shared memory has banks of one size, four bytes,
+    /// as every GPU's since Maxwell.
+    fn cuCtxGetSharedMemConfig(&self, ctx: u64) -> BResult<i32> {
+        self.state().ctx(Obj(ctx)).map(|_| SHARED_MEM_FOUR_BYTE_BANKS)
+    }
+
+    /// Taken and ignored, as the driver does where the bank size is fixed.
+    fn cuCtxSetSharedMemConfig(&self, ctx: u64, config: i32) -> BResult<()> {
+        self.state().ctx(Obj(ctx))?;
+        bank_config(config)
+    }
+
+    fn cuFuncSetSharedMemConfig(&self, _ctx: u64, function: u64, config: i32) -> BResult<()> {
+        self.state().function(Obj(function))?;
+        bank_config(config)
+    }
+
     /// The test device has no L2 cache to set lines aside in.
     fn cuCtxResetPersistingL2Cache(&self, ctx: u64) -> BResult<()> {
         self.state().ctx(Obj(ctx)).map(drop)
@@ -299,5 +316,16 @@ impl Emulated {
             return Err(err(CuError::NOT_SUPPORTED, "a wait the emulated device's memory does not meet yet"));
         }
         Ok(())
+    }
+}
+
+/// `CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE`.
+const SHARED_MEM_FOUR_BYTE_BANKS: i32 = 1;
+
+/// A bank size a program may ask for: default, four or eight bytes.
+fn bank_config(config: i32) -> BResult<()> {
+    match config {
+        0..=2 => Ok(()),
+        _ => Err(err(CuError::INVALID_VALUE, "unknown shared memory bank size")),
     }
 }
