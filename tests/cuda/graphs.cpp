@@ -4,8 +4,11 @@
 // again with new input; copies from and to pageable memory in a capture,
 // which the graph reads and writes at each launch, with a host function
 // after them; an empty graph built and launched; a thread in relaxed
-// capture mode allocating while its stream captures.
+// capture mode allocating while its stream captures; the captured graph
+// described in DOT to a file of the program's (PyTorch's debug dump).
 #include "common.h"
+
+#include <unistd.h>
 
 #include <vector>
 
@@ -104,6 +107,17 @@ int main() {
                (unsigned long long)checksum(out, bytes));
     }
     CHECK(cuGraphExecDestroy(exec));
+    char dot_path[] = "/tmp/graphs-dot-XXXXXX";
+    int dot_fd = mkstemp(dot_path);
+    EXPECT(dot_fd >= 0, "mkstemp");
+    close(dot_fd);
+    CHECK(cuGraphDebugDotPrint(graph, dot_path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE));
+    FILE *dot = fopen(dot_path, "r");
+    char head[4096] = {0};
+    size_t got = dot ? fread(head, 1, sizeof head - 1, dot) : 0;
+    if (dot) fclose(dot);
+    unlink(dot_path);
+    printf("described in DOT: %s\n", yes_no(got > 0 && strstr(head, "digraph") != nullptr));
     CHECK(cuGraphDestroy(graph));
 
     // Copies between ordinary memory and the device in a capture: the graph

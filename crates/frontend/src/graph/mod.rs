@@ -9,6 +9,7 @@
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_void};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -489,6 +490,27 @@ pub unsafe extern "C" fn cuGraphGetNodes(graph: *mut c_void, out: *mut *mut c_vo
 pub unsafe extern "C" fn cuGraphGetRootNodes(graph: *mut c_void, out: *mut *mut c_void, count: *mut usize) -> CUresult {
     // SAFETY: per this function's contract.
     entry("cuGraphGetRootNodes", || unsafe { nodes(graph, out, count, true) })
+}
+
+/// The server's driver describes the graph; the file is written here, in
+/// the program's file system, where the caller means it.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphDebugDotPrint(graph: *mut c_void, path: *const c_char, flags: u32) -> CUresult {
+    entry("cuGraphDebugDotPrint", || {
+        if path.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        // SAFETY: per this function's contract.
+        let path = std::ffi::OsStr::from_bytes(unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes());
+        let reply = client::call(calls::GraphDebugDot::Request { hGraph: Graph(graph as u64), flags })?;
+        std::fs::write(path, &reply.dot).map_err(|e| {
+            crate::log::warn(&format!("cuGraphDebugDotPrint: cannot write {}: {e}", path.to_string_lossy()));
+            CuError::OPERATING_SYSTEM
+        })
+    })
 }
 
 /// `cuStreamUpdateCaptureDependencies(_v2)`: edges with data are not offered.

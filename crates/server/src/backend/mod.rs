@@ -487,6 +487,8 @@ pub trait Graphs {
     /// Adds (or with `remove`, removes) the edges `from[i] -> to[i]`, each
     /// with `data[i]` (a `CUgraphEdgeData`), or all default where `data` is empty.
     fn graph_dependencies(&self, graph: Obj, from: &[Obj], to: &[Obj], data: &[u64], remove: bool) -> BResult<()>;
+    /// `graph` described in DOT, as `cuGraphDebugDotPrint` writes it.
+    fn graph_debug_dot(&self, graph: Obj, flags: u32) -> BResult<Vec<u8>>;
     /// Every edge of `graph`, as `(from, to, data)`.
     fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>>;
     /// The nodes `node` depends on, or with `dependents` those depending on

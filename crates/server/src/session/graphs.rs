@@ -497,4 +497,9 @@ impl GraphsCalls for Session {
     fn GraphNodes(&mut self, req: calls::GraphNodes::Request) -> R<calls::GraphNodes::Reply> {
         self.graph_nodes(req)
     }
+
+    fn GraphDebugDot(&mut self, req: calls::GraphDebugDot::Request) -> R<calls::GraphDebugDot::Reply> {
+        let graph = self.tables.get(Kind::Graph, req.hGraph.0)?.obj;
+        Ok(calls::GraphDebugDot::Reply { dot: self.backend.graph_debug_dot(graph, req.flags)? })
+    }
 }

@@ -394,6 +394,7 @@ driver_api! {
     cuIpcOpenEventHandle(event: *mut *mut c_void, handle: IpcBytes);
     cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr);
     cuPointerGetAttribute(data: *mut c_void, attr: c_int, ptr: CUdeviceptr);
+    cuGraphDebugDotPrint(graph: *mut c_void, path: *const c_char, flags: c_uint);
     cuGraphChildGraphNodeGetGraph(node: *mut c_void, graph: *mut *mut c_void);
     cuGraphMemsetNodeGetParams(node: *mut c_void, params: *mut MemsetNodeParams);
     cuGraphMemcpyNodeGetParams(node: *mut c_void, params: *mut Memcpy3D);

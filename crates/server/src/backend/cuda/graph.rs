@@ -2,10 +2,12 @@
 //! node, instantiation and launch. The session passes only its own live
 //! graphs, executable graphs and nodes, and streams of the right context.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void, CString};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::ptr::null_mut;
 
-use gpuplex_protocol::{CallError, CuError};
+use gpuplex_protocol::{CallError, CuError, MAX_PAYLOAD};
 
 use super::api::{self, check};
 use super::{
@@ -331,6 +333,30 @@ pub(super) fn edges(graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
     listed(|(from, to, data, count)| unsafe { api::cuGraphGetEdges_v2(raw(graph), from, to, data, count) })
 }
 
+/// The driver writes the description to a file: one in memory, read back
+/// whole, so that nothing of the guest's touches the server's file system.
+pub(super) fn debug_dot(graph: Obj, flags: u32) -> BResult<Vec<u8>> {
+    let system = |what: &str, e: std::io::Error| CallError::new(CuError::OPERATING_SYSTEM, format!("{what}: {e}"));
+    // SAFETY: a NUL-terminated name; the descriptor returned is owned below.
+    let fd = unsafe { libc::memfd_create(c"gpuplex-graph-dot".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(system("memfd_create", std::io::Error::last_os_error()));
+    }
+    // SAFETY: a descriptor just created and owned by nothing else.
+    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let path = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL in a number");
+    // SAFETY: a live graph; a NUL-terminated path.
+    check(unsafe { api::cuGraphDebugDotPrint(raw(graph), path.as_ptr(), flags) })?;
+    file.seek(SeekFrom::Start(0)).map_err(|e| system("reading the description", e))?;
+    let mut dot = Vec::new();
+    let limit = (MAX_PAYLOAD - 64) as u64;
+    file.take(limit + 1).read_to_end(&mut dot).map_err(|e| system("reading the description", e))?;
+    if dot.len() as u64 > limit {
+        return Err(CallError::new(CuError::OUT_OF_MEMORY, "the graph's description is larger than a frame"));
+    }
+    Ok(dot)
+}
+
 pub(super) fn node_edges(node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>> {
     // SAFETY: a live node; as above, the second array unused.
     let pairs = listed(|(nodes, _, data, count)| unsafe {
@@ -578,6 +604,10 @@ impl Graphs for Cuda {
 
     fn graph_edges(&self, graph: Obj) -> BResult<Vec<(Obj, Obj, u64)>> {
         edges(graph)
+    }
+
+    fn graph_debug_dot(&self, graph: Obj, flags: u32) -> BResult<Vec<u8>> {
+        debug_dot(graph, flags)
     }
 
     fn graph_node_edges(&self, node: Obj, dependents: bool) -> BResult<Vec<(Obj, u64)>> {
