@@ -4,6 +4,8 @@
 //! Not cryptographic: images are cached per session, so a collision (or a
 //! client lying about its digest) could only confuse that client's own
 //! loads, and the server recomputes the digest of every image it receives.
+//! A guest can forge a collision at will, so nothing the server charges is
+//! taken from the digest (`session/images.rs`).
 
 /// FNV-1a over 8-byte words, mixed with the length.
 pub fn image_digest(image: &[u8]) -> u64 {
