@@ -1,11 +1,11 @@
 //! The digest that names a module image, so that an image the server already
 //! holds for a session is not sent again.
 //!
+//! Computed by the client only: the server takes it as the image's name.
 //! Not cryptographic: images are cached per session, so a collision (or a
 //! client lying about its digest) could only confuse that client's own
-//! loads, and the server recomputes the digest of every image it receives.
-//! A guest can forge a collision at will, so nothing the server charges is
-//! taken from the digest (`session/images.rs`).
+//! loads; a guest can forge a collision at will, so nothing the server
+//! charges is taken from the digest (`session/images.rs`).
 
 /// FNV-1a over 8-byte words, mixed with the length.
 pub fn image_digest(image: &[u8]) -> u64 {
