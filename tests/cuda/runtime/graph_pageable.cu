@@ -2,9 +2,14 @@
 // program's ordinary memory, as simpleCudaGraphs does: input from a vector,
 // the result into a stack variable (cudaMemcpyDefault) and a vector, and a
 // host function after them that prints the result. Launched three times
-// with new input written between launches.
+// with new input written between launches. The graph is described in DOT
+// first, as PyTorch's debug dump does.
 #include "check.h"
 
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
 #include <vector>
 
 // out[i] = in[i] * scale + offset for i < n. Reference: kernels.rs `scale_add`.
@@ -38,6 +43,15 @@ int main() {
     printf("captured: %zu nodes\n", nodes);
     cudaGraphExec_t exec;
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    char dot_path[] = "/tmp/graph-pageable-XXXXXX";
+    int dot_fd = mkstemp(dot_path);
+    if (dot_fd < 0) return 1;
+    close(dot_fd);
+    CHECK(cudaGraphDebugDotPrint(graph, dot_path, cudaGraphDebugDotFlagsVerbose));
+    std::ifstream dot(dot_path);
+    std::string text((std::istreambuf_iterator<char>(dot)), std::istreambuf_iterator<char>());
+    unlink(dot_path);
+    printf("described in DOT: %s\n", text.find("digraph") != std::string::npos ? "yes" : "no");
     CHECK(cudaGraphDestroy(graph));
 
     for (int round = 0; round < 3; round++) {
