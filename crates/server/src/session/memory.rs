@@ -87,18 +87,12 @@ impl MemoryCalls for Session {
         &mut self,
         req: calls::cuMemGetAddressRange_v2::Request,
     ) -> R<calls::cuMemGetAddressRange_v2::Reply> {
-        let (base, region) = self
-            .tables
-            .region_containing(req.dptr.0)
-            .ok_or_else(|| CallError::new(CuError::NOT_FOUND, format!("{:#x} is not device memory", req.dptr.0)))?;
+        let (base, region) = self.device_region(req.dptr)?;
         Ok(calls::cuMemGetAddressRange_v2::Reply { pbase: DevPtr(base), psize: region.size })
     }
 
     fn PointerMapping(&mut self, req: calls::PointerMapping::Request) -> R<calls::PointerMapping::Reply> {
-        let (start, region) = self
-            .tables
-            .region_containing(req.dptr.0)
-            .ok_or_else(|| CallError::new(CuError::NOT_FOUND, format!("{:#x} is not device memory", req.dptr.0)))?;
+        let (start, region) = self.device_region(req.dptr)?;
         let pool = match region.owner {
             Some(Owner::Pool(h)) => h,
             _ => 0,
@@ -256,6 +250,13 @@ impl HostMemoryCalls for Session {
 }
 
 impl Session {
+    /// The session's region holding `ptr`, as `(base, region)`; NOT_FOUND,
+    /// which the front-end reads as "not device memory", for any other address.
+    fn device_region(&self, ptr: DevPtr) -> R<(u64, Region)> {
+        let missing = || CallError::new(CuError::NOT_FOUND, format!("{:#x} is not device memory", ptr.0));
+        self.tables.region_containing(ptr.0).ok_or_else(missing)
+    }
+
     /// `size` bytes of the session's device memory at `src`, read in
     /// `stream`'s order once its earlier work is done.
     pub(super) fn read_device(&mut self, src: DevPtr, size: u64, stream: Stream) -> R<Vec<u8>> {
