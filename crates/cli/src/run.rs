@@ -136,32 +136,48 @@ pub fn run(
 
 /// Starts a server inside this process, listening in `dir`: a supervisor
 /// of its own, whose workers serve the program (and any process it starts)
-/// as `gpuplex serve`'s would.
+/// as `gpuplex serve`'s would. It listens at once and starts its first
+/// worker (which initialises the driver, as long as a program's own first
+/// CUDA call) on a thread of its own, so that the program starts beside it:
+/// a guest that connects first waits in the socket's queue.
 fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, Embedded), Error> {
     let command = crate::serve::worker_command(kind)?;
-    let placement = gpuplex_server::Placement::Workers { command, keep_idle: 1 };
-    let supervisor = gpuplex_server::Supervisor::start(placement, gpuplex_server::config::Config::none(), None)?;
     let address = Address::Unix(dir.join("server.sock"));
     let listener = gpuplex_transport::listen(&address, None)?;
-    info!(address = %address, backend = %supervisor.backend().kind, "started an embedded server");
-    let serving = supervisor.clone();
+    let (started, start) = std::sync::mpsc::channel();
+    let at = address.clone();
     std::thread::Builder::new().name("gpuplex-server".into()).spawn(move || {
-        if let Err(e) = serving.serve(listener.as_ref()) {
+        let placement = gpuplex_server::Placement::Workers { command, keep_idle: 1 };
+        let supervisor =
+            match gpuplex_server::Supervisor::start(placement, gpuplex_server::config::Config::none(), None) {
+                Ok(supervisor) => supervisor,
+                // The listener goes with this thread: a waiting guest is refused.
+                Err(e) => {
+                    tracing::error!("cannot start the embedded server: {e}");
+                    return;
+                }
+            };
+        info!(address = %at, backend = %supervisor.backend().kind, "started an embedded server");
+        let _ = started.send(supervisor.clone());
+        if let Err(e) = supervisor.serve(listener.as_ref()) {
             tracing::error!("embedded server stopped: {}", crate::chain(&e));
         }
     })?;
-    Ok((address, Embedded(supervisor)))
+    Ok((address, Embedded(start)))
 }
 
-/// An embedded server, kept until the program ends.
-struct Embedded(std::sync::Arc<gpuplex_server::Supervisor>);
+/// An embedded server, kept until the program ends; its supervisor arrives
+/// once started (never, if it could not start).
+struct Embedded(std::sync::mpsc::Receiver<std::sync::Arc<gpuplex_server::Supervisor>>);
 
 impl Drop for Embedded {
     /// Waits a little for the program's sessions to end, so that its
-    /// workers release what it held before this command returns.
+    /// workers release what it held before this command returns. A server
+    /// still starting has served nobody: it is not waited for.
     fn drop(&mut self) {
+        let Ok(supervisor) = self.0.try_recv() else { return };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !self.0.registry().is_empty() && std::time::Instant::now() < deadline {
+        while !supervisor.registry().is_empty() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }

@@ -47,6 +47,22 @@ fn a_program_that_is_missing_or_not_executable_exits_as_a_shell_says() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The embedded server starts beside the program: one that cannot start
+/// (the CUDA backend on a machine without a GPU) says why, and the
+/// program's CUDA calls fail with CUDA_ERROR_NO_DEVICE.
+#[test]
+fn an_embedded_server_that_cannot_start_says_why_beside_the_program() {
+    let Some(dir) = programs() else { return };
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return; // here the CUDA backend would start
+    }
+    let program = dir.join("device_query");
+    let done = gpuplex_to_end(&["run", "--backend", "cuda", "--", program.to_str().unwrap()]);
+    assert!(done.stderr.contains("cannot start the embedded server"), "{}", done.stderr);
+    assert!(done.stderr.contains("cuInit(0) failed: CUDA_ERROR_NO_DEVICE"), "{}", done.stderr);
+    assert_ne!(done.status.code(), Some(0));
+}
+
 #[test]
 fn the_emulated_device_says_which_kernel_it_cannot_run_and_why() {
     let _serial = serial();

@@ -36,7 +36,7 @@ use gpuplex_protocol::{
 };
 use gpuplex_transport::shm::{Layout, Region, Side};
 use gpuplex_transport::vm::Heap;
-use gpuplex_transport::{Address, Carrier, Flusher, Token};
+use gpuplex_transport::{Address, Carrier, Flusher, Token, TransportError};
 
 use crate::memory::lanes::{LaneError, Lanes};
 use crate::{context, log, trace};
@@ -371,6 +371,19 @@ impl Conn {
         reply
     }
 
+    /// [`Conn::call`] for a request whose last field, left empty, is to
+    /// hold `bytes`, sent from where they lie (see
+    /// [`codec::encode_before_bytes`]).
+    pub fn call_with_bytes<C: Call>(&mut self, req: C, bytes: &[u8]) -> Result<C::Reply, CuError> {
+        self.before(C::OPCODE);
+        let head = codec::encode_before_bytes(&req, bytes);
+        let header = self.header(C::OPCODE, context::current(), head.len() + bytes.len());
+        let id = self.send_parts(&header, &[&head, bytes])?;
+        let reply = self.recv(C::OPCODE, id);
+        self.waited(C::OPCODE);
+        reply
+    }
+
     /// Before a call is sent: the device's work it queues or waits for
     /// sees what the program wrote to memory the device reads through a
     /// copy of it (a graph's ordinary memory, mapped pinned memory); what
@@ -597,17 +610,30 @@ impl Conn {
 
     /// Sends one frame; returns its request id.
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<u64, CuError> {
+        self.send_with(header, |carrier| carrier.send(header, payload))
+    }
+
+    /// Sends one frame whose payload is `parts`; returns its request id.
+    fn send_parts(&mut self, header: &Header, parts: &[&[u8]]) -> Result<u64, CuError> {
+        self.send_with(header, |carrier| carrier.send_parts(header, parts))
+    }
+
+    fn send_with(
+        &mut self,
+        header: &Header,
+        send: impl FnOnce(&mut dyn Carrier) -> Result<(), TransportError>,
+    ) -> Result<u64, CuError> {
         if self.broken {
             return Err(SERVER_GONE);
         }
         let sent = if trace::on() {
             trace::sent(header.is_posted());
             let start = Instant::now();
-            let sent = self.carrier.send(header, payload);
+            let sent = send(&mut *self.carrier);
             trace::blocked(start.elapsed());
             sent
         } else {
-            self.carrier.send(header, payload)
+            send(&mut *self.carrier)
         };
         sent.map_err(|e| self.lose(&e.to_string()))?;
         Ok(header.request_id.get())

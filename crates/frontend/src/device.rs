@@ -25,6 +25,15 @@ fn attribute(info: &DeviceInfo, id: usize) -> Result<i32, CuError> {
     CuError::check(a.status).map(|()| a.value)
 }
 
+/// Every device's compute capability, as 90 for 9.0.
+pub(crate) fn compute_capabilities() -> Result<Vec<u32>, CuError> {
+    let devices = &client::client()?.welcome.devices.0;
+    devices
+        .iter()
+        .map(|d| Ok((attribute(d, COMPUTE_CAPABILITY_MAJOR)? * 10 + attribute(d, COMPUTE_CAPABILITY_MINOR)?) as u32))
+        .collect()
+}
+
 /// Copies `s` into a caller's buffer of `len` bytes, truncating, always
 /// NUL-terminated.
 fn copy_c_string(s: &str, out: *mut c_char, len: i32) -> Result<(), CuError> {

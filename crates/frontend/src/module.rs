@@ -2,8 +2,9 @@
 //!
 //! The driver takes images by pointer with no length, so the client works
 //! the length out from the image's own headers (fatbin, ELF cubin, or
-//! NUL-terminated PTX) and sends the whole image; the server never reads
-//! client memory.
+//! NUL-terminated PTX) and sends the image; the server never reads client
+//! memory. A fatbin goes without the entries for GPUs the session does not
+//! have.
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_void};
@@ -73,25 +74,45 @@ pub unsafe fn image_bytes<'a>(image: *const c_void) -> Result<&'a [u8], CuError>
 static SENT: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
 
 /// Sends an image once per session: later loads of the same bytes name it
-/// by digest. `send` makes the request from `(digest, image or empty)`.
-fn send_image<T>(image: &[u8], send: impl Fn(u64, Vec<u8>) -> Result<T, CuError>) -> Result<T, CuError> {
+/// by digest. `send` makes the call from `(digest, image or empty)`, the
+/// request's image left empty and the bytes sent after it.
+fn send_image<T>(image: &[u8], send: impl Fn(u64, &[u8]) -> Result<T, CuError>) -> Result<T, CuError> {
+    let pruned = for_session_devices(image)?;
+    let image = pruned.as_deref().unwrap_or(image);
     let digest = image_digest(image);
     let sent = SENT.lock().unwrap_or_else(PoisonError::into_inner).as_ref().is_some_and(|s| s.contains(&digest));
     if sent {
-        match send(digest, Vec::new()) {
+        match send(digest, &[]) {
             // The server let it go (its cache is bounded): send it again.
             Err(CuError::NOT_FOUND) => {}
             other => return other,
         }
     }
-    let reply = send(digest, image.to_vec())?;
+    let reply = send(digest, image)?;
     SENT.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashSet::new).insert(digest);
     Ok(reply)
 }
 
+/// A fatbin without the entries no device of the session could run
+/// (libraries such as cuBLAS carry code for six GPU generations, most of
+/// their bytes); `None` to send `image` as it is.
+fn for_session_devices(image: &[u8]) -> Result<Option<Vec<u8>>, CuError> {
+    if !image.starts_with(&FATBIN_MAGIC.to_le_bytes()) {
+        return Ok(None);
+    }
+    let archs = crate::device::compute_capabilities()?;
+    let pruned = gpuplex_image::fatbin_for(image, &archs);
+    if let Some(p) = &pruned {
+        crate::log::debug(&format!("a fatbin of {} bytes goes as {} for devices {archs:?}", image.len(), p.len()));
+    }
+    Ok(pruned)
+}
+
 fn load_module(module: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> {
     check_out(module)?;
-    let reply = send_image(image, |digest, image| client::call(calls::ModuleLoad::Request { digest, image }))?;
+    let reply = send_image(image, |digest, image| {
+        client::lock()?.call_with_bytes(calls::ModuleLoad::Request { digest, image: Vec::new() }, image)
+    })?;
     // SAFETY: checked non-NULL; the caller vouches for it.
     unsafe { write_out(module, reply.module.0 as *mut c_void) };
     Ok(())
@@ -99,7 +120,9 @@ fn load_module(module: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> {
 
 fn load_library(library: *mut *mut c_void, image: &[u8]) -> Result<(), CuError> {
     check_out(library)?;
-    let reply = send_image(image, |digest, image| client::call(calls::LibraryLoad::Request { digest, image }))?;
+    let reply = send_image(image, |digest, image| {
+        client::lock()?.call_with_bytes(calls::LibraryLoad::Request { digest, image: Vec::new() }, image)
+    })?;
     // SAFETY: checked non-NULL; the caller vouches for it.
     unsafe { write_out(library, reply.library.0 as *mut c_void) };
     Ok(())

@@ -107,6 +107,51 @@ pub fn fatbin_entries(data: &[u8]) -> Result<Vec<Entry<'_>>, &'static str> {
     Ok(found)
 }
 
+/// Whether a device of compute capability `device` (90 for 9.0) could run
+/// `entry`: SASS runs only within its major version, PTX is compiled for
+/// its own arch or any later one. Entries that carry no code are kept.
+fn runs_on(entry: &Entry<'_>, device: u32) -> bool {
+    match entry.kind {
+        ENTRY_ELF => entry.arch / 10 == device / 10,
+        ENTRY_PTX => entry.arch <= device,
+        _ => true,
+    }
+}
+
+/// The fatbin `data` without the entries that none of the devices `archs`
+/// could run, so that a library built for many GPUs does not travel whole.
+/// The driver chooses among what is left exactly as it would among all of
+/// it. `None` where nothing would be dropped, where nothing would be left
+/// (the driver then reports what it would have), or where an entry's length
+/// is not a multiple of 8 (moving it would change its alignment).
+pub fn fatbin_for(data: &[u8], archs: &[u32]) -> Option<Vec<u8>> {
+    let entries = fatbin_entries(data).ok()?;
+    let header_len = le(data, 6, 2)? as usize;
+    let mut kept = Vec::with_capacity(entries.len());
+    let mut at = header_len;
+    for entry in &entries {
+        let len = entry.header.len() + entry.payload.len();
+        if len % 8 != 0 {
+            return None;
+        }
+        if archs.iter().any(|&device| runs_on(entry, device)) {
+            kept.push(at..at + len);
+        }
+        at += len;
+    }
+    if kept.is_empty() || kept.len() == entries.len() {
+        return None;
+    }
+    let size: usize = kept.iter().map(|r| r.len()).sum();
+    let mut out = Vec::with_capacity(header_len + size);
+    out.extend_from_slice(&data[..header_len]);
+    out[8..16].copy_from_slice(&(size as u64).to_le_bytes());
+    for range in kept {
+        out.extend_from_slice(&data[range]);
+    }
+    Some(out)
+}
+
 /// The bytes a 64-bit ELF image spans: the furthest of its section header
 /// table, its program header table and its sections' contents. `section(o)`
 /// gives the first [`ELF_HEADER`] bytes at offset `o`, where each section
@@ -143,20 +188,57 @@ mod tests {
 
     /// A fatbin of one entry of `payload` bytes, `kind` and `flags`.
     fn fatbin(kind: u16, flags: u64, compressed: u32, payload: &[u8]) -> Vec<u8> {
+        fatbin_of(&[entry(kind, 90, flags, compressed, payload)])
+    }
+
+    /// A fatbin holding `entries`, each made by [`entry`].
+    fn fatbin_of(entries: &[Vec<u8>]) -> Vec<u8> {
+        let entries = entries.concat();
+        let mut image = vec![0u8; FATBIN_HEADER];
+        image[..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        image[6..8].copy_from_slice(&(FATBIN_HEADER as u16).to_le_bytes());
+        image[8..16].copy_from_slice(&(entries.len() as u64).to_le_bytes());
+        image.extend_from_slice(&entries);
+        image
+    }
+
+    /// One entry, header and payload.
+    fn entry(kind: u16, arch: u32, flags: u64, compressed: u32, payload: &[u8]) -> Vec<u8> {
         let mut entry = vec![0u8; ENTRY_HEADER];
         entry[..2].copy_from_slice(&kind.to_le_bytes());
         entry[4..8].copy_from_slice(&(ENTRY_HEADER as u32).to_le_bytes());
         entry[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         entry[0x10..0x14].copy_from_slice(&compressed.to_le_bytes());
-        entry[0x1c..0x20].copy_from_slice(&90u32.to_le_bytes());
+        entry[0x1c..0x20].copy_from_slice(&arch.to_le_bytes());
         entry[0x28..0x30].copy_from_slice(&flags.to_le_bytes());
         entry.extend_from_slice(payload);
-        let mut image = vec![0u8; FATBIN_HEADER];
-        image[..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
-        image[6..8].copy_from_slice(&(FATBIN_HEADER as u16).to_le_bytes());
-        image[8..16].copy_from_slice(&(entry.len() as u64).to_le_bytes());
-        image.extend_from_slice(&entry);
-        image
+        entry
+    }
+
+    #[test]
+    fn a_fatbin_keeps_only_what_the_devices_could_run() {
+        let sass = |arch| entry(ENTRY_ELF, arch, 0, 0, &[arch as u8; 8]);
+        let ptx = |arch| entry(ENTRY_PTX, arch, 0, 0, &[arch as u8 + 1; 16]);
+        let image = fatbin_of(&[sass(75), sass(80), sass(86), sass(90), ptx(90), sass(100), ptx(120)]);
+        let summary = |image: &[u8]| {
+            fatbin_entries(image).unwrap().iter().map(|e| (e.kind, e.arch, e.payload.to_vec())).collect::<Vec<_>>()
+        };
+        let all = summary(&image);
+        let pick = |keep: &[usize]| keep.iter().map(|&i| all[i].clone()).collect::<Vec<_>>();
+
+        let h100 = fatbin_for(&image, &[90]).expect("entries for other GPUs go");
+        assert_eq!(summary(&h100), pick(&[3, 4]), "sm_90 code and PTX it can compile");
+        assert_eq!(fatbin_len(h100[..16].try_into().unwrap()), Some(h100.len() as u64));
+        let a10 = fatbin_for(&image, &[86]).unwrap();
+        assert_eq!(summary(&a10), pick(&[1, 2]), "SASS of its major version, no PTX newer than it");
+        let both = fatbin_for(&image, &[86, 90]).unwrap();
+        assert_eq!(summary(&both), pick(&[1, 2, 3, 4]), "what either device could run");
+
+        assert_eq!(fatbin_for(&image, &[75, 80, 86, 90, 100, 120]), None, "nothing to drop");
+        assert_eq!(fatbin_for(&fatbin_of(&[sass(100)]), &[90]), None, "nothing left: the driver says so");
+        let odd = fatbin_of(&[sass(80), entry(ENTRY_ELF, 90, 0, 0, b"12345")]);
+        assert_eq!(fatbin_for(&odd, &[90]), None, "an entry that would move off its alignment");
+        assert_eq!(fatbin_for(b"not a fatbin", &[90]), None);
     }
 
     #[test]

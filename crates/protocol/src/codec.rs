@@ -25,6 +25,18 @@ pub fn encode<T: Wire>(value: &T) -> Vec<u8> {
     out
 }
 
+/// The payload of `value` with its last field, left empty, holding `bytes`,
+/// less the bytes themselves: they follow it on the wire from where they
+/// lie, so that an image of megabytes is not copied into a request and
+/// again into its payload. Panics if `value` does not end in empty bytes.
+pub fn encode_before_bytes<T: Wire>(value: &T, bytes: &[u8]) -> Vec<u8> {
+    let mut head = encode(value);
+    let at = head.len().checked_sub(4).expect("a value ending in bytes");
+    assert_eq!(head[at..], [0; 4], "the last field is empty bytes");
+    head[at..].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+    head
+}
+
 /// Decodes exactly one value; bytes left over are an error.
 pub fn decode<T: Wire>(bytes: &[u8]) -> Result<T, DecodeError> {
     let mut r = Reader::new(bytes);
@@ -209,6 +221,17 @@ macro_rules! wire_struct {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn bytes_sent_after_their_request_read_as_inside_it() {
+        let image = b"an image of some bytes".to_vec();
+        let whole = encode(&crate::calls::LibraryLoad::Request { digest: 7, image: image.clone() });
+        let head = encode_before_bytes(&crate::calls::LibraryLoad::Request { digest: 7, image: Vec::new() }, &image);
+        assert_eq!([head, image.clone()].concat(), whole);
+        let whole = encode(&crate::calls::ModuleLoad::Request { digest: 9, image: image.clone() });
+        let head = encode_before_bytes(&crate::calls::ModuleLoad::Request { digest: 9, image: Vec::new() }, &image);
+        assert_eq!([head, image].concat(), whole);
+    }
 
     wire_struct! {
         pub struct Sample {

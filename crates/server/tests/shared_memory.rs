@@ -278,13 +278,14 @@ fn lying_on_the_rings_ends_only_the_liar(name: &str, then_call: bool, lie: impl 
     if then_call {
         liar.send(MemcpyDtoH::Request { src, size: big, stream: Stream::NULL, sync: true }, false);
     }
+    // Read only once it has ended: reading would publish the true tail.
+    wait_for("the liar's session to end", || summary(&address).sessions.0.len() == 1);
     let mut buf = Vec::new();
     let start = Instant::now();
     while liar.carrier.recv(&mut buf).is_ok() {
-        assert!(start.elapsed() < Duration::from_secs(2), "the liar's session goes on");
+        assert!(start.elapsed() < Duration::from_secs(2), "the liar's connection stays open");
     }
     wait_for("the liar's memory to be freed", || good.free_memory() == before);
-    wait_for("the liar's session to end", || summary(&address).sessions.0.len() == 1);
     good.write(p, &[9; 64]);
     assert_eq!(good.read(p, 64), vec![9; 64]);
     let mut newcomer = Client::connect(&address);

@@ -183,6 +183,13 @@ pub trait Carrier: Send {
     /// Sends a header and its payload as one frame.
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), TransportError>;
 
+    /// Sends a frame whose payload is `parts`, one after another. Carriers
+    /// on shared rings copy a large part (an image) straight from where it
+    /// lies; others join the parts first.
+    fn send_parts(&mut self, header: &Header, parts: &[&[u8]]) -> Result<(), TransportError> {
+        self.send(header, &parts.concat())
+    }
+
     /// From now on, lets posted frames wait in the carrier and leave
     /// together, with the next frame that is not posted or at a flush;
     /// returns the flusher where this carrier does so (those whose every

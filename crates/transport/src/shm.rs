@@ -480,6 +480,11 @@ pub(crate) struct Reader {
     taken: usize,
 }
 
+/// A large frame is published to the reader in pieces of this many bytes,
+/// so that it copies each piece out while the next one is written instead
+/// of waiting for a whole ring's worth.
+const PUBLISH_BYTES: usize = 256 << 10;
+
 /// Reads this small go through the local buffer.
 const LOCAL_READ: usize = 4096;
 const LOCAL_BYTES: usize = 256 << 10;
@@ -491,13 +496,13 @@ impl Writer {
 
     /// Writes all of `parts` as one stream of bytes, waiting for space as
     /// the reader drains, and tells the reader once everything that fits
-    /// is in.
+    /// is in, or every [`PUBLISH_BYTES`] of a large frame.
     pub(crate) fn write_all(&mut self, parts: &[&[u8]]) -> Result<(), TransportError> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let (mut part, mut offset, mut left) = (0, 0, total);
         while left > 0 {
-            let free = self.free(left)?;
-            let mut n = free.min(left);
+            let free = self.free(left.min(PUBLISH_BYTES))?;
+            let mut n = free.min(left).min(PUBLISH_BYTES);
             left -= n;
             while n > 0 {
                 let bytes = &parts[part][offset..];

@@ -58,6 +58,13 @@ impl Carrier for UnixCarrier {
         }
     }
 
+    fn send_parts(&mut self, header: &Header, parts: &[&[u8]]) -> Result<(), TransportError> {
+        match &mut self.rings {
+            Some(rings) => rings.writer.write_all(&[&[header.as_bytes()], parts].concat()),
+            None => self.out.send(&self.socket, header, &parts.concat()),
+        }
+    }
+
     fn hold_posted(&mut self) -> Result<Option<Flusher>, TransportError> {
         match self.rings {
             // Frames on rings cost no system call.

@@ -564,6 +564,10 @@ impl Carrier for VmCarrier {
         self.rings.writer.write_all(&[header.as_bytes(), payload])
     }
 
+    fn send_parts(&mut self, header: &Header, parts: &[&[u8]]) -> Result<(), TransportError> {
+        self.rings.writer.write_all(&[&[header.as_bytes()], parts].concat())
+    }
+
     fn spin_adaptively(&mut self) {
         self.rings.spin_adaptively();
     }
