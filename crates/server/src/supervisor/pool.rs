@@ -14,7 +14,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
@@ -29,6 +29,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 const TAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The pause after a worker failed to start, before the next try.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// How long after a guest took a worker its replacement starts, unless
+/// another guest waits: a starting worker initializes the driver, which
+/// slows the context the new guest creates meanwhile on the same GPU.
+const SETTLE: Duration = Duration::from_millis(300);
 
 /// A started worker, ready for a guest.
 pub struct Worker {
@@ -53,7 +57,24 @@ struct State {
     waiting: usize,
     /// Why the last start failed, while no start has succeeded since.
     failure: Option<String>,
+    /// When a guest last took a worker.
+    taken_at: Option<Instant>,
     stopped: bool,
+}
+
+impl State {
+    /// How long the pool's thread waits before it looks again, or `None`
+    /// to start a worker now (or stop): while fewer are idle than kept plus
+    /// guests waiting, and a guest's new worker has settled or another
+    /// guest waits.
+    fn wait_before_start(&self, keep_idle: usize) -> Option<Duration> {
+        let settling = self.taken_at.map(|at| SETTLE.saturating_sub(at.elapsed())).filter(|d| !d.is_zero());
+        let wanted = self.idle.len() < keep_idle.max(self.waiting);
+        if self.stopped || (wanted && (settling.is_none() || self.waiting > 0)) {
+            return None;
+        }
+        Some(settling.unwrap_or(Duration::from_secs(1)))
+    }
 }
 
 pub struct Pool {
@@ -100,6 +121,7 @@ impl Pool {
             while let Some(mut worker) = state.idle.pop_front() {
                 // One that died while idle is of no use.
                 if matches!(worker.child.try_wait(), Ok(None)) {
+                    state.taken_at = Some(Instant::now());
                     break 'taking Ok(worker);
                 }
                 reap(worker);
@@ -245,8 +267,7 @@ fn keep_filled(pool: Weak<Pool>) {
         let Some(p) = pool.upgrade() else { return };
         {
             let mut state = p.lock();
-            while !state.stopped && state.idle.len() >= p.keep_idle.max(state.waiting) {
-                let timeout = Duration::from_secs(1);
+            while let Some(timeout) = state.wait_before_start(p.keep_idle) {
                 state = p.changed.wait_timeout(state, timeout).unwrap_or_else(PoisonError::into_inner).0;
                 if Arc::strong_count(&p) == 1 {
                     return;
@@ -290,6 +311,24 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replacement_starts_once_the_new_guest_settled_or_another_waits() {
+        let mut state = State::default();
+        assert_eq!(state.wait_before_start(2), None, "none idle: start one");
+        state.taken_at = Some(Instant::now());
+        let wait = state.wait_before_start(2).expect("a guest just took one: wait");
+        assert!(wait <= SETTLE && wait > SETTLE / 2, "{wait:?}");
+        state.waiting = 1;
+        assert_eq!(state.wait_before_start(2), None, "a guest waits: start one now");
+        state.waiting = 0;
+        state.taken_at = Some(Instant::now() - SETTLE);
+        assert_eq!(state.wait_before_start(2), None, "settled: start one");
+        state.taken_at = None;
+        assert_eq!(state.wait_before_start(0), Some(Duration::from_secs(1)), "none wanted: look again later");
+        state.stopped = true;
+        assert_eq!(state.wait_before_start(0), None, "stopped: the thread leaves");
+    }
 
     /// In a child process, where the link may take LINK_FD itself: either
     /// way the descriptor is there afterwards and survives exec.
