@@ -290,6 +290,25 @@ mod tests {
 
     proptest! {
         #[test]
+        fn a_pruned_fatbin_keeps_exactly_the_entries_some_device_could_run(
+            entries in proptest::collection::vec((1u16..4, 50u32..130, 0usize..4), 1..8),
+            archs in proptest::collection::vec(50u32..130, 1..3),
+        ) {
+            let made: Vec<Vec<u8>> =
+                entries.iter().map(|&(kind, arch, words)| entry(kind, arch, 0, 0, &vec![kind as u8; 8 * words])).collect();
+            let image = fatbin_of(&made);
+            let all = fatbin_entries(&image).unwrap();
+            let runnable: Vec<_> = all.iter().filter(|e| archs.iter().any(|&d| runs_on(e, d))).map(|e| e.header).collect();
+            match fatbin_for(&image, &archs) {
+                None => prop_assert!(runnable.is_empty() || runnable.len() == all.len()),
+                Some(pruned) => {
+                    let kept: Vec<_> = fatbin_entries(&pruned).unwrap().iter().map(|e| e.header).collect();
+                    prop_assert_eq!(kept, runnable);
+                }
+            }
+        }
+
+        #[test]
         fn any_bytes_read_as_a_fatbin_stay_inside(image in proptest::collection::vec(any::<u8>(), 0..512)) {
             let inside = |s: &[u8]| {
                 let (start, end) = (image.as_ptr() as usize, image.as_ptr() as usize + image.len());
