@@ -137,9 +137,10 @@ pub fn run(
 /// Starts a server inside this process, listening in `dir`: a supervisor
 /// of its own, whose workers serve the program (and any process it starts)
 /// as `gpuplex serve`'s would. It listens at once and starts its first
-/// worker (which initialises the driver, as long as a program's own first
-/// CUDA call) on a thread of its own, so that the program starts beside it:
-/// a guest that connects first waits in the socket's queue.
+/// worker on a thread of its own (the worker's driver initialisation takes
+/// about as long as a program's own first CUDA call), so that the program
+/// starts beside it: a guest that connects first waits in the socket's
+/// queue.
 fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, Embedded), Error> {
     let command = crate::serve::worker_command(kind)?;
     let address = Address::Unix(dir.join("server.sock"));
