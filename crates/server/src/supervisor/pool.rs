@@ -64,16 +64,29 @@ struct State {
 
 impl State {
     /// How long the pool's thread waits before it looks again, or `None`
-    /// to start a worker now (or stop): while fewer are idle than kept plus
-    /// guests waiting, and a guest's new worker has settled or another
-    /// guest waits.
+    /// to start a worker now (or stop).
     fn wait_before_start(&self, keep_idle: usize) -> Option<Duration> {
-        let settling = self.taken_at.map(|at| SETTLE.saturating_sub(at.elapsed())).filter(|d| !d.is_zero());
-        let wanted = self.idle.len() < keep_idle.max(self.waiting);
-        if self.stopped || (wanted && (settling.is_none() || self.waiting > 0)) {
+        if self.stopped {
             return None;
         }
-        Some(settling.unwrap_or(Duration::from_secs(1)))
+        let settling = self.taken_at.map(|at| SETTLE.saturating_sub(at.elapsed())).filter(|d| !d.is_zero());
+        start_wait(self.idle.len(), self.waiting, keep_idle, settling)
+    }
+}
+
+/// With `idle` workers ready, `waiting` guests and the last guest to take one
+/// `settling` for so much longer: `None` to start a worker now, else how long
+/// to wait before looking again. One starts while fewer are idle than kept
+/// plus guests waiting, once the last guest has settled; only the first
+/// replacement of a burst waits for that, not one where the pool lacks more
+/// than one worker or a guest waits.
+fn start_wait(idle: usize, waiting: usize, keep_idle: usize, settling: Option<Duration>) -> Option<Duration> {
+    let wanted = idle < keep_idle.max(waiting);
+    let urgent = waiting > 0 || idle + 1 < keep_idle;
+    match settling {
+        _ if !wanted => Some(Duration::from_secs(1)),
+        Some(left) if !urgent => Some(left),
+        _ => None,
     }
 }
 
@@ -314,20 +327,20 @@ mod tests {
 
     #[test]
     fn a_replacement_starts_once_the_new_guest_settled_or_another_waits() {
-        let mut state = State::default();
-        assert_eq!(state.wait_before_start(2), None, "none idle: start one");
+        let settling = Some(Duration::from_millis(200));
+        assert_eq!(start_wait(1, 0, 2, None), None, "one short, nobody settling: start one");
+        assert_eq!(start_wait(1, 0, 2, settling), settling, "a guest just took one: it settles first");
+        assert_eq!(start_wait(0, 0, 1, settling), settling, "the only one kept, taken: the same");
+        assert_eq!(start_wait(1, 1, 2, settling), None, "a guest waits: start one now");
+        assert_eq!(start_wait(1, 0, 3, settling), None, "two short of three: start one now");
+        assert_eq!(start_wait(2, 0, 2, None), Some(Duration::from_secs(1)), "none wanted: look again later");
+        assert_eq!(start_wait(2, 3, 2, settling), None, "more guests waiting than kept");
+        let mut state = State { stopped: true, ..State::default() };
+        assert_eq!(state.wait_before_start(2), None, "stopped: the thread leaves");
+        state.stopped = false;
         state.taken_at = Some(Instant::now());
-        let wait = state.wait_before_start(2).expect("a guest just took one: wait");
+        let wait = state.wait_before_start(1).expect("a guest just took the only one");
         assert!(wait <= SETTLE && wait > SETTLE / 2, "{wait:?}");
-        state.waiting = 1;
-        assert_eq!(state.wait_before_start(2), None, "a guest waits: start one now");
-        state.waiting = 0;
-        state.taken_at = Some(Instant::now() - SETTLE);
-        assert_eq!(state.wait_before_start(2), None, "settled: start one");
-        state.taken_at = None;
-        assert_eq!(state.wait_before_start(0), Some(Duration::from_secs(1)), "none wanted: look again later");
-        state.stopped = true;
-        assert_eq!(state.wait_before_start(0), None, "stopped: the thread leaves");
     }
 
     /// In a child process, where the link may take LINK_FD itself: either
