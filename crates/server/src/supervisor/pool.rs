@@ -29,9 +29,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 const TAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The pause after a worker failed to start, before the next try.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
-/// How long after a guest took a worker its replacement starts, unless
-/// another guest waits: a starting worker initializes the driver, which
-/// slows the context the new guest creates meanwhile on the same GPU.
+/// How long after a guest took a worker its replacement starts, where the
+/// pool can wait ([`start_wait`]): a starting worker initializes the driver,
+/// which slows the context the new guest creates meanwhile on the same GPU.
 const SETTLE: Duration = Duration::from_millis(300);
 
 /// A started worker, ready for a guest.
