@@ -272,7 +272,9 @@ pub(crate) fn recv_at_most<R: Read>(r: &mut R, payload: &mut Vec<u8>, max: usize
     if header.payload_len() > max {
         return Err(gpuplex_protocol::HeaderError::TooLong(header.payload_len()).into());
     }
-    payload.clear();
+    // What the buffer holds already is overwritten, not zeroed first: a
+    // payload of megabytes (an image) would be written twice.
+    payload.truncate(header.payload_len());
     payload.resize(header.payload_len(), 0);
     read_exact(r, payload, false)?;
     Ok(header)
@@ -442,6 +444,24 @@ pub(crate) fn is_disconnect(e: &std::io::Error) -> bool {
 mod tests {
     use super::*;
     use crate::SPIN_MAX;
+
+    /// A buffer reused for frames of every length holds exactly each one's
+    /// payload, the bytes of a longer one before never showing through.
+    #[test]
+    fn a_reused_buffer_holds_exactly_each_payload() {
+        let payloads = [vec![7u8; 300], vec![1, 2, 3], Vec::new(), vec![9; 50], vec![4; 400]];
+        let mut wire = Vec::new();
+        for (i, p) in payloads.iter().enumerate() {
+            wire.extend_from_slice(Header::request(gpuplex_protocol::Opcode::Hello, i as u64, 0, p.len()).as_bytes());
+            wire.extend_from_slice(p);
+        }
+        let (mut r, mut buf) = (&wire[..], vec![0xee; 1000]);
+        for (i, p) in payloads.iter().enumerate() {
+            let header = recv(&mut r, &mut buf).unwrap();
+            assert_eq!((header.request_id.get(), &buf), (i as u64, p));
+        }
+        assert!(recv(&mut r, &mut buf).is_err(), "nothing after the last");
+    }
 
     /// A wait that slept teaches the next budget, never below the short
     /// spin; two waits in a row past the longest spin send it back to the
