@@ -25,13 +25,15 @@ fn attribute(info: &DeviceInfo, id: usize) -> Result<i32, CuError> {
     CuError::check(a.status).map(|()| a.value)
 }
 
+/// A device's compute capability, `(major, minor)`.
+fn capability(info: &DeviceInfo) -> Result<(i32, i32), CuError> {
+    Ok((attribute(info, COMPUTE_CAPABILITY_MAJOR)?, attribute(info, COMPUTE_CAPABILITY_MINOR)?))
+}
+
 /// Every device's compute capability, as 90 for 9.0.
 pub(crate) fn compute_capabilities() -> Result<Vec<u32>, CuError> {
     let devices = &client::client()?.welcome.devices.0;
-    devices
-        .iter()
-        .map(|d| Ok((attribute(d, COMPUTE_CAPABILITY_MAJOR)? * 10 + attribute(d, COMPUTE_CAPABILITY_MINOR)?) as u32))
-        .collect()
+    devices.iter().map(|d| capability(d).map(|(major, minor)| (major * 10 + minor) as u32)).collect()
 }
 
 /// Copies `s` into a caller's buffer of `len` bytes, truncating, always
@@ -165,7 +167,7 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut i32, minor: *mut 
         check_out(major)?;
         check_out(minor)?;
         let info = device(dev)?;
-        let (ma, mi) = (attribute(info, COMPUTE_CAPABILITY_MAJOR)?, attribute(info, COMPUTE_CAPABILITY_MINOR)?);
+        let (ma, mi) = capability(info)?;
         // SAFETY: checked non-NULL; the caller vouches for them.
         unsafe {
             write_out(major, ma);
