@@ -408,11 +408,12 @@ impl Inbox {
         }
         self.start += HEADER_SIZE;
         let here = len.min(self.end - self.start);
-        payload.clear();
-        payload.extend_from_slice(&self.buf[self.start..self.start + here]);
+        // Over what the buffer holds, as `recv_at_most` reads.
+        payload.truncate(len);
+        payload.resize(len, 0);
+        payload[..here].copy_from_slice(&self.buf[self.start..self.start + here]);
         self.start += here;
         if here < len {
-            payload.resize(len, 0);
             read_exact(r, &mut payload[here..], false)?;
         }
         Ok(header)
@@ -461,6 +462,13 @@ mod tests {
             assert_eq!((header.request_id.get(), &buf), (i as u64, p));
         }
         assert!(recv(&mut r, &mut buf).is_err(), "nothing after the last");
+        // The same through an inbox that reads ahead.
+        let (mut r, mut buf, mut inbox) = (&wire[..], vec![0xee; 1000], Inbox::default());
+        for (i, p) in payloads.iter().enumerate() {
+            let header = inbox.recv(&mut r, &mut buf).unwrap();
+            assert_eq!((header.request_id.get(), &buf), (i as u64, p));
+        }
+        assert!(inbox.recv(&mut r, &mut buf).is_err(), "nothing after the last");
     }
 
     /// A wait that slept teaches the next budget, never below the short
