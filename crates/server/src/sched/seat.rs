@@ -419,6 +419,11 @@ impl Shared {
     /// this session (which otherwise starts a new slice).
     fn turn_is_over(&self, gpu: usize) -> bool {
         let board = &self.board;
+        // Alone, as a session mostly is, the GPU's own line answers: every
+        // submission asks, and its tenant's class lies on other pages.
+        if board.gpu(gpu).waiting_total() == 0 {
+            return false;
+        }
         let (above, any) = board.waiters(gpu, board.class_of(self.seat));
         above || (any && board.held_for(gpu) >= board.slice() && !board.keep_turn(gpu, self.seat))
     }
