@@ -10,9 +10,11 @@
 //! driver's callers accept that, or log their name once and answer
 //! `CUDA_ERROR_NOT_SUPPORTED`. Everything here runs in the client.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr::null;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use gpuplex_protocol::CuError;
@@ -240,9 +242,40 @@ type Slot = (u64, usize);
 type Stored = (usize, Option<Dtor>);
 
 static STORAGE: Mutex<Option<HashMap<Slot, Stored>>> = Mutex::new(None);
+/// Changes made to [`STORAGE`], counted: a thread's remembered answer
+/// holds while the count has not moved.
+static STORAGE_CHANGES: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The last slot this thread read, its value and the count then: the
+    /// runtime reads the same slot at the start of each of its calls.
+    static LAST_READ: Cell<Option<(u64, Slot, usize)>> = const { Cell::new(None) };
+}
 
 fn with_storage<T>(f: impl FnOnce(&mut HashMap<Slot, Stored>) -> T) -> T {
     f(STORAGE.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashMap::new))
+}
+
+/// [`with_storage`] for a change: counted before it is made, under the
+/// lock, so that no thread reads the old value as current afterwards.
+fn change_storage<T>(f: impl FnOnce(&mut HashMap<Slot, Stored>) -> T) -> T {
+    with_storage(|s| {
+        STORAGE_CHANGES.fetch_add(1, Ordering::AcqRel);
+        f(s)
+    })
+}
+
+/// The value in `slot`, if any.
+fn read_storage(slot: Slot) -> Option<usize> {
+    let changes = STORAGE_CHANGES.load(Ordering::Acquire);
+    if let Some((seen, last, value)) = LAST_READ.get() {
+        if seen == changes && last == slot {
+            return Some(value);
+        }
+    }
+    let value = with_storage(|s| s.get(&slot).map(|e| e.0))?;
+    LAST_READ.set(Some((changes, slot, value)));
+    Some(value)
 }
 
 /// NULL and -1 name the calling thread's current context.
@@ -263,20 +296,20 @@ unsafe extern "C" fn storage_put(
     if ctx == 0 {
         return CuError::INVALID_CONTEXT.0;
     }
-    with_storage(|s| s.insert((ctx, key as usize), (value as usize, dtor)));
+    change_storage(|s| s.insert((ctx, key as usize), (value as usize, dtor)));
     CUDA_SUCCESS
 }
 
 unsafe extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> CUresult {
     let ctx = storage_ctx(ctx);
-    with_storage(|s| s.remove(&(ctx, key as usize)));
+    change_storage(|s| s.remove(&(ctx, key as usize)));
     CUDA_SUCCESS
 }
 
 unsafe extern "C" fn storage_get(value: *mut *mut c_void, ctx: *mut c_void, key: *mut c_void) -> CUresult {
     let ctx = storage_ctx(ctx);
     // A miss is how the runtime learns that it must set the context up.
-    match with_storage(|s| s.get(&(ctx, key as usize)).map(|e| e.0)) {
+    match read_storage((ctx, key as usize)) {
         Some(v) if !value.is_null() => {
             // SAFETY: checked non-NULL; the runtime passes a valid pointer.
             unsafe { value.write(v as *mut c_void) };
@@ -290,7 +323,7 @@ unsafe extern "C" fn storage_get(value: *mut *mut c_void, ctx: *mut c_void, key:
 /// Runs the destructors stored for a context that was destroyed, reset or
 /// released to zero, and forgets its entries.
 pub fn context_gone(ctx: u64) {
-    let dead: Vec<(Slot, Stored)> = with_storage(|s| {
+    let dead: Vec<(Slot, Stored)> = change_storage(|s| {
         let keys: Vec<Slot> = s.keys().filter(|k| k.0 == ctx).copied().collect();
         keys.into_iter().filter_map(|k| s.remove(&k).map(|v| (k, v))).collect()
     });
@@ -795,5 +828,27 @@ mod tests {
         assert_eq!(DESTROYED.load(std::sync::atomic::Ordering::SeqCst), 0x1234);
         // SAFETY: as above.
         assert_eq!(unsafe { storage_get(&mut v, ctx, key) }, CuError::INVALID_HANDLE.0);
+    }
+
+    #[test]
+    fn a_value_read_again_is_the_one_stored_last_by_any_thread() {
+        let (ctx, key) = (0x6660usize, 0x88usize);
+        let get = || {
+            let mut v: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; any context and key may be asked for.
+            let rc = unsafe { storage_get(&mut v, ctx as *mut c_void, key as *mut c_void) };
+            (rc == CUDA_SUCCESS).then_some(v as usize)
+        };
+        let put = move |value: usize| {
+            // SAFETY: no destructor; any value may be stored.
+            unsafe { storage_put(ctx as *mut c_void, key as *mut c_void, value as *mut c_void, None) }
+        };
+        assert_eq!(put(1), CUDA_SUCCESS);
+        assert_eq!((get(), get()), (Some(1), Some(1)), "read twice, the second from this thread's memory");
+        std::thread::spawn(move || assert_eq!(put(2), CUDA_SUCCESS)).join().unwrap();
+        assert_eq!(get(), Some(2), "another thread's change is seen");
+        // SAFETY: a context and key as above.
+        std::thread::spawn(move || unsafe { storage_delete(ctx as *mut c_void, key as *mut c_void) }).join().unwrap();
+        assert_eq!(get(), None, "another thread's delete is seen");
     }
 }

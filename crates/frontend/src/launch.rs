@@ -13,6 +13,7 @@
 //! the driver's asynchronous launches. Any other launch is waited for, so
 //! that its error comes back from the launch itself, exactly as natively.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -35,11 +36,28 @@ pub(crate) struct FuncInfo {
 /// Handles are never reused within a session, so entries never go stale.
 static FUNCS: Mutex<Option<HashMap<u64, Arc<FuncInfo>>>> = Mutex::new(None);
 
+thread_local! {
+    /// The function this thread launched last: a loop launches the same
+    /// kernels again and again, and this spares each launch the map's lock.
+    static LAST: RefCell<Option<(u64, Arc<FuncInfo>)>> = const { RefCell::new(None) };
+}
+
 fn info(func: u64) -> Result<Arc<FuncInfo>, CuError> {
-    let cached = FUNCS.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(&func).cloned());
-    if let Some(info) = cached {
+    let last = LAST.with_borrow(|last| last.as_ref().filter(|(f, _)| *f == func).map(|(_, info)| info.clone()));
+    if let Some(info) = last {
         return Ok(info);
     }
+    let cached = FUNCS.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(&func).cloned());
+    let info = match cached {
+        Some(info) => info,
+        None => fetch_info(func)?,
+    };
+    LAST.set(Some((func, info.clone())));
+    Ok(info)
+}
+
+/// Asks the server for what [`info`] keeps of `func`, and keeps it.
+fn fetch_info(func: u64) -> Result<Arc<FuncInfo>, CuError> {
     let reply = client::call(calls::ParamLayout::Request { func: Func(func) })?;
     if reply.offsets.0.len() != reply.sizes.0.len() {
         return Err(CuError::UNKNOWN);

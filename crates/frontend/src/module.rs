@@ -8,6 +8,7 @@
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use gpuplex_image::{ELF_MAGIC, FATBIN_MAGIC, FATBIN_WRAPPER_MAGIC};
@@ -358,6 +359,9 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 /// kernels one copy of them, so those kernels are not launched
 /// (`refused_launch`) rather than run on memory the program does not see.
 static WITH_MANAGED_VARIABLES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+/// Whether that list has ever held one: every launch asks, and almost no
+/// program has any, so the answer costs one load instead of a lock.
+static ANY_WITH_MANAGED_VARIABLES: AtomicBool = AtomicBool::new(false);
 
 /// A `__managed__` variable: mirrored where memory is shared
 /// (`memory::managed`). Otherwise the program gets a copy of its first
@@ -386,6 +390,7 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
             let mut libraries = WITH_MANAGED_VARIABLES.lock().unwrap_or_else(PoisonError::into_inner);
             if !libraries.contains(&(library as u64)) {
                 libraries.push(library as u64);
+                ANY_WITH_MANAGED_VARIABLES.store(true, Ordering::Release);
                 crate::log::warn(
                     "__managed__ variables are mirrored only for a local server (shared memory): the kernels of their module \
                      will not launch (CUDA_ERROR_NOT_SUPPORTED)",
@@ -401,6 +406,9 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
 
 /// Why a launch of `func` is refused, if its library has `__managed__` variables.
 pub fn refused_launch(func: u64) -> Option<CuError> {
+    if !ANY_WITH_MANAGED_VARIABLES.load(Ordering::Acquire) {
+        return None;
+    }
     let libraries = WITH_MANAGED_VARIABLES.lock().unwrap_or_else(PoisonError::into_inner);
     (!libraries.is_empty() && libraries.contains(&crate::memo::group_of(func))).then_some(CuError::NOT_SUPPORTED)
 }
