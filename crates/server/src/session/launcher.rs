@@ -93,6 +93,9 @@ struct Shared {
     handed: AtomicU64,
     /// Launches the launcher has run (or seen fail).
     done: AtomicU64,
+    /// Set (before `done` moves) when the inbox holds a failure: the session
+    /// drains before every call, and mostly nothing failed.
+    failed: AtomicBool,
     stop: AtomicBool,
     /// The session's thread, and the count of launches done it waits for
     /// (`u64::MAX` while it waits for nothing): woken once, when they are.
@@ -156,7 +159,7 @@ impl Launcher {
             deferred.get_or_insert((Opcode::Launch, launcher_lost()));
             return;
         }
-        let failed = shared.inbox().failed.take();
+        let failed = if shared.failed.swap(false, Ordering::AcqRel) { shared.inbox().failed.take() } else { None };
         if let Some(e) = failed {
             deferred.get_or_insert((Opcode::Launch, e));
         }
@@ -212,6 +215,7 @@ impl Launcher {
                 inbox: Mutex::default(),
                 handed: AtomicU64::new(0),
                 done: AtomicU64::new(0),
+                failed: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 session: std::thread::current(),
                 wake_session_at: AtomicU64::new(u64::MAX),
@@ -304,6 +308,7 @@ fn work(shared: &Shared, backend: &dyn Backend, seat: &Seat) {
             let mut inbox = shared.inbox();
             if let Some(e) = failed {
                 inbox.failed.get_or_insert(e);
+                shared.failed.store(true, Ordering::Release);
             }
             inbox.spent.push(batch);
         }
