@@ -272,12 +272,17 @@ pub(crate) fn recv_at_most<R: Read>(r: &mut R, payload: &mut Vec<u8>, max: usize
     if header.payload_len() > max {
         return Err(gpuplex_protocol::HeaderError::TooLong(header.payload_len()).into());
     }
-    // What the buffer holds already is overwritten, not zeroed first: a
-    // payload of megabytes (an image) would be written twice.
-    payload.truncate(header.payload_len());
-    payload.resize(header.payload_len(), 0);
+    sized_for(payload, header.payload_len());
     read_exact(r, payload, false)?;
     Ok(header)
+}
+
+/// Makes a reused receive buffer `len` bytes long, keeping what it holds
+/// for the payload to overwrite: zeroing it first would write a payload of
+/// megabytes (an image) twice.
+fn sized_for(payload: &mut Vec<u8>, len: usize) {
+    payload.truncate(len);
+    payload.resize(len, 0);
 }
 
 /// Receives a connection's opening frame: at most `max` payload bytes, the
@@ -408,9 +413,7 @@ impl Inbox {
         }
         self.start += HEADER_SIZE;
         let here = len.min(self.end - self.start);
-        // Over what the buffer holds, as `recv_at_most` reads.
-        payload.truncate(len);
-        payload.resize(len, 0);
+        sized_for(payload, len);
         payload[..here].copy_from_slice(&self.buf[self.start..self.start + here]);
         self.start += here;
         if here < len {
