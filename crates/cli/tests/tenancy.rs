@@ -70,12 +70,16 @@ fn each_guest_runs_in_a_worker_of_its_own() {
         let parent = fs::read_to_string(format!("/proc/{worker}/stat")).unwrap();
         let ppid: u32 = parent.rsplit(") ").next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
         assert_eq!(ppid, server.pid(), "worker {worker} is not the server's child");
-        // Beyond its standard streams, only its link, its guest's socket and
-        // the memory it shares: nothing the server had open.
+        // Beyond its standard streams, only its link, its guest's socket,
+        // the memory it shares and the eventfd that stops its watch for the
+        // guest's hang-up: nothing the server had open.
         for fd in fs::read_dir(format!("/proc/{worker}/fd")).unwrap().flatten() {
             let number: u32 = fd.file_name().to_string_lossy().parse().unwrap();
             let target = fs::read_link(fd.path()).map(|t| t.display().to_string()).unwrap_or_default();
-            let expected = number <= 2 || target.starts_with("socket:") || target.starts_with("/memfd:gpuplex");
+            let expected = number <= 2
+                || target.starts_with("socket:")
+                || target.starts_with("/memfd:gpuplex")
+                || target == "anon_inode:[eventfd]";
             assert!(expected, "worker {worker} holds descriptor {number}: {target}");
         }
     }

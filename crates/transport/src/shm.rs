@@ -15,7 +15,10 @@
 //! Waiting is a short spin (a round trip costs well under a microsecond
 //! while both sides are busy) and then a futex sleep, so an idle guest
 //! costs no CPU. Sleeps wake every few milliseconds to check, through the
-//! socket, that the peer is still alive. A guest waiting for a reply
+//! socket, that the peer is still alive; on the server's side a thread
+//! waits for the socket's hang-up and wakes them at once, so that a
+//! guest's exit ends its session, and frees its worker, without delay
+//! (`HangupBell`). A guest waiting for a reply
 //! spins longer when its recent replies came soon after it fell asleep
 //! (`Wait::adapt`): waking a sleeping thread costs tens of microseconds on
 //! a virtual machine, and the native driver spins through such waits too.
@@ -23,7 +26,7 @@
 use std::cell::Cell;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -314,8 +317,11 @@ pub enum Side {
 pub struct Rings {
     pub(crate) writer: Writer,
     pub(crate) reader: Reader,
+    side: Side,
+    /// The server's wake-up on the guest's hang-up, once watched.
+    hangup: Option<HangupBell>,
     /// Keeps the mapping alive as long as the rings.
-    _region: std::sync::Arc<Region>,
+    region: std::sync::Arc<Region>,
 }
 
 impl Rings {
@@ -362,7 +368,13 @@ impl Rings {
             Side::Server => (1, 0),
         };
         let replies = side == Side::Client;
-        Ok(Rings { writer: Writer::new(end(out, false)), reader: Reader::new(end(inn, replies)), _region: region })
+        Ok(Rings {
+            writer: Writer::new(end(out, false)),
+            reader: Reader::new(end(inn, replies)),
+            side,
+            hangup: None,
+            region,
+        })
     }
 
     /// Takes up rings another process of this side used: from the
@@ -376,10 +388,22 @@ impl Rings {
         self.reader.seen_head = tail;
     }
 
-    /// Peer liveness is checked on `socket` while sleeping.
+    /// Peer liveness is checked on `socket` while sleeping. The server's
+    /// sleepers are also woken the moment the guest hangs up, so that the
+    /// session, and with it the guest's worker and GPU memory, ends as soon
+    /// as the guest does; a guest notices a vanished server at its next nap.
+    ///
+    /// `socket` must stay open as long as the rings.
     pub(crate) fn watch(&mut self, socket: RawFd) {
-        self.writer.end.wait.watch = Watch::Socket(socket);
-        self.reader.end.wait.watch = Watch::Socket(socket);
+        let said = Arc::new(AtomicBool::new(false));
+        self.writer.end.wait.watch = Watch::Socket { socket, said: said.clone() };
+        self.reader.end.wait.watch = Watch::Socket { socket, said: said.clone() };
+        if self.side == Side::Server && self.hangup.is_none() {
+            let controls = [self.writer.end.ctl, self.reader.end.ctl];
+            let bells = Bells { controls, hung_up: said, _region: self.region.clone() };
+            // Without it a sleeper still notices the hang-up, a nap later.
+            self.hangup = HangupBell::start(socket, bells).ok();
+        }
     }
 
     /// A peer in another kernel (a virtual machine and its host): no futex
@@ -630,11 +654,91 @@ fn ring(bell: &AtomicU32, sleeps: &AtomicU32) {
     }
 }
 
+/// Both rings' bells of one side, rung together.
+struct Bells {
+    controls: [*const RingControl; 2],
+    /// Raised before the bells ring, for a side that was spinning then.
+    hung_up: Arc<AtomicBool>,
+    /// Keeps the controls mapped.
+    _region: Arc<Region>,
+}
+
+// SAFETY: the controls are atomics in a mapping this value keeps alive.
+unsafe impl Send for Bells {}
+
+impl Bells {
+    /// Wakes every sleeper of either ring: each then looks at its ring and
+    /// at its peer.
+    fn ring_all(&self) {
+        self.hung_up.store(true, SeqCst);
+        for ctl in self.controls {
+            // SAFETY: points into the mapping `_region` keeps alive.
+            let ctl = unsafe { &*ctl };
+            for bell in [&ctl.data_bell.0, &ctl.space_bell.0] {
+                bell.fetch_add(1, SeqCst);
+                futex(bell, libc::FUTEX_WAKE, i32::MAX as u32, None);
+            }
+        }
+    }
+}
+
+/// A thread that waits in `poll` for the peer to hang up and then rings
+/// the bells; stopped through an eventfd when the rings go first.
+struct HangupBell {
+    stop: OwnedFd,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HangupBell {
+    fn start(socket: RawFd, bells: Bells) -> io::Result<HangupBell> {
+        // SAFETY: creates a new descriptor, owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just created and owned by nobody else.
+        let stop = unsafe { OwnedFd::from_raw_fd(fd) };
+        let stopped = stop.as_raw_fd();
+        let thread = std::thread::Builder::new().name("gpuplex-hangup".into()).spawn(move || {
+            let mut fds = [
+                libc::pollfd { fd: socket, events: libc::POLLRDHUP, revents: 0 },
+                libc::pollfd { fd: stopped, events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: two valid pollfds; both descriptors outlive this thread
+            // (the socket by `watch`'s contract, `stop` by `Drop` joining first).
+            while unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+                if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                    return;
+                }
+            }
+            if fds[1].revents == 0 {
+                bells.ring_all();
+            }
+        })?;
+        Ok(HangupBell { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for HangupBell {
+    fn drop(&mut self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a local to our own eventfd.
+        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// How a sleeping side tells that its peer is gone.
 enum Watch {
     None,
-    /// The connection's socket, polled for hang-up.
-    Socket(RawFd),
+    /// The connection's socket, polled for hang-up, and whether a
+    /// [`HangupBell`] said the peer hung up.
+    Socket {
+        socket: RawFd,
+        said: Arc<AtomicBool>,
+    },
     /// A peer in another kernel: its closed flag and its heartbeat, with the
     /// beat last seen and when it was seen to change.
     Beat {
@@ -645,10 +749,17 @@ enum Watch {
 }
 
 impl Watch {
+    /// Whether the peer is known to be gone without asking the kernel. A
+    /// side that was spinning when the hang-up bell rang would otherwise
+    /// sleep a whole nap: it reads the bell after the ring.
+    fn said_gone(&self) -> bool {
+        matches!(self, Watch::Socket { said, .. } if said.load(SeqCst))
+    }
+
     fn peer_gone(&self) -> bool {
         match self {
             Watch::None => false,
-            Watch::Socket(socket) => hung_up(*socket),
+            Watch::Socket { socket, said } => said.load(SeqCst) || hung_up(*socket),
             Watch::Beat { closed, beat, seen } => {
                 // SAFETY: `watch_across`'s contract keeps both alive.
                 let (closed, beat) = unsafe { ((**closed).load(SeqCst), (**beat).load(SeqCst)) };
@@ -715,11 +826,13 @@ impl Wait {
             sleeps.store(1, SeqCst);
             let seen = bell.load(SeqCst);
             let n = ready()?;
-            if n == 0 && self.futex {
-                futex(bell, libc::FUTEX_WAIT, seen, Some(NAP));
-            } else if n == 0 {
-                std::thread::sleep(poll);
-                poll = (poll * 2).min(POLL_MAX);
+            if n == 0 && !self.watch.said_gone() {
+                if self.futex {
+                    futex(bell, libc::FUTEX_WAIT, seen, Some(NAP));
+                } else {
+                    std::thread::sleep(poll);
+                    poll = (poll * 2).min(POLL_MAX);
+                }
             }
             sleeps.store(0, SeqCst);
             let n = if n == 0 { ready()? } else { n };
@@ -1043,6 +1156,50 @@ mod tests {
         assert_eq!(wait.spin.get().now(), SPIN);
         wait.learn(|s| s.slept(Duration::from_millis(1)));
         assert_eq!(wait.spin.get().now(), Duration::from_micros(1500));
+    }
+
+    /// The server's sleepers are woken by the guest's hang-up itself, not
+    /// at their next nap: the bells move though no one wrote a byte. Rings
+    /// dropped while the peer is still there stop their watch.
+    #[test]
+    fn a_hang_up_rings_the_servers_bells() {
+        let (_client, mut server) = pair();
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        server.watch(a.as_raw_fd());
+        let bell = |rings: &Rings| rings.reader.end.ctl().data_bell.0.load(SeqCst);
+        let before = bell(&server);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(bell(&server), before, "rung with the peer still there");
+        let reader = std::thread::spawn(move || {
+            let got = server.reader.read_some(&mut [0u8; 4]);
+            (got, server)
+        });
+        drop(b);
+        let (got, server) = reader.join().unwrap();
+        assert!(matches!(got, Err(TransportError::Closed)), "{got:?}");
+        assert!(bell(&server) != before, "the hang-up did not ring the reader's bell");
+        drop(server);
+
+        // A side that was busy when the bell rang does not then sleep a nap.
+        let (_client, mut server) = pair();
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        server.watch(a.as_raw_fd());
+        let before = bell(&server);
+        drop(b);
+        let rung = Instant::now();
+        while bell(&server) == before {
+            assert!(rung.elapsed() < Duration::from_secs(10), "the hang-up never rang the bell");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let start = Instant::now();
+        let got = server.reader.read_some(&mut [0u8; 4]);
+        assert!(matches!(got, Err(TransportError::Closed)), "{got:?}");
+        assert!(start.elapsed() < NAP, "slept {:?} after the bell rang", start.elapsed());
+
+        let (_client, mut server) = pair();
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        server.watch(a.as_raw_fd());
+        drop(server);
     }
 
     #[test]

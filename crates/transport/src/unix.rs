@@ -16,9 +16,10 @@ use crate::{fds, stream, Address, Carrier, Flusher, Lane, Listener, Peer, Socket
 /// the socket carries only descriptors, and its closing tells either side
 /// that the other is gone.
 pub struct UnixCarrier {
+    /// Dropped before the socket, which its hang-up watch polls.
+    rings: Option<Rings>,
     socket: net::UnixStream,
     peer: Peer,
-    rings: Option<Rings>,
     out: stream::Outbox,
     spin: stream::Spin,
 }
