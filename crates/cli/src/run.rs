@@ -140,7 +140,10 @@ pub fn run(
 /// worker on a thread of its own (the worker's driver initialisation takes
 /// about as long as a program's own first CUDA call), so that the program
 /// starts beside it: a guest that connects first waits in the socket's
-/// queue.
+/// queue. Further workers start only when another of the program's
+/// processes connects, as each native process initialises its own driver:
+/// one started ahead would initialise beside the program's own work on
+/// the GPU, and slow it and its exit, for a guest that mostly never comes.
 fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, Embedded), Error> {
     let command = crate::serve::worker_command(kind)?;
     let address = Address::Unix(dir.join("server.sock"));
@@ -148,7 +151,7 @@ fn start_embedded(dir: &Path, kind: BackendKind) -> Result<(Address, Embedded), 
     let (started, start) = std::sync::mpsc::channel();
     let at = address.clone();
     std::thread::Builder::new().name("gpuplex-server".into()).spawn(move || {
-        let placement = gpuplex_server::Placement::Workers { command, keep_idle: 1 };
+        let placement = gpuplex_server::Placement::Workers { command, keep_idle: 0 };
         let supervisor =
             match gpuplex_server::Supervisor::start(placement, gpuplex_server::config::Config::none(), None) {
                 Ok(supervisor) => supervisor,
