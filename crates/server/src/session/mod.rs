@@ -142,8 +142,6 @@ pub struct Session {
     host_fns: std::collections::HashMap<u64, Arc<host_calls::HostCall>>,
     /// User objects by the session's handles, kept as host functions are.
     user_objects: std::collections::HashMap<u64, Arc<user_objects::UserObject>>,
-    /// Whether [`Session::release_all`] ran.
-    released: bool,
 }
 
 /// A device's primary context as this session sees it. The handle stays the
@@ -210,14 +208,12 @@ impl Session {
             host_calls: None,
             host_fns: std::collections::HashMap::new(),
             user_objects: std::collections::HashMap::new(),
-            released: false,
         }
     }
 
-    /// Serves a guest the supervisor placed here until its connection ends,
-    /// then frees what it held; returns whether all of it went (every
-    /// context destroyed). Never panics on guest input.
-    pub fn serve_guest(mut carrier: Box<dyn Carrier>, backend: Arc<dyn Backend>, guest: Guest, hubs: &Hubs) -> bool {
+    /// Serves a guest the supervisor placed here until its connection ends.
+    /// Never panics on guest input.
+    pub fn serve_guest(mut carrier: Box<dyn Carrier>, backend: Arc<dyn Backend>, guest: Guest, hubs: &Hubs) {
         let peer = carrier.peer();
         // A guest's next call often follows its last by a GPU step's time
         // (a graph's, a synchronize's): met asleep, it would wait for the wake.
@@ -247,10 +243,8 @@ impl Session {
             Err(e) => warn!("session ended: {}", crate::chain(&e)),
         }
         line.stop();
-        let released = session.release_all();
         drop(session);
         hubs.close(guest.id);
-        released
     }
 
     /// The devices the guest sees, each with its tenant's memory limit as
@@ -524,20 +518,10 @@ impl Session {
 }
 
 impl Drop for Session {
-    fn drop(&mut self) {
-        if !self.released {
-            self.release_all();
-        }
-    }
-}
-
-impl Session {
     /// Frees everything the client held: shared host memory's
-    /// registrations, libraries (they span contexts), then every live
-    /// context, which takes its memory, modules, streams and events with
-    /// it. Returns whether every context went.
-    fn release_all(&mut self) -> bool {
-        self.released = true;
+    /// registrations, libraries (they span contexts), then every live context, which takes its memory, modules,
+    /// streams and events with it.
+    fn drop(&mut self) {
         // A host function waiting on the guest returns now: nothing below
         // waits for one that is never answered.
         if let Some(calls) = &self.host_calls {
@@ -578,7 +562,6 @@ impl Session {
         // Graphs of other contexts, or none, may hold user objects past the
         // session: the driver may call their destructors at any time.
         std::mem::forget(std::mem::take(&mut self.user_objects));
-        all_gone
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gpuplex_protocol::{codec, CallError, CuError, Header, Hello, LaneJoin, Opcode, Seq, HEADER_SIZE};
 use gpuplex_transport::Carrier;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 use zerocopy::IntoBytes;
 
 use super::pool::{self, Pool};
@@ -200,19 +200,8 @@ pub fn run_in_worker(
     drop(socket);
     supervisor.registry.placed(session.id, Route::Worker(worker.link.clone()), pid, mps_gpu);
     info!(session = session.id, tenant = %session.tenant, peer = %session.peer, worker = pid, "guest placed");
-    let mut released = false;
     while let Ok(Some(message)) = worker.link.recv() {
-        match message.kind {
-            // Nothing of the guest's is left on the device: the session is
-            // over, though the worker's process has yet to exit. Its slot
-            // may serve another session from now.
-            Kind::Released => {
-                debug!(session = session.id, worker = pid, "session released");
-                supervisor.registry.close(session.id);
-                released = true;
-            }
-            kind => warn!(worker = pid, ?kind, "unexpected message from a serving worker"),
-        }
+        warn!(worker = pid, kind = ?message.kind, "unexpected message from a serving worker");
     }
     let status = worker.child.wait();
     let clean = status.as_ref().is_ok_and(|s| s.success());
@@ -224,12 +213,10 @@ pub fn run_in_worker(
         },
         Err(e) => format!("cannot wait for it: {e}"),
     };
+    let held = account.held();
     if clean {
         info!(session = session.id, worker = pid, "worker done: {how}");
-    } else if released {
-        warn!(session = session.id, worker = pid, "worker failed after its session ended: {how}");
     } else {
-        let held = account.held();
         warn!(session = session.id, worker = pid, held, "worker ended its guest's session: {how}");
     }
 }

@@ -84,12 +84,6 @@ wire_struct! {
     }
 }
 
-wire_struct! {
-    /// A worker whose guest's session ended and freed everything it held
-    /// on the device; the process only exits after this.
-    pub struct Released {}
-}
-
 /// Message kinds, the first byte of each message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -98,12 +92,11 @@ pub enum Kind {
     Failed = 2,
     Serve = 3,
     Lane = 4,
-    Released = 5,
 }
 
 impl Kind {
     fn from_u8(b: u8) -> Option<Kind> {
-        [Kind::Ready, Kind::Failed, Kind::Serve, Kind::Lane, Kind::Released].into_iter().find(|k| *k as u8 == b)
+        [Kind::Ready, Kind::Failed, Kind::Serve, Kind::Lane].into_iter().find(|k| *k as u8 == b)
     }
 }
 

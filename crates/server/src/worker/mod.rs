@@ -19,7 +19,6 @@ pub mod link;
 pub mod output;
 
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use gpuplex_protocol::{codec, Header, Hello, LaneJoin, Seq};
@@ -52,10 +51,9 @@ impl Host {
         &self.backend
     }
 
-    /// Serves a guest until its connection ends; returns whether the
-    /// session then freed everything it held.
-    pub fn serve(&self, carrier: Box<dyn Carrier>, guest: Guest) -> bool {
-        Session::serve_guest(carrier, self.backend.clone(), guest, &self.hubs)
+    /// Serves a guest until its connection ends.
+    pub fn serve(&self, carrier: Box<dyn Carrier>, guest: Guest) {
+        Session::serve_guest(carrier, self.backend.clone(), guest, &self.hubs);
     }
 
     /// Serves one of a session's bulk lanes until it ends.
@@ -116,29 +114,15 @@ pub fn run(kind: BackendKind) -> i32 {
         }
     };
     let host = Arc::new(Host::new(backend));
-    let (lanes, follower) = (host.clone(), link.clone());
-    let listening = std::thread::Builder::new().name("gpuplex-link".into()).spawn(move || follow(&follower, &lanes));
+    let lanes = host.clone();
+    let listening = std::thread::Builder::new().name("gpuplex-link".into()).spawn(move || follow(&link, &lanes));
     if let Err(e) = listening {
         error!("cannot follow the link: {}", crate::chain(&e));
         return 1;
     }
-    // The session is over for the supervisor once nothing of it is left on
-    // the device, before this process's own exit, whose closing of the
-    // driver takes as long again: `gpuplex run` returns without waiting
-    // for that. A context that could not be destroyed goes only with the
-    // process, which the supervisor then waits for.
-    if host.serve(carrier, guest) {
-        RELEASED.store(true, Ordering::SeqCst);
-        if link.send(Kind::Released, &link::Released {}, &[]).is_err() {
-            warn!("cannot tell the supervisor the session ended");
-        }
-    }
+    host.serve(carrier, guest);
     0
 }
-
-/// Set once the session released everything: the supervisor may then go
-/// first (`gpuplex run` returns), and this process just ends.
-static RELEASED: AtomicBool = AtomicBool::new(false);
 
 /// The guest a `Serve` message hands over.
 fn guest(mut message: link::Message) -> Result<(Box<dyn Carrier>, Guest), String> {
@@ -185,13 +169,12 @@ fn adopt(kind: u32, socket: OwnedFd) -> Result<Box<dyn Carrier>, String> {
 }
 
 /// Takes the session's lanes from the link as they come, each on a thread
-/// of its own; ends the process if the supervisor goes away while the
-/// session lasts, since no one would account for the guest any more.
+/// of its own; ends the process if the supervisor goes away, since no one
+/// would account for the guest any more.
 fn follow(link: &Link, host: &Arc<Host>) {
     loop {
         let mut message = match link.recv() {
             Ok(Some(m)) => m,
-            _ if RELEASED.load(Ordering::SeqCst) => return,
             Ok(None) => {
                 info!("the supervisor is gone; ending the session");
                 std::process::exit(2);
