@@ -410,7 +410,7 @@ pub fn refused_launch(func: u64) -> Option<CuError> {
         return None;
     }
     let libraries = WITH_MANAGED_VARIABLES.lock().unwrap_or_else(PoisonError::into_inner);
-    (!libraries.is_empty() && libraries.contains(&crate::memo::group_of(func))).then_some(CuError::NOT_SUPPORTED)
+    libraries.contains(&crate::memo::group_of(func)).then_some(CuError::NOT_SUPPORTED)
 }
 
 /// Each function's name as this process was given it, kept (and its
