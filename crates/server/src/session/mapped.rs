@@ -139,11 +139,6 @@ impl Mapped {
     /// last agreed, as frames' worth of runs, and the copies made since the
     /// last call; they agree on it from now.
     fn changes(&self) -> (Vec<Vec<MappedRun>>, Vec<CopiedToHost>) {
-        // Only the session's thread adds blocks and copies, before the calls
-        // and host functions that could find them: a false here is not stale.
-        if !self.0.any.load(Ordering::Acquire) {
-            return (Vec::new(), Vec::new());
-        }
         let mut out = MappedFrames::default();
         let mut state = self.state();
         for (&id, block) in state.blocks.iter_mut() {
@@ -168,10 +163,25 @@ impl Mapped {
     /// Sends what the device changed as `MappedRuns` frames, then the
     /// copies' bytes as `CopiedToHost` frames, each under the header
     /// `header` makes for its opcode and payload length.
+    #[inline]
     pub fn send_changes(
         &self,
         carrier: &mut dyn Carrier,
         header: impl Fn(Opcode, usize) -> Header,
+    ) -> Result<(), TransportError> {
+        // Only the session's thread adds blocks and copies, before the calls
+        // and host functions that could find them: a false here is not
+        // stale. Asked after every call that reaches the device, so inline.
+        if !self.0.any.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.send_all_changes(carrier, &header)
+    }
+
+    fn send_all_changes(
+        &self,
+        carrier: &mut dyn Carrier,
+        header: &dyn Fn(Opcode, usize) -> Header,
     ) -> Result<(), TransportError> {
         let (runs, copies) = self.changes();
         for runs in runs {
