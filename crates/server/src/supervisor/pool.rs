@@ -3,9 +3,11 @@
 //! Starting a worker costs what initializing the CUDA driver costs (a
 //! tenth of a second or so), so the pool keeps a few started and ready
 //! (`--workers`, default [`DEFAULT_IDLE`]); a guest takes one at once and a
-//! thread of the pool starts its replacement. A worker is used once: it
-//! serves one guest and exits with it, so nothing of one guest survives
-//! into the next.
+//! thread of the pool starts its replacement. Guests that come together,
+//! more than are idle, get theirs started side by side (up to
+//! [`MAX_STARTING`] at once), as their processes would each initialize the
+//! driver natively. A worker is used once: it serves one guest and exits
+//! with it, so nothing of one guest survives into the next.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -23,6 +25,10 @@ use crate::worker::LINK_FD;
 
 /// Workers kept started and idle unless told otherwise.
 pub const DEFAULT_IDLE: usize = 2;
+/// Workers starting at once, at most: enough for a burst of guests not to
+/// wait on each other's start, few enough that a flood of them cannot have
+/// the server start processes without bound.
+pub const MAX_STARTING: usize = 8;
 /// How long a new worker may take to open its backend.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a guest waits for a worker before it is refused.
@@ -55,8 +61,12 @@ struct State {
     idle: VecDeque<Worker>,
     /// Guests waiting in `take`.
     waiting: usize,
+    /// Workers being started for the pool.
+    starting: usize,
     /// Why the last start failed, while no start has succeeded since.
     failure: Option<String>,
+    /// After a failed start, none begins before this.
+    retry_at: Option<Instant>,
     /// When a guest last took a worker.
     taken_at: Option<Instant>,
     stopped: bool,
@@ -69,20 +79,32 @@ impl State {
         if self.stopped {
             return None;
         }
+        if let Some(left) = self.retry_at.map(|at| at.saturating_duration_since(Instant::now())) {
+            if !left.is_zero() {
+                return Some(left);
+            }
+        }
         let settling = self.taken_at.map(|at| SETTLE.saturating_sub(at.elapsed())).filter(|d| !d.is_zero());
-        start_wait(self.idle.len(), self.waiting, keep_idle, settling)
+        start_wait(self.idle.len() + self.starting, self.waiting, keep_idle, settling, self.starting)
     }
 }
 
-/// With `idle` workers ready, `waiting` guests and the last guest to take one
-/// `settling` for so much longer: `None` to start a worker now, else how long
-/// to wait before looking again. One starts while fewer are idle than kept
-/// plus guests waiting, once the last guest has settled; only the first
-/// replacement of a burst waits for that, not one where the pool lacks more
-/// than one worker or a guest waits.
-fn start_wait(idle: usize, waiting: usize, keep_idle: usize, settling: Option<Duration>) -> Option<Duration> {
-    let wanted = idle < keep_idle.max(waiting);
-    let urgent = waiting > 0 || idle + 1 < keep_idle;
+/// With `coming` workers ready or starting (`starting` of them), `waiting`
+/// guests and the last guest to take one `settling` for so much longer:
+/// `None` to start a worker now, else how long to wait before looking
+/// again. One starts while fewer are coming than kept plus guests waiting,
+/// once the last guest has settled; only the first replacement of a burst
+/// waits for that, not one where the pool lacks more than one worker or a
+/// guest waits.
+fn start_wait(
+    coming: usize,
+    waiting: usize,
+    keep_idle: usize,
+    settling: Option<Duration>,
+    starting: usize,
+) -> Option<Duration> {
+    let wanted = coming < keep_idle.max(waiting) && starting < MAX_STARTING;
+    let urgent = waiting > 0 || coming + 1 < keep_idle;
     match settling {
         _ if !wanted => Some(Duration::from_secs(1)),
         Some(left) if !urgent => Some(left),
@@ -157,60 +179,89 @@ impl Pool {
     /// it to be ready. The pool's own have none added; a guest that needs a
     /// setting theirs lack gets one started for it, outside the pool.
     pub fn start_one(&self, env: &[(OsString, OsString)]) -> Result<Worker, String> {
-        let (supervisor_end, worker_end) = Link::pair().map_err(|e| format!("cannot make a link: {e}"))?;
-        let mut command = Command::new(&self.command.program);
-        let env = self.command.env.iter().chain(env).cloned();
-        command.args(&self.command.args).envs(env).stdin(Stdio::null());
-        // Anything a worker writes to its standard output or error (its
-        // logs, or a driver message) lands in the server's log.
-        if let Ok(log) = std::io::stderr().as_fd().try_clone_to_owned() {
-            command.stdout(Stdio::from(log));
-        }
-        let raw = worker_end.as_raw_fd();
-        // SAFETY: every call here is async-signal-safe, as code between fork
-        // and exec must be. The link's copy on LINK_FD has no close-on-exec;
-        // every descriptor above it goes, including any the server itself
-        // inherited without close-on-exec. A worker gets a process group of
-        // its own, so that a terminal's Ctrl-C reaches the program and not
-        // the worker serving it, and an empty signal mask, whatever the
-        // spawning thread had blocked.
-        unsafe {
-            command.pre_exec(move || {
-                if onto_link_fd(raw) < 0 || libc::setpgid(0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
+        start(&self.command, env)
+    }
+
+    /// What a start for the pool came to: the worker for the idle ones, or
+    /// why it failed, which holds back the next start a while.
+    fn started(&self, outcome: Result<Worker, String>) {
+        let mut state = self.lock();
+        state.starting -= 1;
+        match outcome {
+            Ok(worker) if state.stopped => reap(worker),
+            Ok(worker) => {
+                if state.failure.take().is_some() {
+                    info!("workers start again");
                 }
-                let first = LINK_FD as libc::c_uint + 1;
-                if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) != 0 {
-                    // Kernels before 5.9: each one that could be open.
-                    let limit = libc::sysconf(libc::_SC_OPEN_MAX).clamp(0, 1 << 16) as libc::c_int;
-                    for fd in first as libc::c_int..limit {
-                        libc::close(fd);
-                    }
-                }
-                let mut none: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut none);
-                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.command.program.display()))?;
-        drop(worker_end);
-        let link = Arc::new(supervisor_end);
-        match ready(&link) {
-            Ok(ready) => {
-                debug!(pid = child.id(), "worker ready");
-                Ok(Worker { child, link, ready })
+                state.retry_at = None;
+                state.idle.push_back(worker);
             }
             Err(why) => {
-                // How it ended, if it did, says why more than its silence.
-                let ended = child.try_wait().ok().flatten();
-                let _ = child.kill();
-                let _ = child.wait();
-                Err(match ended {
-                    Some(status) => format!("{why} ({status})"),
-                    None => why,
-                })
+                warn!("a worker failed to start: {why}");
+                state.failure = Some(why);
+                state.retry_at = Some(Instant::now() + RETRY_AFTER);
             }
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// Starts one worker by `how`, with `env` added to its variables, and waits
+/// for it to be ready.
+fn start(how: &WorkerCommand, env: &[(OsString, OsString)]) -> Result<Worker, String> {
+    let (supervisor_end, worker_end) = Link::pair().map_err(|e| format!("cannot make a link: {e}"))?;
+    let mut command = Command::new(&how.program);
+    let env = how.env.iter().chain(env).cloned();
+    command.args(&how.args).envs(env).stdin(Stdio::null());
+    // Anything a worker writes to its standard output or error (its
+    // logs, or a driver message) lands in the server's log.
+    if let Ok(log) = std::io::stderr().as_fd().try_clone_to_owned() {
+        command.stdout(Stdio::from(log));
+    }
+    let raw = worker_end.as_raw_fd();
+    // SAFETY: every call here is async-signal-safe, as code between fork
+    // and exec must be. The link's copy on LINK_FD has no close-on-exec;
+    // every descriptor above it goes, including any the server itself
+    // inherited without close-on-exec. A worker gets a process group of
+    // its own, so that a terminal's Ctrl-C reaches the program and not
+    // the worker serving it, and an empty signal mask, whatever the
+    // spawning thread had blocked.
+    unsafe {
+        command.pre_exec(move || {
+            if onto_link_fd(raw) < 0 || libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let first = LINK_FD as libc::c_uint + 1;
+            if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) != 0 {
+                // Kernels before 5.9: each one that could be open.
+                let limit = libc::sysconf(libc::_SC_OPEN_MAX).clamp(0, 1 << 16) as libc::c_int;
+                for fd in first as libc::c_int..limit {
+                    libc::close(fd);
+                }
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", how.program.display()))?;
+    drop(worker_end);
+    let link = Arc::new(supervisor_end);
+    match ready(&link) {
+        Ok(ready) => {
+            debug!(pid = child.id(), "worker ready");
+            Ok(Worker { child, link, ready })
+        }
+        Err(why) => {
+            // How it ended, if it did, says why more than its silence.
+            let ended = child.try_wait().ok().flatten();
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(match ended {
+                Some(status) => format!("{why} ({status})"),
+                None => why,
+            })
         }
     }
 }
@@ -273,8 +324,8 @@ pub fn reap(mut worker: Worker) {
     }
 }
 
-/// The pool's thread: starts workers while fewer are idle than kept plus
-/// guests waiting.
+/// The pool's thread: starts workers while fewer are idle or starting than
+/// kept plus guests waiting, each on a thread of its own.
 fn keep_filled(pool: Weak<Pool>) {
     loop {
         let Some(p) = pool.upgrade() else { return };
@@ -289,22 +340,20 @@ fn keep_filled(pool: Weak<Pool>) {
             if state.stopped {
                 return;
             }
+            state.starting += 1;
         }
-        match p.start_one(&[]) {
-            Ok(worker) => {
-                let mut state = p.lock();
-                if state.failure.take().is_some() {
-                    info!("workers start again");
-                }
-                state.idle.push_back(worker);
-                p.changed.notify_all();
+        // The starting thread holds no handle on the pool: a pool dropped
+        // meanwhile is not kept alive by a start, whose worker is then reaped.
+        let (how, weak) = (p.command.clone(), pool.clone());
+        let spawned = std::thread::Builder::new().name("gpuplex-start".into()).spawn(move || {
+            let outcome = start(&how, &[]);
+            match weak.upgrade() {
+                Some(p) => p.started(outcome),
+                None => outcome.into_iter().for_each(reap),
             }
-            Err(why) => {
-                warn!("a worker failed to start: {why}");
-                p.lock().failure = Some(why);
-                p.changed.notify_all();
-                std::thread::sleep(RETRY_AFTER);
-            }
+        });
+        if let Err(e) = spawned {
+            p.started(Err(format!("cannot start a thread to start it: {e}")));
         }
     }
 }
@@ -328,19 +377,86 @@ mod tests {
     #[test]
     fn a_replacement_starts_once_the_new_guest_settled_or_another_waits() {
         let settling = Some(Duration::from_millis(200));
-        assert_eq!(start_wait(1, 0, 2, None), None, "one short, nobody settling: start one");
-        assert_eq!(start_wait(1, 0, 2, settling), settling, "a guest just took one: it settles first");
-        assert_eq!(start_wait(0, 0, 1, settling), settling, "the only one kept, taken: the same");
-        assert_eq!(start_wait(1, 1, 2, settling), None, "a guest waits: start one now");
-        assert_eq!(start_wait(1, 0, 3, settling), None, "two short of three: start one now");
-        assert_eq!(start_wait(2, 0, 2, None), Some(Duration::from_secs(1)), "none wanted: look again later");
-        assert_eq!(start_wait(2, 3, 2, settling), None, "more guests waiting than kept");
+        assert_eq!(start_wait(1, 0, 2, None, 0), None, "one short, nobody settling: start one");
+        assert_eq!(start_wait(1, 0, 2, settling, 0), settling, "a guest just took one: it settles first");
+        assert_eq!(start_wait(0, 0, 1, settling, 0), settling, "the only one kept, taken: the same");
+        assert_eq!(start_wait(1, 1, 2, settling, 0), None, "a guest waits: start one now");
+        assert_eq!(start_wait(1, 0, 3, settling, 0), None, "two short of three: start one now");
+        assert_eq!(start_wait(2, 0, 2, None, 0), Some(Duration::from_secs(1)), "none wanted: look again later");
+        assert_eq!(start_wait(2, 3, 2, settling, 0), None, "more guests waiting than kept");
+    }
+
+    #[test]
+    fn a_burst_of_guests_gets_its_workers_started_side_by_side_up_to_a_bound() {
+        let later = Some(Duration::from_secs(1));
+        assert_eq!(start_wait(1, 3, 0, None, 1), None, "one starting for three waiting: start another");
+        assert_eq!(start_wait(3, 3, 0, None, 3), later, "one starting for each guest waiting");
+        assert_eq!(start_wait(2, 1, 2, None, 1), later, "one idle and one starting, two kept");
+        let many = MAX_STARTING;
+        assert_eq!(start_wait(many, 10 * many, 0, None, many), later, "no more than MAX_STARTING at once");
+        let state = State { retry_at: Some(Instant::now() + RETRY_AFTER), waiting: 1, ..State::default() };
+        let wait = state.wait_before_start(0).expect("a start failed just now");
+        assert!(wait > RETRY_AFTER / 2, "{wait:?}");
+    }
+
+    #[test]
+    fn the_pool_thread_leaves_when_stopped_and_a_guest_settles_first() {
         let mut state = State { stopped: true, ..State::default() };
         assert_eq!(state.wait_before_start(2), None, "stopped: the thread leaves");
         state.stopped = false;
         state.taken_at = Some(Instant::now());
         let wait = state.wait_before_start(1).expect("a guest just took the only one");
         assert!(wait <= SETTLE && wait > SETTLE / 2, "{wait:?}");
+    }
+
+    /// Set for this test binary when a pool starts it as a fake worker.
+    const FAKE_WORKER: &str = "GPUPLEX_TEST_FAKE_WORKER_MS";
+
+    /// Not a test of its own: this test binary, started by a pool with
+    /// [`FAKE_WORKER`] set, acts a worker that takes that many milliseconds
+    /// to start, and then waits for its link to close.
+    #[test]
+    fn fake_worker() {
+        let Some(ms) = std::env::var(FAKE_WORKER).ok().and_then(|v| v.parse().ok()) else { return };
+        std::thread::sleep(Duration::from_millis(ms));
+        use std::os::fd::FromRawFd;
+        // SAFETY: the pool put this process's link on LINK_FD.
+        let link = Link::from_fd(unsafe { OwnedFd::from_raw_fd(LINK_FD) });
+        let ready = link::Ready {
+            pid: std::process::id(),
+            backend: "fake".into(),
+            driver_version: 0,
+            devices: gpuplex_protocol::Seq(Vec::new()),
+        };
+        if link.send(Kind::Ready, &ready, &[]).is_ok() {
+            while let Ok(Some(_)) = link.recv() {}
+        }
+        std::process::exit(0);
+    }
+
+    #[test]
+    fn guests_that_come_together_wait_for_one_start_not_for_each_other_s() {
+        const START: Duration = Duration::from_millis(400);
+        let command = WorkerCommand {
+            program: std::env::current_exe().expect("this test's executable"),
+            args: ["--exact", "supervisor::pool::tests::fake_worker", "--nocapture"].map(OsString::from).into(),
+            env: vec![(FAKE_WORKER.into(), START.as_millis().to_string().into())],
+        };
+        let (pool, ready) = Pool::start(command, 0).expect("the first fake worker starts");
+        assert_eq!(ready.backend, "fake");
+        let began = Instant::now();
+        let guests: Vec<_> = (0..4)
+            .map(|_| {
+                let pool = pool.clone();
+                std::thread::spawn(move || pool.take())
+            })
+            .collect();
+        let workers: Vec<Worker> =
+            guests.into_iter().map(|g| g.join().expect("no panic").expect("a worker for each guest")).collect();
+        let took = began.elapsed();
+        workers.into_iter().for_each(reap);
+        // One idle worker, then three started one after another would take 3 x START.
+        assert!(took < 2 * START, "4 guests got their workers in {took:?}");
     }
 
     /// In a child process, where the link may take LINK_FD itself: either
