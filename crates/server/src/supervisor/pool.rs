@@ -188,7 +188,6 @@ impl Pool {
         let mut state = self.lock();
         state.starting -= 1;
         match outcome {
-            Ok(worker) if state.stopped => reap(worker),
             Ok(worker) => {
                 if state.failure.take().is_some() {
                     info!("workers start again");
