@@ -180,9 +180,6 @@ impl Drop for Embedded {
     /// still starting has served nobody: it is not waited for.
     fn drop(&mut self) {
         let Ok(supervisor) = self.0.try_recv() else { return };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !supervisor.registry().is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        supervisor.registry().wait_empty(std::time::Duration::from_secs(5));
     }
 }

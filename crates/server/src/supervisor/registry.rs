@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use gpuplex_transport::Peer;
 
@@ -76,6 +76,8 @@ struct Book {
 pub struct Registry {
     next_id: AtomicU64,
     book: Mutex<Book>,
+    /// Notified when the last session closes.
+    emptied: Condvar,
     board: Arc<Board>,
 }
 
@@ -118,7 +120,7 @@ pub enum OpenError {
 
 impl Registry {
     pub fn new(board: Arc<Board>) -> Registry {
-        Registry { next_id: AtomicU64::new(0), book: Mutex::default(), board }
+        Registry { next_id: AtomicU64::new(0), book: Mutex::default(), emptied: Condvar::new(), board }
     }
 
     pub fn board(&self) -> &Arc<Board> {
@@ -230,6 +232,9 @@ impl Registry {
             tenant.slots.remove(&s.slot);
             tenant.ledger.shrink(tenant.slots.iter().copied());
         }
+        if book.sessions.is_empty() {
+            self.emptied.notify_all();
+        }
     }
 
     /// Applies a reloaded configuration's settings to a tenant already
@@ -274,6 +279,16 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Waits until no session is live, or for `at_most`; whether none is.
+    pub fn wait_empty(&self, at_most: Duration) -> bool {
+        let book = self.lock();
+        let (book, _) = self
+            .emptied
+            .wait_timeout_while(book, at_most, |b| !b.sessions.is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+        book.sessions.is_empty()
+    }
 }
 
 #[cfg(test)]
@@ -308,6 +323,27 @@ mod tests {
         assert!(served.is_err());
         assert!(registry.is_empty());
         assert!(registry.by_lane_key(&session.lane_key).is_none());
+    }
+
+    #[test]
+    fn a_wait_for_no_sessions_ends_when_the_last_closes_or_at_its_limit() {
+        let registry = Arc::new(registry());
+        let peer = Peer::Local { pid: 1, uid: 2, gid: 3 };
+        let (a, b) = (
+            registry.open(&plan("t"), peer, "a".into()).unwrap(),
+            registry.open(&plan("u"), peer, "b".into()).unwrap(),
+        );
+        assert!(!registry.wait_empty(Duration::from_millis(20)), "two sessions live");
+        let closer = registry.clone();
+        let closing = std::thread::spawn(move || {
+            closer.close(a.id);
+            std::thread::sleep(Duration::from_millis(50));
+            closer.close(b.id);
+        });
+        let began = Instant::now();
+        assert!(registry.wait_empty(Duration::from_secs(30)));
+        assert!(began.elapsed() < Duration::from_secs(10), "woken by the close, not the limit");
+        closing.join().unwrap();
     }
 
     #[test]
